@@ -1,0 +1,1 @@
+"""Clustering: Raft, the metadata state machine, replication and forwarding."""

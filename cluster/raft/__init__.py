@@ -1,0 +1,1 @@
+"""A sans-I/O Raft core, its deterministic simulator and its asyncio transport."""

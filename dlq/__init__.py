@@ -1,0 +1,1 @@
+"""Dead-letter policy and the DLQ inspection and redrive tools."""

@@ -1,0 +1,1 @@
+"""Routing: exchange types and bindings, as pure data structures."""

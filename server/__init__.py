@@ -1,0 +1,1 @@
+"""The broker process: networking, vhosts, queue and stream engines, CLI, HTTP API."""

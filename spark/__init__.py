@@ -1,0 +1,1 @@
+"""PySpark data source `warren`, reading streams over the network."""

@@ -1,0 +1,3 @@
+from warrenmq.server.cli import main
+
+raise SystemExit(main())
