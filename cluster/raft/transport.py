@@ -1,0 +1,270 @@
+"""The inter-node transport: length-prefixed frames over TCP, between Raft nodes.
+
+Each frame is a 4-byte big-endian payload length followed by the payload (for Raft, the bytes
+of `messages.encode_message`). The frame codec (`encode_frame`, `FrameDecoder`) is sans-I/O;
+`PeerTransport` is the asyncio shell around it.
+
+Every node dials every peer and sends only on the connection it dialled; the connections a
+node accepts only receive. So each ordered pair (src, dst) has exactly one TCP stream and
+there is never a race over which of two crossing connections wins. A dialler that loses
+its connection redials with exponential backoff and jitter.
+
+Raft tolerates lost messages (it retries on heartbeats and timeouts), so the transport never
+waits: a frame for a peer that is not connected, or whose socket buffer is over its bound,
+is dropped and counted. That bounds memory when a peer is slow or gone, and keeps the host
+loop from ever blocking on the network. Heartbeats go over the same TCP streams as appends:
+a UDP side channel (asyncio-dgram) would save little on loopback and would reorder
+heartbeats against appends, which the core would then have to reason about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+FRAME_HEADER = struct.Struct(">I")
+FRAME_BYTES_MAX_DEFAULT = 64 << 20
+
+
+class FrameTooLarge(ValueError):
+    """A peer announced a frame longer than the configured bound."""
+
+
+def encode_frame(payload: bytes) -> bytes:
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+class FrameDecoder:
+    """Turns a byte stream into whole frames: feed it what the socket read, get payloads back."""
+
+    __slots__ = ("_buffer", "_frame_bytes_max")
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        assert frame_bytes_max > 0
+        self._buffer = bytearray()
+        self._frame_bytes_max = frame_bytes_max
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """All frames completed by `data`, in order; a partial frame stays buffered."""
+        buffer = self._buffer
+        buffer += data
+        frames: list[bytes] = []
+        view = memoryview(buffer)
+        position = 0
+        end = len(buffer)
+        header_size = FRAME_HEADER.size
+        try:
+            while end - position >= header_size:
+                (length,) = FRAME_HEADER.unpack_from(view, position)
+                if length > self._frame_bytes_max:
+                    raise FrameTooLarge(f"frame of {length} bytes exceeds {self._frame_bytes_max}")
+                if end - position - header_size < length:
+                    break
+                start = position + header_size
+                frames.append(bytes(view[start : start + length]))
+                position = start + length
+        finally:
+            view.release()
+        if position:
+            del buffer[:position]
+        return frames
+
+
+class _InboundProtocol(asyncio.Protocol):
+    """An accepted connection: decodes frames and hands each payload to the owner."""
+
+    def __init__(self, owner: PeerTransport) -> None:
+        self._owner = owner
+        self._decoder = FrameDecoder(owner.frame_bytes_max)
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._owner._inbound.add(transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+            on_frame = self._owner.on_frame
+            for frame in frames:
+                on_frame(frame)
+        except ValueError:
+            # A malformed frame or message means the stream is out of step; only a new
+            # connection can resynchronise it.
+            self._owner.stats.frames_rejected += 1
+            assert self._transport is not None
+            self._transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self._owner._inbound.discard(self._transport)
+
+
+class _OutboundProtocol(asyncio.Protocol):
+    """A dialled connection: send-only; it tells its peer link when it dies."""
+
+    def __init__(self, closed: asyncio.Future[None]) -> None:
+        self._closed = closed
+
+    def data_received(self, data: bytes) -> None:
+        # Peers never answer on a connection we dialled; replies come on their own dial.
+        pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+
+@dataclass
+class TransportStats:
+    frames_sent: int = 0
+    frames_dropped: int = 0
+    frames_rejected: int = 0
+    connects: int = 0
+
+
+class PeerTransport:
+    """Frames to and from the other nodes of one Raft group.
+
+    `on_frame(payload)` is called for each frame received, in the order each peer sent them;
+    it may raise ValueError to reject the connection the frame came on.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        addresses: dict[int, tuple[str, int]],
+        on_frame: Callable[[bytes], None],
+        *,
+        frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+        send_buffer_bytes_max: int = 32 << 20,
+        backoff_s_min: float = 0.02,
+        backoff_s_max: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        assert node_id in addresses, "a node listens on its own entry of the address map"
+        assert 0 < backoff_s_min <= backoff_s_max
+        self.node_id = node_id
+        self.addresses = dict(addresses)
+        self.on_frame = on_frame
+        self.frame_bytes_max = frame_bytes_max
+        self.send_buffer_bytes_max = send_buffer_bytes_max
+        self.backoff_s_min = backoff_s_min
+        self.backoff_s_max = backoff_s_max
+        self.stats = TransportStats()
+        self._rng = rng if rng is not None else random.Random(node_id)
+        self._server: asyncio.AbstractServer | None = None
+        self._inbound: set[asyncio.Transport] = set()
+        self._outbound: dict[int, asyncio.Transport] = {}
+        self._pending: dict[int, list[bytes]] = {}
+        self._pending_bytes: dict[int, int] = {}
+        self._flush_scheduled = False
+        self._dialers: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    @property
+    def listen_port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    def connected(self, peer: int) -> bool:
+        return peer in self._outbound
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self.addresses[self.node_id]
+        self._server = await loop.create_server(
+            lambda: _InboundProtocol(self), host, port, reuse_address=True
+        )
+        for peer in self.addresses:
+            if peer != self.node_id:
+                self._dialers.append(loop.create_task(self._dial_forever(peer)))
+
+    def send(self, dst: int, payload: bytes) -> bool:
+        """Queue one frame for `dst`; False if it was dropped (peer down or backed up)."""
+        transport = self._outbound.get(dst)
+        if transport is None:
+            self.stats.frames_dropped += 1
+            return False
+        queued = self._pending_bytes.get(dst, 0)
+        if transport.get_write_buffer_size() + queued > self.send_buffer_bytes_max:
+            self.stats.frames_dropped += 1
+            return False
+        self._pending.setdefault(dst, []).append(encode_frame(payload))
+        self._pending_bytes[dst] = queued + len(payload) + FRAME_HEADER.size
+        if not self._flush_scheduled:
+            # One write per peer per loop iteration, however many frames the host queued.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        return True
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, {}
+        self._pending_bytes.clear()
+        for dst, frames in pending.items():
+            transport = self._outbound.get(dst)
+            if transport is None or transport.is_closing():
+                self.stats.frames_dropped += len(frames)
+                continue
+            transport.write(b"".join(frames))
+            self.stats.frames_sent += len(frames)
+
+    async def _dial_forever(self, peer: int) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self.addresses[peer]
+        backoff_s = self.backoff_s_min
+        while not self._closing:
+            closed: asyncio.Future[None] = loop.create_future()
+            try:
+                transport, _ = await loop.create_connection(
+                    lambda: _OutboundProtocol(closed), host, port
+                )
+            except OSError:
+                await asyncio.sleep(backoff_s * (0.5 + self._rng.random()))
+                backoff_s = min(backoff_s * 2, self.backoff_s_max)
+                continue
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.stats.connects += 1
+            backoff_s = self.backoff_s_min
+            self._outbound[peer] = transport  # type: ignore[assignment]
+            try:
+                await closed
+            finally:
+                if self._outbound.get(peer) is transport:
+                    del self._outbound[peer]
+                transport.close()
+
+    def drop_connections(self) -> None:
+        """Abort every live connection (tests use this to simulate a network blip)."""
+        for transport in list(self._outbound.values()) + list(self._inbound):
+            transport.abort()
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in self._dialers:
+            task.cancel()
+        for task in self._dialers:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._dialers.clear()
+        for transport in list(self._outbound.values()) + list(self._inbound):
+            transport.abort()
+        self._outbound.clear()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None

@@ -1,0 +1,164 @@
+"""The Raft inter-node transport: frame codec properties and real loopback connections."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warrenmq.cluster.raft.transport import (
+    FrameDecoder,
+    FrameTooLarge,
+    PeerTransport,
+    encode_frame,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=30),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=40),
+)
+def test_frames_survive_any_split_of_the_stream(payloads, cuts):
+    stream = b"".join(encode_frame(p) for p in payloads)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    decoder = FrameDecoder()
+    out: list[bytes] = []
+    for start, end in zip(points, points[1:]):
+        out.extend(decoder.feed(stream[start:end]))
+    assert out == payloads
+    assert decoder.buffered_bytes == 0
+
+
+def test_partial_frame_stays_buffered_until_complete():
+    decoder = FrameDecoder()
+    frame = encode_frame(b"hello")
+    assert decoder.feed(frame[:3]) == []
+    assert decoder.feed(frame[3:7]) == []
+    assert decoder.buffered_bytes == 7
+    assert decoder.feed(frame[7:] + encode_frame(b"")) == [b"hello", b""]
+
+
+def test_oversized_frame_is_refused_before_buffering_it():
+    decoder = FrameDecoder(frame_bytes_max=16)
+    assert decoder.feed(encode_frame(b"x" * 16)) == [b"x" * 16]
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(encode_frame(b"x" * 17)[:4])
+
+
+async def _until(predicate, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def _make_transports(count: int):
+    addresses = {i: ("127.0.0.1", free_port()) for i in range(1, count + 1)}
+    received: dict[int, list[bytes]] = {i: [] for i in addresses}
+    transports = {
+        i: PeerTransport(i, addresses, received[i].append, backoff_s_min=0.01, backoff_s_max=0.1)
+        for i in addresses
+    }
+    return transports, received
+
+
+def test_three_peers_exchange_frames_in_order():
+    async def scenario():
+        transports, received = _make_transports(3)
+        for t in transports.values():
+            await t.start()
+        try:
+            await _until(lambda: all(t.connected(p) for t in transports.values()
+                                     for p in transports if p != t.node_id))
+            for i in range(200):
+                transports[1].send(2, b"a%d" % i)
+                transports[1].send(3, b"b%d" % i)
+                transports[3].send(2, b"c%d" % i)
+            await _until(lambda: len(received[2]) == 400 and len(received[3]) == 200)
+            from_1 = [f for f in received[2] if f.startswith(b"a")]
+            from_3 = [f for f in received[2] if f.startswith(b"c")]
+            assert from_1 == [b"a%d" % i for i in range(200)]
+            assert from_3 == [b"c%d" % i for i in range(200)]
+            assert received[3] == [b"b%d" % i for i in range(200)]
+            assert received[1] == []
+        finally:
+            for t in transports.values():
+                await t.close()
+
+    asyncio.run(scenario())
+
+
+def test_frames_to_an_absent_peer_are_dropped_and_delivery_resumes_when_it_appears():
+    async def scenario():
+        transports, received = _make_transports(2)
+        await transports[1].start()
+        try:
+            assert transports[1].send(2, b"lost") is False
+            assert transports[1].stats.frames_dropped == 1
+            await transports[2].start()
+            await _until(lambda: transports[1].connected(2))
+            assert transports[1].send(2, b"kept")
+            await _until(lambda: received[2] == [b"kept"])
+        finally:
+            for t in transports.values():
+                await t.close()
+
+    asyncio.run(scenario())
+
+
+def test_dialler_reconnects_after_the_connection_drops():
+    async def scenario():
+        transports, received = _make_transports(2)
+        for t in transports.values():
+            await t.start()
+        try:
+            await _until(lambda: transports[1].connected(2))
+            transports[1].send(2, b"one")
+            await _until(lambda: received[2] == [b"one"])
+            transports[2].drop_connections()
+            # The redial can be quicker than a poll, so watch the connect count instead.
+            await _until(lambda: transports[1].stats.connects >= 2 and transports[1].connected(2))
+            transports[1].send(2, b"two")
+            await _until(lambda: received[2] == [b"one", b"two"])
+        finally:
+            for t in transports.values():
+                await t.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_rejected_frame_closes_only_that_connection():
+    async def scenario():
+        addresses = {1: ("127.0.0.1", free_port()), 2: ("127.0.0.1", free_port())}
+        good: list[bytes] = []
+
+        def on_frame(payload: bytes) -> None:
+            if payload == b"garbage":
+                raise ValueError("undecodable")
+            good.append(payload)
+
+        t1 = PeerTransport(1, addresses, lambda p: None, backoff_s_min=0.01, backoff_s_max=0.1)
+        t2 = PeerTransport(2, addresses, on_frame, backoff_s_min=0.01, backoff_s_max=0.1)
+        await t1.start()
+        await t2.start()
+        try:
+            await _until(lambda: t1.connected(2))
+            t1.send(2, b"garbage")
+            await _until(lambda: t2.stats.frames_rejected == 1)
+            await _until(lambda: t1.stats.connects >= 2 and t1.connected(2))
+            t1.send(2, b"fine")
+            await _until(lambda: good == [b"fine"])
+        finally:
+            await t1.close()
+            await t2.close()
+
+    asyncio.run(scenario())
