@@ -87,8 +87,7 @@ class _InboundProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = transport  # type: ignore[assignment]
         self._owner._inbound.add(transport)
 
     def data_received(self, data: bytes) -> None:

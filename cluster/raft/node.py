@@ -1,0 +1,618 @@
+"""A Raft node process serving the replicated key-value service, and a local cluster launcher.
+
+    python -m warrenmq.cluster.raft.node --id 1 \\
+        --peers 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003 \\
+        --clients 1=127.0.0.1:8001,2=127.0.0.1:8002,3=127.0.0.1:8003 \\
+        --data-dir /var/lib/warren/raft-1
+
+`RaftServer` is the host loop of `core.RaftNode` (see its module docstring): a ticker, the
+peer transport (`transport.py`), durable storage (`storage.py`) and the client protocol of
+`kv.py`. Everything that arrives in one event-loop iteration (peer frames, client requests,
+a tick) is stepped into the core first; the resulting Ready is then handled once, so a burst
+of pipelined client writes costs one append and one fsync per Ready, not one per write.
+Messages of a Ready leave only after its entries and hard state are durable.
+
+`LocalCluster` starts such nodes as child processes on free loopback ports (the kill test
+and the benchmark use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import heapq
+import itertools
+import json
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from warrenmq.cluster.raft.core import (
+    LEADER,
+    NotLeader,
+    ProposalRefused,
+    RaftConfig,
+    RaftNode,
+    Ready,
+)
+from warrenmq.cluster.raft.kv import (
+    KVStore,
+    Op,
+    Status,
+    decode_command,
+    decode_request,
+    encode_not_leader,
+    encode_response,
+)
+from warrenmq.cluster.raft.messages import (
+    DecodeError,
+    EntryKind,
+    Message,
+    MessageKind,
+    decode_message,
+    encode_message,
+)
+from warrenmq.cluster.raft.storage import RaftStorage
+from warrenmq.cluster.raft.transport import FrameDecoder, PeerTransport
+
+_READ_CONTEXT = struct.Struct("<Q")
+_READY_ROUNDS_MAX = 64
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    node_id: int
+    peers: dict[int, tuple[str, int]]
+    """Raft transport address of every voter, this node included."""
+    clients: dict[int, tuple[str, int]]
+    """Client-protocol address of every voter, so a follower can name the leader's."""
+    data_dir: Path
+    tick_s: float = 0.01
+    raft: RaftConfig | None = None
+    snapshot_entries: int = 50_000
+    """Compact the log once this many applied entries are held after the last snapshot."""
+    proposals_pending_max: int = 50_000
+    """Stop reading client sockets while this many proposals wait to commit."""
+    read_timeout_s: float = 5.0
+    """A read whose ReadIndex round never completes (leader lost) is answered RETRY."""
+    seed: int = 0
+
+
+def coalesce_appends(messages: Sequence[Message]) -> list[Message]:
+    """Merge runs of APPENDs to one peer whose entries follow each other into one APPEND.
+
+    The core sends one APPEND per proposal while its pipeline has room, so a burst of
+    pipelined writes would otherwise cost a message (encode, decode, step, ack) per entry.
+    The merged APPEND carries the first one's consistency check (index, log_term) and the
+    last one's commit; the follower's single ack frees every merged in-flight slot, as the
+    leader releases all in-flight appends at or below an acked index.
+    """
+    out: list[Message] = []
+    last_append_at: dict[int, int] = {}
+    for m in messages:
+        if m.kind is MessageKind.APPEND and m.entries:
+            position = last_append_at.get(m.dst)
+            if position is not None:
+                previous = out[position]
+                if previous.term == m.term and previous.entries[-1].index == m.index:
+                    out[position] = replace(
+                        previous, entries=previous.entries + m.entries, commit=m.commit
+                    )
+                    continue
+            last_append_at[m.dst] = len(out)
+        else:
+            # Anything else to this peer must stay after the appends sent before it.
+            last_append_at.pop(m.dst, None)
+        out.append(m)
+    return out
+
+
+class _ClientConnection(asyncio.Protocol):
+    """One client socket: requests in, coalesced responses out."""
+
+    def __init__(self, server: RaftServer) -> None:
+        self._server = server
+        self._decoder = FrameDecoder(frame_bytes_max=4 << 20)
+        self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self.open = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+        self._server._client_connected(self)
+
+    def data_received(self, data: bytes) -> None:
+        server = self._server
+        try:
+            for frame in self._decoder.feed(data):
+                request_id, command = decode_request(frame)
+                server._on_request(self, request_id, command)
+        except ValueError:
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        server._kick()
+
+    def respond(self, request_id: int, status: Status, payload: bytes = b"") -> None:
+        if not self.open:
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(encode_response(request_id, status, payload))
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.open and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        self._server._client_disconnected(self)
+
+
+@dataclass
+class _ReadBatch:
+    requests: list[tuple[_ClientConnection, int, bytes]] = field(default_factory=list)
+    deadline_s: float = 0.0
+
+
+class RaftServer:
+    """One node: the core, its storage and transport, and the key-value service on top."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        node_id = config.node_id
+        self.raft_config = config.raft or RaftConfig(node_id=node_id)
+        assert self.raft_config.node_id == node_id
+        self.storage = RaftStorage.open(config.data_dir)
+        hard_state = self.storage.hard_state
+        if hard_state is not None and hard_state.commit > self.storage.last_index:
+            raise RuntimeError(f"stored commit {hard_state.commit} is beyond the log end {self.storage.last_index}")
+        self.raft = RaftNode(
+            self.raft_config,
+            tuple(sorted(config.peers)),
+            random.Random(config.seed * 1_000_003 + node_id),
+            hard_state=hard_state,
+            snapshot=self.storage.snapshot,
+            entries=self.storage.entries(),
+        )
+        self.kv = KVStore()
+        if self.storage.snapshot is not None:
+            self.kv.restore(self.storage.snapshot.index, self.storage.snapshot.data)
+        self.transport = PeerTransport(node_id, config.peers, self._on_peer_frame)
+        self._client_server: asyncio.AbstractServer | None = None
+        self._clients: set[_ClientConnection] = set()
+        self._reading_paused = False
+        # index -> (term it was proposed in, connection, request id)
+        self._proposals: dict[int, tuple[int, _ClientConnection, int]] = {}
+        self._read_batch: list[tuple[_ClientConnection, int, bytes]] = []
+        self._reads_by_context: dict[bytes, _ReadBatch] = {}
+        self._reads_waiting: list[tuple[int, int, _ReadBatch]] = []  # heap by read index
+        self._read_counter = itertools.count(1)
+        self._kick_scheduled = False
+        self._was_leader = False
+        self._ticker: asyncio.TimerHandle | None = None
+        self._next_tick_s = 0.0
+        self._stopped = asyncio.Event()
+        self.ready_count = 0
+        self.entries_persisted = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self.transport.start()
+        host, port = self.config.clients[self.config.node_id]
+        self._client_server = await loop.create_server(
+            lambda: _ClientConnection(self), host, port, reuse_address=True
+        )
+        self._next_tick_s = loop.time() + self.config.tick_s
+        self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
+        self._kick()
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self._client_server is not None:
+            self._client_server.close()
+        for client in list(self._clients):
+            if client.transport is not None:
+                client.transport.abort()
+        await self.transport.close()
+        self.storage.close()
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def _on_tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.raft.tick()
+        now_s = loop.time()
+        # Keep the tick rate steady: a late tick does not push every later one back.
+        self._next_tick_s = max(self._next_tick_s + self.config.tick_s, now_s)
+        self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
+        self._expire_reads(now_s)
+        self._kick()
+
+    def _on_peer_frame(self, frame: bytes) -> None:
+        try:
+            message = decode_message(frame)
+        except DecodeError as exc:
+            raise ValueError(str(exc)) from exc
+        if message.dst != self.config.node_id:
+            raise ValueError(f"message for node {message.dst} reached node {self.config.node_id}")
+        self.raft.step(message)
+        self._kick()
+
+    def _on_request(self, client: _ClientConnection, request_id: int, command: bytes) -> None:
+        # Raises CommandError (a ValueError) on garbage, which drops the connection.
+        parsed = decode_command(command)
+        op = parsed.op
+        if op is Op.PUT or op is Op.CAS:
+            self._propose(client, request_id, command)
+        elif op is Op.GET:
+            if self.raft.role != LEADER:
+                client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
+                return
+            self._read_batch.append((client, request_id, parsed.key))
+        else:
+            client.respond(request_id, Status.OK, json.dumps(self.status()).encode())
+
+    def _propose(self, client: _ClientConnection, request_id: int, command: bytes) -> None:
+        raft = self.raft
+        try:
+            index = raft.propose(command)
+        except NotLeader:
+            client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
+            return
+        except ProposalRefused as exc:
+            client.respond(request_id, Status.BUSY, str(exc).encode())
+            return
+        superseded = self._proposals.get(index)
+        if superseded is not None:
+            # Our earlier entry at this index was truncated away: it will never apply.
+            superseded[1].respond(superseded[2], Status.RETRY, b"entry was overwritten")
+        self._proposals[index] = (raft.term, client, request_id)
+        if len(self._proposals) >= self.config.proposals_pending_max and not self._reading_paused:
+            self._reading_paused = True
+            for c in self._clients:
+                if c.transport is not None:
+                    c.transport.pause_reading()
+
+    def _leader_hint(self) -> bytes:
+        leader = self.raft.leader_id
+        address = self.config.clients.get(leader) if leader is not None else None
+        return encode_not_leader(leader, f"{address[0]}:{address[1]}" if address else None)
+
+    def _client_connected(self, client: _ClientConnection) -> None:
+        self._clients.add(client)
+        if self._reading_paused and client.transport is not None:
+            client.transport.pause_reading()
+
+    def _client_disconnected(self, client: _ClientConnection) -> None:
+        self._clients.discard(client)
+
+    def status(self) -> dict[str, object]:
+        raft = self.raft
+        return {
+            "id": raft.node_id,
+            "role": raft.role,
+            "term": raft.term,
+            "leader": raft.leader_id,
+            "commit": raft.commit_index,
+            "applied": self.kv.applied_index,
+            "last_index": raft.last_index,
+            "first_index": raft.first_index,
+            "voters": list(raft.voters),
+            "keys": len(self.kv),
+            "ready_count": self.ready_count,
+            "entries_persisted": self.entries_persisted,
+            "frames_dropped": self.transport.stats.frames_dropped,
+        }
+
+    # -- the host loop -----------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            asyncio.get_running_loop().call_soon(self._drive)
+
+    def _drive(self) -> None:
+        """Step what is batched into the core, then handle its Ready until it has none."""
+        self._kick_scheduled = False
+        raft = self.raft
+        if self._read_batch:
+            batch, self._read_batch = self._read_batch, []
+            self._start_read(batch)
+        for _ in range(_READY_ROUNDS_MAX):
+            if not raft.has_ready():
+                break
+            ready = raft.ready()
+            self._handle_ready(ready)
+            raft.advance(ready)
+        else:
+            self._kick()  # still more: yield to the loop rather than spin here
+        is_leader = raft.role == LEADER
+        if self._was_leader and not is_leader:
+            self._on_leadership_lost()
+        self._was_leader = is_leader
+
+    def _handle_ready(self, ready: Ready) -> None:
+        self.ready_count += 1
+        self.storage.save(ready.hard_state, ready.entries, ready.snapshot)
+        self.entries_persisted += len(ready.entries)
+        if ready.snapshot is not None:
+            self._install_snapshot_state(ready.snapshot.index, ready.snapshot.data)
+        send = self.transport.send
+        for message in coalesce_appends(ready.messages):
+            send(message.dst, encode_message(message))
+        if ready.committed:
+            self._apply(ready.committed)
+        for read_state in ready.read_states:
+            batch = self._reads_by_context.pop(read_state.context, None)
+            if batch is not None:
+                heapq.heappush(self._reads_waiting, (read_state.index, next(self._read_counter), batch))
+        self._serve_reads()
+
+    def _install_snapshot_state(self, index: int, data: bytes) -> None:
+        self.kv.restore(index, data)
+        for proposal_index in [i for i in self._proposals if i <= index]:
+            _, client, request_id = self._proposals.pop(proposal_index)
+            client.respond(request_id, Status.RETRY, b"replaced by a snapshot; outcome unknown")
+
+    def _apply(self, entries: Sequence) -> None:
+        kv = self.kv
+        proposals = self._proposals
+        normal = EntryKind.NORMAL
+        for entry in entries:
+            index = entry.index
+            if index <= kv.applied_index:
+                continue  # covered by the snapshot the state machine was restored from
+            if entry.kind == normal:
+                status, payload = kv.apply(index, entry.data)
+            else:
+                kv.skip(index)
+                status, payload = Status.OK, b""
+            proposal = proposals.pop(index, None)
+            if proposal is not None:
+                term, client, request_id = proposal
+                if term == entry.term:
+                    client.respond(request_id, status, payload)
+                else:
+                    client.respond(request_id, Status.RETRY, b"a new leader replaced the entry")
+        if self._reading_paused and len(proposals) < self.config.proposals_pending_max // 2:
+            self._reading_paused = False
+            for client in self._clients:
+                if client.transport is not None:
+                    client.transport.resume_reading()
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        raft = self.raft
+        applied = self.kv.applied_index
+        if applied - raft.first_index + 1 < self.config.snapshot_entries:
+            return
+        snapshot = raft.compact(applied, self.kv.snapshot())
+        self.storage.compact(snapshot)
+
+    # -- linearizable reads (ReadIndex) -------------------------------------------------
+
+    def _start_read(self, requests: list[tuple[_ClientConnection, int, bytes]]) -> None:
+        if self.raft.role != LEADER:
+            hint = self._leader_hint()
+            for client, request_id, _ in requests:
+                client.respond(request_id, Status.NOT_LEADER, hint)
+            return
+        context = _READ_CONTEXT.pack(next(self._read_counter))
+        deadline_s = asyncio.get_running_loop().time() + self.config.read_timeout_s
+        self._reads_by_context[context] = _ReadBatch(requests, deadline_s)
+        self.raft.read_index(context)
+
+    def _serve_reads(self) -> None:
+        waiting = self._reads_waiting
+        applied = self.kv.applied_index
+        get = self.kv.get
+        while waiting and waiting[0][0] <= applied:
+            _, _, batch = heapq.heappop(waiting)
+            for client, request_id, key in batch.requests:
+                value = get(key)
+                if value is None:
+                    client.respond(request_id, Status.NOT_FOUND)
+                else:
+                    client.respond(request_id, Status.OK, value)
+
+    def _on_leadership_lost(self) -> None:
+        # ReadIndex rounds of a deposed leader never complete; the reads are safe to redo.
+        hint = self._leader_hint()
+        batches, self._reads_by_context = self._reads_by_context, {}
+        for batch in batches.values():
+            for client, request_id, _ in batch.requests:
+                client.respond(request_id, Status.NOT_LEADER, hint)
+
+    def _expire_reads(self, now_s: float) -> None:
+        expired = [c for c, b in self._reads_by_context.items() if b.deadline_s <= now_s]
+        for context in expired:
+            for client, request_id, _ in self._reads_by_context.pop(context).requests:
+                client.respond(request_id, Status.RETRY, b"read index not confirmed in time")
+
+
+def _parse_addresses(text: str) -> dict[int, tuple[str, int]]:
+    addresses: dict[int, tuple[str, int]] = {}
+    for item in text.split(","):
+        node, _, address = item.partition("=")
+        host, _, port = address.rpartition(":")
+        addresses[int(node)] = (host, int(port))
+    return addresses
+
+
+def _format_addresses(addresses: dict[int, tuple[str, int]]) -> str:
+    return ",".join(f"{n}={h}:{p}" for n, (h, p) in sorted(addresses.items()))
+
+
+def _argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m warrenmq.cluster.raft.node", description=__doc__.splitlines()[0])
+    parser.add_argument("--id", type=int, required=True)
+    parser.add_argument("--peers", required=True, help="id=host:port of every node's Raft transport")
+    parser.add_argument("--clients", required=True, help="id=host:port of every node's client port")
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--tick-ms", type=float, default=10.0)
+    parser.add_argument("--election-ticks", type=int, default=30)
+    parser.add_argument("--heartbeat-ticks", type=int, default=3)
+    parser.add_argument("--max-entries-per-append", type=int, default=4096)
+    parser.add_argument("--snapshot-entries", type=int, default=50_000)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+async def _serve(config: ServerConfig) -> None:
+    server = RaftServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, lambda: asyncio.ensure_future(server.stop()))
+    print(f"raft node {config.node_id} serving", flush=True)
+    await server.wait_stopped()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _argument_parser().parse_args(argv)
+    raft_config = RaftConfig(
+        node_id=args.id,
+        election_ticks=args.election_ticks,
+        heartbeat_ticks=args.heartbeat_ticks,
+        max_entries_per_append=args.max_entries_per_append,
+    )
+    config = ServerConfig(
+        node_id=args.id,
+        peers=_parse_addresses(args.peers),
+        clients=_parse_addresses(args.clients),
+        data_dir=args.data_dir,
+        tick_s=args.tick_ms / 1000,
+        raft=raft_config,
+        snapshot_entries=args.snapshot_entries,
+        seed=args.seed,
+    )
+    # Long-lived objects (the log, the store) need not be rescanned by every collection.
+    gc.freeze()
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(config))
+    else:
+        uvloop.run(_serve(config))
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LocalCluster:
+    """Node processes on loopback, for tests and the benchmark. Use as a context manager."""
+
+    base_dir: Path
+    size: int = 3
+    extra_args: tuple[str, ...] = ()
+    peers: dict[int, tuple[str, int]] = field(default_factory=dict)
+    clients: dict[int, tuple[str, int]] = field(default_factory=dict)
+    processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for node in range(1, self.size + 1):
+            self.peers[node] = ("127.0.0.1", free_port())
+            self.clients[node] = ("127.0.0.1", free_port())
+
+    def client_addresses(self, nodes: Sequence[int] | None = None) -> list[str]:
+        return [f"{h}:{p}" for n, (h, p) in sorted(self.clients.items()) if nodes is None or n in nodes]
+
+    def start(self, node: int) -> None:
+        assert node not in self.processes or self.processes[node].poll() is not None
+        data_dir = self.base_dir / f"node-{node}"
+        command = [
+            sys.executable,
+            "-m",
+            "warrenmq.cluster.raft.node",
+            "--id",
+            str(node),
+            "--peers",
+            _format_addresses(self.peers),
+            "--clients",
+            _format_addresses(self.clients),
+            "--data-dir",
+            str(data_dir),
+            *self.extra_args,
+        ]
+        log = open(self.base_dir / f"node-{node}.log", "ab")
+        try:
+            self.processes[node] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+
+    def start_all(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        for node in self.peers:
+            self.start(node)
+
+    def wait_listening(self, nodes: Sequence[int] | None = None, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for node in nodes or list(self.clients):
+            while True:
+                process = self.processes[node]
+                if process.poll() is not None:
+                    raise RuntimeError(f"node {node} exited with {process.returncode}: {self.log_tail(node)}")
+                try:
+                    with socket.create_connection(self.clients[node], timeout=0.5):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"node {node} not listening after {timeout_s} s") from None
+                    time.sleep(0.05)
+
+    def kill(self, node: int, signum: int = signal.SIGKILL) -> None:
+        process = self.processes[node]
+        if process.poll() is None:
+            process.send_signal(signum)
+        process.wait(timeout=10)
+
+    def log_tail(self, node: int, lines: int = 20) -> str:
+        path = self.base_dir / f"node-{node}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop_all(self) -> None:
+        for node, process in self.processes.items():
+            if process.poll() is None:
+                process.terminate()
+        for node, process in self.processes.items():
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+    def __enter__(self) -> LocalCluster:
+        self.start_all()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop_all()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
