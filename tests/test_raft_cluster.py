@@ -1,0 +1,394 @@
+"""The replicated key-value service: codecs, state machine, in-process clusters and real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warrenmq.cluster.raft.core import RaftConfig
+from warrenmq.cluster.raft.kv import (
+    CasFailed,
+    Command,
+    CommandError,
+    KVClient,
+    KVStore,
+    KVUnavailable,
+    Op,
+    Status,
+    decode_command,
+    decode_not_leader,
+    encode_cas,
+    encode_get,
+    encode_not_leader,
+    encode_put,
+)
+from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind
+from warrenmq.cluster.raft.node import LocalCluster, RaftServer, ServerConfig, coalesce_appends, free_port
+
+keys = st.binary(max_size=40)
+values = st.binary(max_size=200)
+
+
+# -- codecs and the state machine -------------------------------------------------------
+
+
+@given(key=keys, value=values, expected=st.none() | values)
+def test_commands_round_trip(key, value, expected):
+    assert decode_command(encode_put(key, value)) == Command(Op.PUT, key, value)
+    assert decode_command(encode_get(key)) == Command(Op.GET, key)
+    assert decode_command(encode_cas(key, expected, value)) == Command(Op.CAS, key, value, expected)
+
+
+@given(data=st.binary(max_size=64))
+def test_garbage_never_decodes_to_anything_but_a_command_error(data):
+    try:
+        decode_command(data)
+    except CommandError:
+        pass
+
+
+def test_not_leader_payload_names_the_leader_client_address():
+    assert decode_not_leader(encode_not_leader(2, "127.0.0.1:9000")) == (2, "127.0.0.1:9000")
+    assert decode_not_leader(encode_not_leader(None, None)) == (None, None)
+
+
+def test_store_applies_put_and_cas():
+    store = KVStore()
+    assert store.apply(1, encode_put(b"k", b"v1")) == (Status.OK, b"")
+    assert store.apply(2, encode_cas(b"k", b"v1", b"v2")) == (Status.OK, b"")
+    assert store.apply(3, encode_cas(b"k", b"v1", b"v3")) == (Status.CAS_FAILED, b"\x01v2")
+    assert store.apply(4, encode_cas(b"new", None, b"n")) == (Status.OK, b"")
+    assert store.apply(5, encode_cas(b"gone", b"x", b"n")) == (Status.CAS_FAILED, b"\x00")
+    store.skip(6)
+    assert store.apply(7, b"\xff") [0] is Status.RETRY
+    assert (store.get(b"k"), store.get(b"new"), store.get(b"gone")) == (b"v2", b"n", None)
+    assert store.applied_index == 7
+    with pytest.raises(AssertionError):
+        store.apply(7, encode_put(b"k", b"again"))
+
+
+@given(pairs=st.dictionaries(keys, values, max_size=30))
+def test_store_snapshot_restores_the_same_state(pairs):
+    store = KVStore()
+    for index, (key, value) in enumerate(pairs.items(), start=1):
+        store.apply(index, encode_put(key, value))
+    copy = KVStore()
+    copy.restore(len(pairs), store.snapshot())
+    assert copy.applied_index == len(pairs)
+    assert {k: copy.get(k) for k in pairs} == pairs
+    assert len(copy) == len(pairs)
+
+
+def _append(dst: int, prev: int, count: int, commit: int, term: int = 2) -> Message:
+    batch = tuple(Entry(term, prev + 1 + i, EntryKind.NORMAL, b"x") for i in range(count))
+    return Message(MessageKind.APPEND, 1, dst, term, log_term=term, index=prev, commit=commit, entries=batch)
+
+
+def test_coalesce_merges_contiguous_appends_per_peer_and_keeps_order():
+    heartbeat = Message(MessageKind.HEARTBEAT, 1, 2, 2)
+    merged = coalesce_appends(
+        [_append(2, 10, 1, 10), _append(3, 10, 1, 10), _append(2, 11, 2, 11), _append(3, 11, 1, 11),
+         heartbeat, _append(2, 13, 1, 12), _append(3, 20, 1, 12)]
+    )
+    assert [(m.dst, m.kind, m.index, len(m.entries), m.commit) for m in merged] == [
+        (2, MessageKind.APPEND, 10, 3, 11),
+        (3, MessageKind.APPEND, 10, 2, 11),
+        (2, MessageKind.HEARTBEAT, 0, 0, 0),
+        (2, MessageKind.APPEND, 13, 1, 12),
+        (3, MessageKind.APPEND, 20, 1, 12),  # not contiguous with 12: left alone
+    ]
+    assert [e.index for e in merged[0].entries] == [11, 12, 13]
+
+
+# -- in-process clusters ------------------------------------------------------------------
+
+
+def _configs(tmp_path: Path, size: int, **overrides) -> dict[int, ServerConfig]:
+    peers = {i: ("127.0.0.1", free_port()) for i in range(1, size + 1)}
+    clients = {i: ("127.0.0.1", free_port()) for i in range(1, size + 1)}
+    return {
+        i: ServerConfig(
+            node_id=i,
+            peers=peers,
+            clients=clients,
+            data_dir=tmp_path / f"node-{i}",
+            raft=RaftConfig(node_id=i, election_ticks=10, heartbeat_ticks=2, max_entries_per_append=512),
+            **overrides,
+        )
+        for i in peers
+    }
+
+
+def _addresses(configs: dict[int, ServerConfig], nodes=None) -> list[str]:
+    config = next(iter(configs.values()))
+    return [f"{h}:{p}" for i, (h, p) in sorted(config.clients.items()) if nodes is None or i in nodes]
+
+
+async def _leader(servers: dict[int, RaftServer], timeout_s: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        leaders = [i for i, s in servers.items() if s.raft.role == "leader"]
+        if len(leaders) == 1:
+            return leaders[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError("no single leader")
+
+
+def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
+    async def scenario():
+        configs = _configs(tmp_path, 3)
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        try:
+            leader = await _leader(servers)
+            follower = next(i for i in servers if i != leader)
+            # Start at a follower: the client must follow the NOT_LEADER redirect.
+            client = KVClient(_addresses(configs, [follower]) + _addresses(configs))
+            await client.put(b"a", b"1")
+            assert client.address == _addresses(configs, [leader])[0]
+            assert await client.get(b"a") == b"1"
+            assert await client.get(b"missing") is None
+            await client.cas(b"a", b"1", b"2")
+            with pytest.raises(CasFailed) as failed:
+                await client.cas(b"a", b"1", b"3")
+            assert failed.value.current == b"2"
+            await client.cas(b"fresh", None, b"x")
+            await asyncio.gather(*(client.put(b"k%d" % i, b"v%d" % i) for i in range(500)))
+            got = await asyncio.gather(*(client.get(b"k%d" % i) for i in range(500)))
+            assert got == [b"v%d" % i for i in range(500)]
+            # Every replica applies the same commands.
+            await asyncio.sleep(0.2)
+            for server in servers.values():
+                assert server.kv.get(b"a") == b"2"
+                assert server.kv.get(b"k499") == b"v499"
+            status = await client.status()
+            assert status["role"] == "leader" and status["id"] == leader
+            # Batching: far fewer Readies than entries.
+            assert servers[leader].ready_count < servers[leader].entries_persisted
+            await client.close()
+        finally:
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
+
+
+def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
+    async def scenario():
+        configs = _configs(tmp_path, 3, snapshot_entries=100)
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        client = KVClient(_addresses(configs))
+        try:
+            leader = await _leader(servers)
+            await client.put(b"before", b"1")
+            lagging = next(i for i in servers if i != leader)
+            await servers.pop(lagging).stop()
+            await asyncio.gather(*(client.put(b"k%d" % i, b"v%d" % i) for i in range(400)))
+            assert servers[leader].raft.first_index > 2, "the leader compacted its log"
+            restarted = RaftServer(configs[lagging])
+            servers[lagging] = restarted
+            await restarted.start()
+            target = servers[leader].raft.commit_index
+            deadline = time.monotonic() + 10
+            while restarted.kv.applied_index < target:
+                assert time.monotonic() < deadline, "restarted node did not catch up"
+                await asyncio.sleep(0.02)
+            assert restarted.storage.snapshot is not None
+            assert restarted.kv.get(b"before") == b"1"
+            assert restarted.kv.get(b"k399") == b"v399"
+        finally:
+            await client.close()
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
+
+
+def test_reads_on_a_node_that_lost_its_quorum_are_never_served_stale(tmp_path):
+    async def scenario():
+        configs = _configs(tmp_path, 3)
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        try:
+            leader = await _leader(servers)
+            client = KVClient(_addresses(configs, [leader]), request_timeout_s=1.5)
+            await client.put(b"k", b"v")
+            for i in list(servers):
+                if i != leader:
+                    await servers.pop(i).stop()
+            # The old leader may still think it leads for a moment, but ReadIndex needs a
+            # quorum's heartbeat answers, so the read must fail rather than be answered.
+            with pytest.raises(KVUnavailable):
+                await client.get(b"k")
+            await client.close()
+        finally:
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
+
+
+# -- real processes -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    local = LocalCluster(
+        tmp_path,
+        size=3,
+        extra_args=("--tick-ms", "10", "--election-ticks", "30", "--heartbeat-ticks", "3",
+                    "--snapshot-entries", "300"),
+    )
+    try:
+        local.start_all()
+        local.wait_listening()
+        yield local
+    finally:
+        local.stop_all()
+
+
+async def _statuses(cluster: LocalCluster) -> dict[int, dict]:
+    out = {}
+    for node, process in cluster.processes.items():
+        if process.poll() is not None:
+            continue
+        client = KVClient(cluster.client_addresses([node]), request_timeout_s=1.0)
+        try:
+            out[node] = await client.status()
+        except (KVUnavailable, OSError):
+            pass
+        finally:
+            await client.close()
+    return out
+
+
+async def _wait_leader(cluster: LocalCluster, timeout_s: float, exclude: int | None = None) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        statuses = await _statuses(cluster)
+        leaders = [n for n, s in statuses.items() if s["role"] == "leader" and n != exclude]
+        if len(leaders) == 1:
+            return leaders[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no leader within {timeout_s} s: {await _statuses(cluster)}")
+
+
+async def _write(client: KVClient, key: bytes, acked: dict, unknown: dict) -> None:
+    value = b"value-of-" + key
+    try:
+        await client.put(key, value)
+    except KVUnavailable:
+        unknown[key] = value
+    else:
+        acked[key] = value
+
+
+async def _check_reads(client: KVClient, acked: dict, unknown: dict) -> None:
+    for key, value in acked.items():
+        assert await client.get(key) == value, f"acknowledged write {key!r} lost"
+    for key, value in unknown.items():
+        assert await client.get(key) in (None, value)
+
+
+@pytest.mark.slow
+def test_leader_sigkill_loses_no_acknowledged_write(cluster):
+    async def scenario():
+        acked: dict[bytes, bytes] = {}
+        unknown: dict[bytes, bytes] = {}
+        client = KVClient(cluster.client_addresses(), request_timeout_s=10.0)
+        old_leader = await _wait_leader(cluster, timeout_s=10)
+        await asyncio.gather(*(_write(client, b"a%04d" % i, acked, unknown) for i in range(500)))
+        assert len(acked) == 500, "a healthy cluster acknowledges every write"
+
+        # Keep writing while the leader dies, so some writes are in flight at the kill.
+        stop = asyncio.Event()
+
+        async def writer(prefix: bytes) -> None:
+            i = 0
+            while not stop.is_set():
+                await asyncio.gather(*(_write(client, b"%s%05d" % (prefix, i + j), acked, unknown) for j in range(20)))
+                i += 20
+
+        writing = asyncio.ensure_future(writer(b"b"))
+        await asyncio.sleep(0.3)
+        killed_at = time.monotonic()
+        cluster.kill(old_leader, signal.SIGKILL)
+        new_leader = await _wait_leader(cluster, timeout_s=5, exclude=old_leader)
+        elected_s = time.monotonic() - killed_at
+        assert new_leader != old_leader
+        acked_at_kill = len(acked)
+        deadline = time.monotonic() + 10
+        while len(acked) < acked_at_kill + 200:
+            assert time.monotonic() < deadline, "the new leader does not accept writes"
+            await asyncio.sleep(0.05)
+        stop.set()
+        await writing
+        await _check_reads(client, acked, unknown)
+        for i in range(100):
+            await client.put(b"c%03d" % i, b"after")
+
+        # The killed node comes back from its own disk and catches up (by snapshot: the
+        # leader compacted past it).
+        cluster.start(old_leader)
+        cluster.wait_listening([old_leader])
+        commit = (await _statuses(cluster))[new_leader]["commit"]
+        deadline = time.monotonic() + 15
+        while True:
+            status = (await _statuses(cluster)).get(old_leader)
+            if status is not None and status["applied"] >= commit:
+                break
+            assert time.monotonic() < deadline, f"restarted node stuck at {status}"
+            await asyncio.sleep(0.1)
+        assert status["role"] == "follower"
+        assert status["keys"] >= len(acked) + 100
+
+        # It must now be a full member: kill the new leader too, and the restarted node and
+        # the third one elect a leader that still has every acknowledged write.
+        cluster.kill(new_leader, signal.SIGKILL)
+        await _wait_leader(cluster, timeout_s=10, exclude=new_leader)
+        await _check_reads(client, acked, unknown)
+        await client.put(b"last", b"write")
+        assert await client.get(b"last") == b"write"
+        await client.close()
+        print(f'elected in {elected_s:.3f}s acked={len(acked)} unknown={len(unknown)}')
+        return elected_s
+
+    elected_s = asyncio.run(scenario())
+    assert elected_s < 5
+
+
+@pytest.mark.slow
+def test_whole_cluster_sigkill_and_restart_keeps_every_acknowledged_write(cluster):
+    async def scenario_write() -> tuple[dict, dict]:
+        acked: dict[bytes, bytes] = {}
+        unknown: dict[bytes, bytes] = {}
+        client = KVClient(cluster.client_addresses())
+        await _wait_leader(cluster, timeout_s=10)
+        await asyncio.gather(*(_write(client, b"k%04d" % i, acked, unknown) for i in range(1000)))
+        await client.close()
+        return acked, unknown
+
+    acked, unknown = asyncio.run(scenario_write())
+    assert len(acked) == 1000
+    for node in list(cluster.processes):
+        cluster.kill(node, signal.SIGKILL)
+    cluster.start_all()
+    cluster.wait_listening()
+
+    async def scenario_read() -> None:
+        client = KVClient(cluster.client_addresses())
+        await _wait_leader(cluster, timeout_s=10)
+        await _check_reads(client, acked, unknown)
+        await client.close()
+
+    asyncio.run(scenario_read())
