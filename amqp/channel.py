@@ -1,0 +1,278 @@
+"""One AMQP channel: its lifecycle state and the content assembler (method + header + body).
+
+The connection machine owns the channel table and the lifecycle frames (channel.open, close,
+close-ok); a ``Channel`` handles every other frame on an open channel and turns it into an
+event. Errors follow RabbitMQ's ``rabbit_command_assembler`` and ``rabbit_channel``:
+
+* a method frame while a content header or body is expected: 505 UNEXPECTED_FRAME "expected
+  content header for class 60, got non content header frame instead" / "expected content
+  body, got non content body frame instead", with basic.publish's ids;
+* a header or body frame while a method is expected: 505 "expected method frame, got non
+  method frame instead";
+* a header for another class, or with a non-zero weight: 505 "expected content header for
+  class 60, got one for class N instead" / "... got non content header frame instead";
+* a body frame longer than what remains of the announced body size: 501 FRAME_ERROR "content
+  body frame exceeds remaining content size";
+* a body larger than the configured maximum: 406 PRECONDITION_FAILED "message size N is larger
+  than configured max size M" (``rabbit_channel:check_msg_size``). RabbitMQ checks after the
+  whole body arrived; this machine checks the size announced in the header, so it never
+  buffers a body it will refuse;
+* basic.publish with immediate=true: 540 NOT_IMPLEMENTED "immediate=true";
+* confirm.select on a transactional channel: 406 "cannot switch from tx to confirm mode",
+  tx.select on a confirm channel: 406 "cannot switch from confirm to tx mode";
+* a method the client may not send (a server-to-client method, connection.* on a channel):
+  503 COMMAND_INVALID "unimplemented method" (``rabbit_channel``'s last clause);
+* channel.flow active=false: RabbitMQ answers 540 NOT_IMPLEMENTED "active=false"; this
+  machine honours it instead (``FlowChanged`` event) because pausing deliveries is cheap here.
+"""
+
+import enum
+
+from pamqp import commands
+
+from . import events, fastpath, frames, replies
+
+AWAIT_METHOD = 0
+AWAIT_HEADER = 1
+AWAIT_BODY = 2
+
+
+def method_key(class_id, method_id):
+    return (class_id << 16) | method_id
+
+
+PUBLISH = method_key(60, 40)
+ACK = method_key(60, 80)
+NACK = method_key(60, 120)
+REJECT = method_key(60, 90)
+CHANNEL_OPEN = method_key(20, 10)
+CHANNEL_FLOW = method_key(20, 20)
+CHANNEL_CLOSE = method_key(20, 40)
+CHANNEL_CLOSE_OK = method_key(20, 41)
+CONFIRM_SELECT = method_key(85, 10)
+TX_SELECT = method_key(90, 10)
+
+# Methods a client may send on an open channel (the spec's "chassis server" methods), other
+# than the lifecycle ones the connection handles and the fast-path ones above.
+CLIENT_METHODS = frozenset(
+    method_key(c, m) for c, m in (
+        (20, 20),
+        (40, 10), (40, 20), (40, 30), (40, 40),
+        (50, 10), (50, 20), (50, 30), (50, 40), (50, 50),
+        (60, 10), (60, 20), (60, 30), (60, 70), (60, 100), (60, 110),
+        (85, 10),
+        (90, 10), (90, 20), (90, 30),
+    )
+)
+
+
+class ChannelState(enum.Enum):
+    OPEN = "open"
+    CLOSING = "closing"  # we sent channel.close; everything but close and close-ok is dropped
+    CLOSED = "closed"
+
+
+# The channel lifecycle. Inputs are what happened; a missing entry is an illegal transition.
+TRANSITIONS = {
+    ChannelState.OPEN: {
+        "close-sent": ChannelState.CLOSING,
+        "close-received": ChannelState.CLOSED,
+    },
+    ChannelState.CLOSING: {
+        "close-received": ChannelState.CLOSING,
+        "close-ok-received": ChannelState.CLOSED,
+    },
+    ChannelState.CLOSED: {},
+}
+
+
+class IllegalTransition(Exception):
+    """A lifecycle input arrived in a state whose table has no entry for it (a bug here)."""
+
+
+def unexpected(text):
+    return replies.AMQPConnectionError(replies.UNEXPECTED_FRAME, text, 60, 40)
+
+
+def decode_general(class_id, method_id, arguments):
+    """A pamqp method, or the error RabbitMQ gives for an unknown id or undecodable arguments."""
+    try:
+        return frames.decode_method(class_id, method_id, arguments)
+    except KeyError:
+        raise replies.AMQPConnectionError(
+            replies.NOT_IMPLEMENTED, f"unknown method {{{class_id},{method_id}}}", class_id,
+            method_id) from None
+    except ValueError:
+        raise replies.AMQPConnectionError(
+            replies.FRAME_ERROR, f"cannot decode <<{','.join(map(str, arguments))}>>",
+            class_id, method_id) from None
+
+
+class Channel:
+    """State of one open channel; ``handle_*`` return an event or None, or raise ProtocolError."""
+
+    __slots__ = (
+        "number", "state", "content_state", "send", "message_bytes_max", "last_method_ids",
+        "confirm_mode", "tx_mode", "publish_seq", "flow_active", "_exchange", "_routing_key",
+        "_mandatory", "_properties", "_scan", "_body_size", "_remaining", "_parts",
+        "close_reason",
+    )
+
+    def __init__(self, number, send, message_bytes_max):
+        self.number = number
+        self.state = ChannelState.OPEN
+        self.content_state = AWAIT_METHOD
+        self.send = send
+        self.message_bytes_max = message_bytes_max
+        self.last_method_ids = (20, 10)
+        self.confirm_mode = False
+        self.tx_mode = False
+        self.publish_seq = 0
+        self.flow_active = True
+        self.close_reason = None
+        self._reset_content()
+
+    def _reset_content(self):
+        self.content_state = AWAIT_METHOD
+        self._exchange = self._routing_key = ""
+        self._mandatory = False
+        self._properties = b""
+        self._scan = (None, None, None, None)
+        self._body_size = self._remaining = 0
+        self._parts = []
+
+    def transition(self, what):
+        try:
+            self.state = TRANSITIONS[self.state][what]
+        except KeyError:
+            raise IllegalTransition(f"channel {self.number}: {what} in {self.state}") from None
+        if self.state is not ChannelState.OPEN:
+            self._reset_content()
+
+    def handle_method(self, key, class_id, method_id, payload):
+        if self.content_state != AWAIT_METHOD:
+            if self.content_state == AWAIT_HEADER:
+                raise unexpected("expected content header for class 60, "
+                                 "got non content header frame instead")
+            raise unexpected("expected content body, got non content body frame instead")
+        self.last_method_ids = (class_id, method_id)
+        if key == PUBLISH:
+            return self._publish(payload)
+        if key == ACK:
+            delivery_tag, multiple = self._fast(fastpath.decode_ack, payload, class_id, method_id)
+            return events.Acked(self.number, delivery_tag, multiple)
+        if key == NACK:
+            delivery_tag, multiple, requeue = self._fast(fastpath.decode_nack, payload, class_id,
+                                                         method_id)
+            return events.Nacked(self.number, delivery_tag, multiple, requeue)
+        if key == REJECT:
+            delivery_tag, requeue = self._fast(fastpath.decode_reject, payload, class_id,
+                                               method_id)
+            return events.Rejected(self.number, delivery_tag, requeue)
+        method = decode_general(class_id, method_id, payload[4:])
+        if key == CHANNEL_OPEN:
+            raise replies.AMQPConnectionError(replies.CHANNEL_ERROR, "second 'channel.open' seen",
+                                              class_id, method_id)
+        if key not in CLIENT_METHODS:
+            raise replies.AMQPConnectionError(replies.COMMAND_INVALID, "unimplemented method",
+                                              class_id, method_id)
+        if key == CHANNEL_FLOW:
+            self.flow_active = bool(method.active)
+            self.send(frames.encode_method(self.number,
+                                           commands.Channel.FlowOk(active=self.flow_active)))
+            return events.FlowChanged(self.number, self.flow_active)
+        if key == CONFIRM_SELECT:
+            if self.tx_mode:
+                raise replies.ChannelError(replies.PRECONDITION_FAILED,
+                                           "cannot switch from tx to confirm mode", 85, 10)
+            self.confirm_mode = True
+            if not method.nowait:
+                self.send(frames.encode_method(self.number, commands.Confirm.SelectOk()))
+            return None
+        if key == TX_SELECT:
+            if self.confirm_mode:
+                raise replies.ChannelError(replies.PRECONDITION_FAILED,
+                                           "cannot switch from confirm to tx mode", 90, 10)
+            self.tx_mode = True
+        return events.MethodReceived(self.number, method)
+
+    @staticmethod
+    def _fast(decoder, payload, class_id, method_id):
+        try:
+            return decoder(payload)
+        except ValueError:
+            raise replies.AMQPConnectionError(
+                replies.FRAME_ERROR, f"cannot decode <<{','.join(map(str, payload[4:]))}>>",
+                class_id, method_id) from None
+
+    def _publish(self, payload):
+        exchange, routing_key, mandatory, immediate = self._fast(fastpath.decode_publish,
+                                                                 payload, 60, 40)
+        if immediate:
+            raise replies.AMQPConnectionError(replies.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        if self.confirm_mode:
+            self.publish_seq += 1
+        self._exchange = exchange
+        self._routing_key = routing_key
+        self._mandatory = mandatory
+        self.content_state = AWAIT_HEADER
+        return None
+
+    def handle_header(self, payload):
+        if self.content_state != AWAIT_HEADER:
+            if self.content_state == AWAIT_METHOD:
+                raise replies.AMQPConnectionError(
+                    replies.UNEXPECTED_FRAME,
+                    "expected method frame, got non method frame instead")
+            raise unexpected("expected content body, got non content body frame instead")
+        class_id, weight, body_size, properties = fastpath.decode_content_header(payload)
+        if weight != 0:
+            raise unexpected("expected content header for class 60, "
+                             "got non content header frame instead")
+        if class_id != 60:
+            raise unexpected(f"expected content header for class 60, "
+                             f"got one for class {class_id} instead")
+        try:
+            self._scan = fastpath.scan_properties(properties)
+        except ValueError as error:
+            raise replies.AMQPConnectionError(replies.FRAME_ERROR, str(error), 60, 40) from None
+        if body_size > self.message_bytes_max:
+            raise replies.ChannelError(
+                replies.PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size "
+                f"{self.message_bytes_max}", 60, 40)
+        self._properties = properties
+        if body_size == 0:
+            return self._published(b"")
+        self._body_size = self._remaining = body_size
+        self._parts = []
+        self.content_state = AWAIT_BODY
+        return None
+
+    def handle_body(self, payload):
+        if self.content_state != AWAIT_BODY:
+            if self.content_state == AWAIT_METHOD:
+                raise replies.AMQPConnectionError(
+                    replies.UNEXPECTED_FRAME,
+                    "expected method frame, got non method frame instead")
+            raise unexpected("expected content header for class 60, "
+                             "got non content header frame instead")
+        remaining = self._remaining - len(payload)
+        if remaining < 0:
+            raise replies.AMQPConnectionError(
+                replies.FRAME_ERROR, "content body frame exceeds remaining content size", 60, 40)
+        self._parts.append(payload)
+        self._remaining = remaining
+        if remaining:
+            return None
+        parts = self._parts
+        return self._published(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    def _published(self, body):
+        delivery_mode, priority, expiration, user_id = self._scan
+        event = events.MessagePublished(
+            self.number, self._exchange, self._routing_key, self._mandatory, self._properties,
+            body, delivery_mode, priority, expiration, user_id,
+            self.publish_seq if self.confirm_mode else 0)
+        self._reset_content()
+        return event
