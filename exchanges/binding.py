@@ -45,11 +45,14 @@ class BindingTable(ABC):
     # Whether match() ignores headers, so a route through this type may be cached by key.
     routes_by_key_only: ClassVar[bool] = True
 
-    __slots__ = ("_bindings", "_by_destination")
+    __slots__ = ("_bindings", "_by_destination", "exchange_destinations")
 
     def __init__(self) -> None:
         self._bindings: dict[tuple, Binding] = {}
         self._by_destination: dict[Destination, set[tuple]] = {}
+        # How many distinct exchanges are destinations: with none, a match is final and the
+        # router can skip its exchange-to-exchange walk.
+        self.exchange_destinations = 0
 
     def validate_binding(self, arguments: Mapping[str, Any]) -> None:
         """Raise PreconditionFailed if this type refuses the binding's arguments."""
@@ -73,7 +76,11 @@ class BindingTable(ABC):
             return False
         binding = Binding(destination, routing_key, dict(arguments))
         self._bindings[binding_id] = binding
-        self._by_destination.setdefault(destination, set()).add(binding_id)
+        same_destination = self._by_destination.get(destination)
+        if same_destination is None:
+            same_destination = self._by_destination[destination] = set()
+            self.exchange_destinations += destination.kind == EXCHANGE
+        same_destination.add(binding_id)
         self._index(binding_id, binding)
         return True
 
@@ -117,6 +124,7 @@ class BindingTable(ABC):
         same_destination.discard(binding_id)
         if not same_destination:
             del self._by_destination[binding.destination]
+            self.exchange_destinations -= binding.destination.kind == EXCHANGE
         self._unindex(binding_id, binding)
         return True
 

@@ -33,7 +33,7 @@ cache and bumps `generation`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -318,8 +318,15 @@ class Router:
             raise NotFound(f"no {self._rs(EXCHANGE, name)}")
         if exchange.internal:
             raise AccessRefused(f"cannot publish to internal {self._rs(EXCHANGE, name)}")
-        queues, by_key_only = self._traverse(exchange, routing_keys, headers)
-        routed = frozenset(queues)
+        table = exchange.table
+        matched = _match(table, routing_keys, headers)
+        if matched and not table.exchange_destinations:
+            # The common case: the exchange's own bindings reach queues only, nothing to walk.
+            routed = frozenset([queue for _, queue in matched])
+            by_key_only = table.routes_by_key_only
+        else:
+            queues, by_key_only = self._traverse(exchange, matched, routing_keys, headers)
+            routed = frozenset(queues)
         if by_key_only and len(routing_keys) == 1:
             cache = self._route_cache
             if len(cache) >= self._route_cache_entries_max:
@@ -328,30 +335,30 @@ class Router:
         return routed
 
     def _traverse(
-        self, start: Exchange, routing_keys: tuple[str, ...], headers: Mapping[str, Any] | None
+        self,
+        start: Exchange,
+        start_matched: Collection[Destination],
+        routing_keys: tuple[str, ...],
+        headers: Mapping[str, Any] | None,
     ) -> tuple[set[str], bool]:
-        """Queues reached from `start` and whether the answer depended only on the keys."""
+        """Queues reached from `start` (whose own match is `start_matched`) and whether the
+        answer depended only on the routing keys."""
         exchanges = self._exchanges
         queues: set[str] = set()
         seen = {start.name}
-        pending = [start]
-        by_key_only = True
+        pending: list[tuple[Exchange, Collection[Destination]]] = [(start, start_matched)]
+        by_key_only = start.table.routes_by_key_only
         # Each exchange enters `pending` at most once (guarded by `seen`), so this ends.
         while pending:
-            exchange = pending.pop()
-            table = exchange.table
-            by_key_only = by_key_only and table.routes_by_key_only
-            if len(routing_keys) == 1:
-                matched: Iterable[Destination] = table.match(routing_keys[0], headers)
-            else:
-                matched = {d for key in routing_keys for d in table.match(key, headers)}
+            exchange, matched = pending.pop()
             if not matched:
                 alternate = exchange.alternate
                 if alternate is not None and alternate not in seen:
                     seen.add(alternate)
                     target = exchanges.get(alternate)
                     if target is not None:
-                        pending.append(target)
+                        by_key_only = by_key_only and target.table.routes_by_key_only
+                        pending.append((target, _match(target.table, routing_keys, headers)))
                 continue
             for kind, name in matched:
                 if kind == QUEUE:
@@ -360,7 +367,8 @@ class Router:
                     seen.add(name)
                     target = exchanges.get(name)
                     if target is not None:
-                        pending.append(target)
+                        by_key_only = by_key_only and target.table.routes_by_key_only
+                        pending.append((target, _match(target.table, routing_keys, headers)))
         return queues, by_key_only
 
     # --- internals -----------------------------------------------------------------------
@@ -486,6 +494,14 @@ class Router:
             pending.extend(self._drop_destination(Destination(EXCHANGE, exchange.name)))
         self._invalidate()
         return tuple(deleted)
+
+
+def _match(
+    table: BindingTable, routing_keys: tuple[str, ...], headers: Mapping[str, Any] | None
+) -> Collection[Destination]:
+    if len(routing_keys) == 1:
+        return table.match(routing_keys[0], headers)
+    return {destination for key in routing_keys for destination in table.match(key, headers)}
 
 
 def _strip_cr_lf(name: str) -> str:

@@ -21,6 +21,7 @@ from warrenmq.exchanges.binding import Binding, BindingTable, Destination, Desti
 
 _STAR = "*"
 _HASH = "#"
+_NOTHING: Collection[Destination] = frozenset()
 
 
 def split_topic_key(key: str) -> list[str]:
@@ -29,7 +30,7 @@ def split_topic_key(key: str) -> list[str]:
 
 
 class _Node:
-    __slots__ = ("children", "destinations", "is_hash", "parent", "word")
+    __slots__ = ("children", "destinations", "hash", "is_hash", "parent", "star", "word")
 
     def __init__(self, parent: _Node | None, word: str) -> None:
         self.parent = parent
@@ -37,7 +38,25 @@ class _Node:
         # A '#' node can swallow further words while staying where it is.
         self.is_hash = word == _HASH and parent is not None
         self.children: dict[str, _Node] = {}
+        # children["*"] and children["#"], kept apart so a match step needs no lookup for them.
+        self.star: _Node | None = None
+        self.hash: _Node | None = None
         self.destinations = DestinationCounts()
+
+    def add_child(self, word: str) -> _Node:
+        child = self.children[word] = _Node(self, word)
+        if word == _STAR:
+            self.star = child
+        elif word == _HASH:
+            self.hash = child
+        return child
+
+    def remove_child(self, word: str) -> None:
+        del self.children[word]
+        if word == _STAR:
+            self.star = None
+        elif word == _HASH:
+            self.hash = None
 
 
 class TopicExchange(BindingTable):
@@ -52,23 +71,26 @@ class TopicExchange(BindingTable):
     def match(
         self, routing_key: str, headers: Mapping[str, Any] | None = None
     ) -> Collection[Destination]:
-        live = _with_hash_children({self._root: None})
+        root = self._root
+        live = [root] if root.hash is None else _with_hash_children([root])
         for word in split_topic_key(routing_key):
-            step: dict[_Node, None] = {}
+            step = []
             for node in live:
-                children = node.children
-                if children:
-                    child = children.get(word)
-                    if child is not None:
-                        step[child] = None
-                    child = children.get(_STAR)
-                    if child is not None:
-                        step[child] = None
+                child = node.children.get(word)
+                if child is not None:
+                    step.append(child)
+                if node.star is not None:
+                    step.append(node.star)
                 if node.is_hash:
-                    step[node] = None
+                    step.append(node)
             if not step:
-                return frozenset()
-            live = _with_hash_children(step)
+                return _NOTHING
+            if len(step) == 1 and step[0].hash is None:
+                live = step
+            else:
+                live = _with_hash_children(step)
+        if len(live) == 1:
+            return live[0].destinations.counts.keys()
         found: set[Destination] = set()
         for node in live:
             if node.destinations:
@@ -80,7 +102,7 @@ class TopicExchange(BindingTable):
         for word in split_topic_key(binding.routing_key):
             child = node.children.get(word)
             if child is None:
-                child = node.children[word] = _Node(node, word)
+                child = node.add_child(word)
             node = child
         node.destinations.add(binding.destination)
 
@@ -91,17 +113,18 @@ class TopicExchange(BindingTable):
         node.destinations.remove(binding.destination)
         # Prune the now-empty tail so the automaton never walks dead branches.
         while node.parent is not None and not node.children and not node.destinations:
-            del node.parent.children[node.word]
+            node.parent.remove_child(node.word)
             node = node.parent
 
 
-def _with_hash_children(nodes: dict[_Node, None]) -> dict[_Node, None]:
-    """Add the '#' children of every node, transitively: a '#' may match zero words."""
-    pending = [node for node in nodes if _HASH in node.children]
+def _with_hash_children(nodes: list[_Node]) -> list[_Node]:
+    """The nodes without repeats, plus every '#' child, transitively: '#' may match no word."""
+    unique = dict.fromkeys(nodes)
+    pending = [node.hash for node in unique if node.hash is not None]
     while pending:
-        child = pending.pop().children[_HASH]
-        if child not in nodes:
-            nodes[child] = None
-            if _HASH in child.children:
-                pending.append(child)
-    return nodes
+        child = pending.pop()
+        if child not in unique:
+            unique[child] = None
+            if child.hash is not None:
+                pending.append(child.hash)
+    return list(unique)
