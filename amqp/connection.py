@@ -260,11 +260,11 @@ class Connection:
             buffer = self._buffer
             offset = self._offset
             available = len(buffer) - offset
-            if available < 8:
+            if available < frames.FRAME_HEADER_BYTES:
                 if self._chunks:
                     self._merge_chunks()
                     continue
-                self._bytes_needed = 8
+                self._bytes_needed = frames.FRAME_HEADER_BYTES
                 return None
             frame_type, channel, size = _UNPACK_HEADER(buffer, offset)
             if size > self.frame_bytes_max:
