@@ -142,6 +142,15 @@ class Router:
     def sources_of(self, destination: Destination) -> list[str]:
         return sorted(self._sources_of.get(destination, ()))
 
+    def bindings_to(self, destination: Destination) -> list[tuple[str, Binding]]:
+        """(source, binding) for every binding whose destination is `destination`."""
+        return [
+            (source, binding)
+            for source in self.sources_of(destination)
+            for binding in self._exchanges[source].table.bindings()
+            if binding.destination == destination
+        ]
+
     # --- exchange.declare / exchange.delete ------------------------------------------------
 
     def declare(

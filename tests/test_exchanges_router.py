@@ -336,6 +336,11 @@ def test_bindings_listing(router: Router) -> None:
         (Destination(EXCHANGE, "amq.fanout"), "b", ()),
     }
     assert router.sources_of(Destination(EXCHANGE, "amq.fanout")) == ["x"]
+    router.bind_queue("amq.direct", "q1", "k")
+    assert [(s, b.routing_key) for s, b in router.bindings_to(Destination(QUEUE, "q1"))] == [
+        ("amq.direct", "k"),
+        ("x", "a.#"),
+    ]
 
 
 # --- auto-delete ----------------------------------------------------------------------------
@@ -599,3 +604,22 @@ def test_cache_is_bounded(queues: Queues) -> None:
     for index in range(10):
         assert router.route("amq.topic", f"k{index}") == {"q1"}
         assert len(router._route_cache) <= 4
+
+
+def test_wire_reply_text_is_rabbitmqs_and_fits_a_shortstr(router: Router) -> None:
+    error = refused(
+        lambda: router.declare("", "direct"),
+        AccessRefused,
+        "operation not permitted on the default exchange",
+    )
+    assert error.wire_reply_text == "ACCESS_REFUSED - operation not permitted on the default exchange"
+    long_name = "n" * 250
+    with pytest.raises(NotFound) as caught:
+        router.route(long_name, "")
+    wire = caught.value.wire_reply_text
+    assert len(wire.encode()) == 255
+    assert wire == ("NOT_FOUND - no exchange '" + long_name)[:252] + "..."
+    with pytest.raises(NotFound) as caught:
+        router.route("é" * 200, "")
+    assert len(caught.value.wire_reply_text.encode()) <= 255
+    assert caught.value.wire_reply_text.endswith("...")
