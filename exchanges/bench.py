@@ -20,15 +20,13 @@ _PROBE_KEYS_MAX = 1_000
 
 def _topic_binding(index: int) -> str:
     # A mix RabbitMQ users write: exact, one-word wildcard, and multi-word tail/head wildcards.
-    return (f"eu.shop{index}.order", f"eu.shop{index}.*", f"us.#.shop{index}", f"shop{index}.#")[
-        index % 4
-    ]
+    patterns = ("eu.shop{}.order", "eu.shop{}.*", "us.#.shop{}", "shop{}.#")
+    return patterns[index % 4].format(index)
 
 
 def _topic_key(index: int) -> str:
-    return (f"eu.shop{index}.order", f"eu.shop{index}.refund", f"us.a.b.shop{index}", f"shop{index}.x.y")[
-        index % 4
-    ]
+    keys = ("eu.shop{}.order", "eu.shop{}.refund", "us.a.b.shop{}", "shop{}.x.y")
+    return keys[index % 4].format(index)
 
 
 def build_router(bindings: int) -> Router:
@@ -42,7 +40,9 @@ def build_router(bindings: int) -> Router:
     return router
 
 
-def _rate(route: Callable[[str, str], frozenset[str]], exchange: str, keys: list[str], seconds: float) -> float:
+def _rate(
+    route: Callable[[str, str], frozenset[str]], exchange: str, keys: list[str], seconds: float
+) -> float:
     routes = 0
     started = time.perf_counter()
     deadline = started + seconds
