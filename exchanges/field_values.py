@@ -163,9 +163,23 @@ def _timestamp_seconds(value: datetime.datetime) -> int:
     return int(value.timestamp())
 
 
+_ERLANG_ESCAPES = {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    ord("\v"): "\\v",
+    ord("\b"): "\\b",
+    ord("\f"): "\\f",
+    0x1B: "\\e",
+    ord('"'): '\\"',
+    ord("\\"): "\\\\",
+}
+
+
 def _erlang_binary(data: bytes) -> str:
-    if all(32 <= byte < 127 for byte in data):
-        text = data.decode("ascii").replace("\\", "\\\\").replace('"', '\\"')
+    # io_lib:printable_latin1_list/1 decides between <<"text">> and <<1,2,3>>.
+    if all(32 <= byte < 127 or byte >= 160 or byte in _ERLANG_ESCAPES for byte in data):
+        text = "".join(_ERLANG_ESCAPES.get(byte, chr(byte)) for byte in data)
         return f'<<"{text}">>'
     return "<<" + ",".join(str(byte) for byte in data) + ">>"
 

@@ -96,6 +96,8 @@ def test_direct_and_fanout_follow_a_set_of_bindings(operations) -> None:
         ("s", "longstr", '<<"s">>'),
         (b"s", "longstr", '<<"s">>'),
         (b"\x00\xff", "longstr", "<<0,255>>"),
+        ("é", "longstr", '<<"\u00c3\u00a9">>'),  # latin-1 printable bytes, as Erlang's ~p
+        ('q"\n', "longstr", '<<"q\\"\\n">>'),
         (bytearray(b"s"), "binary", '<<"s">>'),
         (True, "bool", "true"),
         (7, "signedint", "7"),
