@@ -181,6 +181,9 @@ _HEARTBEAT = frames.FRAME_HEARTBEAT
 _FRAME_END = frames.FRAME_END
 _UNPACK_HEADER = frames.HEADER.unpack_from
 _UNPACK_IDS = frames.METHOD_IDS.unpack_from
+_CONTENT_PREFIX_BYTES = frames.CONTENT_HEADER_PREFIX_BYTES
+_OPEN = S.OPEN
+_CHANNEL_OPEN = ChannelState.OPEN
 
 
 class Connection:
@@ -248,39 +251,41 @@ class Connection:
             return pending.popleft()
         while True:
             state = self.state
-            if state is S.AUTHENTICATING or state is S.VHOST_CHECK or state is S.CLOSED:
-                return None
-            if state is S.AWAITING_HEADER:
-                self._receive_protocol_header()
-                if pending:
-                    return pending.popleft()
-                if self.state is S.AWAITING_HEADER:
+            if state is not _OPEN:
+                if state is S.AUTHENTICATING or state is S.VHOST_CHECK or state is S.CLOSED:
                     return None
-                continue
+                if state is S.AWAITING_HEADER:
+                    self._receive_protocol_header()
+                    if pending:
+                        return pending.popleft()
+                    if self.state is S.AWAITING_HEADER:
+                        return None
+                    continue
             buffer = self._buffer
             offset = self._offset
-            available = len(buffer) - offset
-            if available < frames.FRAME_HEADER_BYTES:
+            payload_start = offset + frames.FRAME_HEADER_BYTES
+            if payload_start > len(buffer):
                 if self._chunks:
                     self._merge_chunks()
                     continue
                 self._bytes_needed = frames.FRAME_HEADER_BYTES
                 return None
-            frame_type, channel, size = _UNPACK_HEADER(buffer, offset)
+            frame_type, channel_number, size = _UNPACK_HEADER(buffer, offset)
             if size > self.frame_bytes_max:
                 self._fatal(replies.AMQPConnectionError(
                     replies.FRAME_ERROR, frames.frame_error_text(
                         frame_type, b"", "{frame_too_large,%d,%d}"
                         % (size, self.frame_bytes_max - frames.FRAME_OVERHEAD_BYTES))))
                 return pending.popleft() if pending else None
-            end = offset + 7 + size
+            end = payload_start + size
             if end >= len(buffer):
-                self._bytes_needed = size + 8
-                if self._chunks and available + self._chunked_bytes >= size + 8:
+                self._bytes_needed = size + frames.FRAME_OVERHEAD_BYTES
+                if self._chunks and (len(buffer) - offset + self._chunked_bytes
+                                     >= self._bytes_needed):
                     self._merge_chunks()
                     continue
                 return None
-            payload = buffer[offset + 7:end]
+            payload = buffer[payload_start:end]
             if buffer[end] != _FRAME_END:
                 self._fatal(replies.AMQPConnectionError(
                     replies.FRAME_ERROR, frames.frame_error_text(
@@ -288,14 +293,33 @@ class Connection:
                 return pending.popleft() if pending else None
             self._offset = end + 1
             try:
-                if state is S.OPEN:
-                    event = self._frame_open(frame_type, channel, payload)
+                if state is _OPEN:
+                    channel = self._channels.get(channel_number) if channel_number else None
+                    # The message path (content and methods on an open channel) goes straight
+                    # to the channel; everything else takes the general route.
+                    if channel is not None and channel.state is _CHANNEL_OPEN:
+                        if frame_type == _BODY:
+                            event = channel.handle_body(payload)
+                        elif frame_type == _HEADER and len(payload) >= _CONTENT_PREFIX_BYTES:
+                            event = channel.handle_header(payload)
+                        elif frame_type == _METHOD and len(payload) >= 4:
+                            class_id, method_id = _UNPACK_IDS(payload)
+                            key = (class_id << 16) | method_id
+                            if key == CHANNEL_CLOSE and channel.content_state == AWAIT_METHOD:
+                                event = self._peer_closed_channel(channel, class_id, method_id,
+                                                                  payload)
+                            else:
+                                event = channel.handle_method(key, class_id, method_id, payload)
+                        else:
+                            event = self._frame_open(frame_type, channel_number, payload)
+                    else:
+                        event = self._frame_open(frame_type, channel_number, payload)
                 elif state is S.CLOSING:
-                    event = self._frame_closing(frame_type, channel, payload)
+                    event = self._frame_closing(frame_type, channel_number, payload)
                 else:
-                    event = self._frame_handshake(frame_type, channel, payload)
+                    event = self._frame_handshake(frame_type, channel_number, payload)
             except replies.ProtocolError as error:
-                self._fail(error, channel)
+                self._fail(error, channel_number)
                 event = None
             if pending:
                 if event is not None:
