@@ -264,6 +264,11 @@ class RaftStorage:
         if hard_state is not None:
             self.set_hard_state(hard_state)
 
+    def term_and_vote_durable(self, term: int, vote: int | None) -> bool:
+        """Whether (term, vote) is what the hard state file already holds."""
+        durable = self._hard_state_durable
+        return durable is not None and durable.term == term and durable.vote == vote
+
     def set_hard_state(self, state: HardState) -> None:
         self.hard_state = state
         durable = self._hard_state_durable
