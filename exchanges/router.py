@@ -76,6 +76,7 @@ _TYPE_CLASSES = {
     "double": "float",
 }
 _NO_ARGUMENTS: Mapping[str, Any] = {}
+_NO_QUEUES: frozenset[str] = frozenset()
 _ABSENT = object()  # an argument not in the table, unlike one present with a void value
 
 
@@ -321,7 +322,9 @@ class Router:
     ) -> frozenset[str]:
         if name == DEFAULT_EXCHANGE:
             queue_exists = self._queue_exists
-            return frozenset(key for key in routing_keys if queue_exists(key))
+            if len(routing_keys) == 1:
+                return frozenset(routing_keys) if queue_exists(routing_keys[0]) else _NO_QUEUES
+            return frozenset([key for key in routing_keys if queue_exists(key)])
         exchange = self._exchanges.get(name)
         if exchange is None:
             raise NotFound(f"no {self._rs(EXCHANGE, name)}")
