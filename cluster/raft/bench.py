@@ -42,7 +42,8 @@ from warrenmq.cluster.raft.transport import FrameDecoder
 
 COMMAND_BYTES = 64
 _KEY_BYTES = 12
-_KEY_SPACE = 10_000  # keys repeat, so the state machine (and its snapshots) stays small
+_KEY_SPACE = 10_000
+_NODE_STATS = ("role", "commit", "ready_count", "entries_persisted", "persist_ms_total", "persist_ms_max")  # keys repeat, so the state machine (and its snapshots) stays small
 
 
 def command_for(sequence: int) -> bytes:
@@ -198,6 +199,14 @@ async def _run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
     await measure_throughput(leader, min(5_000, args.count), min(args.inflight, 1_000))  # warm-up
     throughput = None if args.skip_throughput else await measure_throughput(leader, args.count, args.inflight)
     latency = await measure_latency(leader, args.rate, args.latency_seconds)
+    node_stats = {}
+    for address in cluster.client_addresses():
+        client = KVClient([address], request_timeout_s=2.0)
+        try:
+            status = await client.status()
+        finally:
+            await client.close()
+        node_stats[str(status["id"])] = {key: status[key] for key in _NODE_STATS}
     return {
         "nodes": cluster.size,
         "fsync": True,
@@ -207,6 +216,7 @@ async def _run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
         "node_args": list(args.node_args),
         "throughput": throughput,
         "latency": latency,
+        "node_stats": node_stats,
     }
 
 

@@ -249,6 +249,14 @@ class CasFailed(KVError):
         self.current = current
 
 
+_TIMED_OUT = object()
+
+
+def _time_out(future: asyncio.Future[tuple[Status, bytes]]) -> None:
+    if not future.done():
+        future.set_result((_TIMED_OUT, b""))  # type: ignore[arg-type]
+
+
 class _ClientProtocol(asyncio.Protocol):
     """One connection of a KVClient, with the requests that wait for an answer on it."""
 
@@ -376,19 +384,26 @@ class KVClient:
                 remaining_s = deadline - loop.time()
                 if remaining_s <= 0:
                     raise KVUnavailable("no leader answered in time")
-                try:
-                    protocol = await asyncio.wait_for(self._connect(), remaining_s)
-                except (OSError, asyncio.TimeoutError):
-                    self._rotate()
-                    await asyncio.sleep(self.redirect_pause_s)
-                    continue
+                protocol = self._protocol
+                if protocol is None:
+                    try:
+                        protocol = await asyncio.wait_for(self._connect(), remaining_s)
+                    except (OSError, asyncio.TimeoutError):
+                        self._rotate()
+                        await asyncio.sleep(self.redirect_pause_s)
+                        continue
                 request_id = self._next_request_id
                 self._next_request_id = (request_id + 1) & 0xFFFFFFFF or 1
                 future = protocol.send(request_id, command)
+                # A timer rather than wait_for: wait_for costs a task per request.
+                timer = loop.call_later(remaining_s, _time_out, future)
                 try:
-                    status, payload = await asyncio.wait_for(future, deadline - loop.time())
-                except asyncio.TimeoutError:
-                    raise KVUnavailable("request timed out; outcome unknown") from None
+                    status, payload = await future
+                finally:
+                    timer.cancel()
+                if status is _TIMED_OUT:
+                    protocol.waiting.pop(request_id, None)
+                    raise KVUnavailable("request timed out; outcome unknown")
                 if status is Status.BUSY:
                     await asyncio.sleep(self.redirect_pause_s)
                     continue

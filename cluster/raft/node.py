@@ -209,6 +209,8 @@ class RaftServer:
         self._stopped = asyncio.Event()
         self.ready_count = 0
         self.entries_persisted = 0
+        self.persist_s_total = 0.0
+        self.persist_s_max = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -323,6 +325,8 @@ class RaftServer:
             "keys": len(self.kv),
             "ready_count": self.ready_count,
             "entries_persisted": self.entries_persisted,
+            "persist_ms_total": round(self.persist_s_total * 1000, 3),
+            "persist_ms_max": round(self.persist_s_max * 1000, 3),
             "frames_dropped": self.transport.stats.frames_dropped,
         }
 
@@ -364,7 +368,11 @@ class RaftServer:
             # The writes are flushed now, so followers fsync while we do (the flush would
             # otherwise wait for the next loop iteration, after our fsync).
             self.transport.flush()
+        persist_started_s = time.perf_counter()
         self.storage.save(ready.hard_state, ready.entries, ready.snapshot)
+        persist_s = time.perf_counter() - persist_started_s
+        self.persist_s_total += persist_s
+        self.persist_s_max = max(self.persist_s_max, persist_s)
         self.entries_persisted += len(ready.entries)
         if ready.snapshot is not None:
             self._install_snapshot_state(ready.snapshot.index, ready.snapshot.data)
@@ -463,6 +471,12 @@ class RaftServer:
                     client.respond(request_id, Status.OK, value)
 
     def _on_leadership_lost(self) -> None:
+        # Our uncommitted entries may yet commit under the next leader, or be overwritten;
+        # we cannot know which now, and waiting could take until the log grows past them.
+        # Tell the clients at once so they can find the new leader (and check, or retry).
+        proposals, self._proposals = self._proposals, {}
+        for _, client, request_id in proposals.values():
+            client.respond(request_id, Status.RETRY, b"leadership lost; outcome unknown")
         # ReadIndex rounds of a deposed leader never complete; the reads are safe to redo.
         hint = self._leader_hint()
         batches, self._reads_by_context = self._reads_by_context, {}
