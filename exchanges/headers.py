@@ -17,8 +17,9 @@ Semantics are RabbitMQ 3.10's (rabbit_exchange_type_headers.erl, `headers_match/
   with their type tags (see field_values.erlang_key);
 * a message with no headers has no entry present.
 
-RabbitMQ merges two key-sorted lists; here each binding's entries are looked up in a dict of
-the message headers, which gives the same answer because header keys are unique once decoded.
+RabbitMQ merges two key-sorted lists for every binding; here bindings are indexed by their
+entries (see HeadersExchange) and a candidate's entries are looked up in a dict of the message
+headers, which gives the same answer because header keys are unique once decoded.
 Newer RabbitMQ (3.13+) switched to `=:=`, under which 1 and 1.0 differ; 3.10 is matched here.
 """
 
@@ -97,14 +98,29 @@ def spec_matches(spec: _Spec, headers: Mapping[str, tuple]) -> bool:
 
 
 class HeadersExchange(BindingTable):
+    """Bindings indexed so a message looks at few of them, not all.
+
+    * an "any" binding is filed under each of its entries — (key, value) or, for a void
+      value, the key alone — and matches as soon as one of them is found in the message;
+    * an "all" binding is filed under one anchor entry, which any matching message must have,
+      and is checked in full only when the anchor is found; the anchor is the entry whose
+      bucket is smallest when the binding is added, so a shared entry ("kind": "order") does
+      not pull every binding in;
+    * an "all" binding with no entry left matches every message, an "any" one none.
+    """
+
     type_name = "headers"
     routes_by_key_only = False
 
-    __slots__ = ("_specs",)
+    __slots__ = ("_always", "_any", "_anchored", "_anchors")
 
     def __init__(self) -> None:
         super().__init__()
-        self._specs: dict[tuple, _Spec] = {}
+        # Buckets are keyed by (header key, erlang_key(value)), or by (header key, _PRESENT).
+        self._any: dict[tuple, dict[tuple, Destination]] = {}
+        self._anchored: dict[tuple, dict[tuple, _Spec]] = {}
+        self._anchors: dict[tuple, tuple] = {}
+        self._always: dict[tuple, Destination] = {}
 
     def validate_binding(self, arguments: Mapping[str, Any]) -> None:
         validate_x_match(arguments)
@@ -112,13 +128,50 @@ class HeadersExchange(BindingTable):
     def match(
         self, routing_key: str, headers: Mapping[str, Any] | None
     ) -> Collection[Destination]:
-        if not self._specs:
-            return frozenset()
-        values = {key: erlang_key(value) for key, value in headers.items()} if headers else {}
-        return {spec.destination for spec in self._specs.values() if spec_matches(spec, values)}
+        found = set(self._always.values())
+        if not headers or not (self._any or self._anchored):
+            return found
+        values = {key: erlang_key(value) for key, value in headers.items()}
+        any_buckets, anchored_buckets = self._any, self._anchored
+        for entry in (*values.items(), *((key, _PRESENT) for key in values)):
+            bucket = any_buckets.get(entry)
+            if bucket is not None:
+                found.update(bucket.values())
+            candidates = anchored_buckets.get(entry)
+            if candidates is not None:
+                found.update(
+                    spec.destination
+                    for spec in candidates.values()
+                    if spec.destination not in found and spec_matches(spec, values)
+                )
+        return found
 
     def _index(self, binding_id: tuple, binding: Binding) -> None:
-        self._specs[binding_id] = compile_spec(binding.destination, binding.arguments)
+        spec = compile_spec(binding.destination, binding.arguments)
+        if not spec.match_all:
+            for entry in set(spec.entries):
+                self._any.setdefault(entry, {})[binding_id] = spec.destination
+        elif not spec.entries:
+            self._always[binding_id] = spec.destination
+        else:
+            anchor = min(spec.entries, key=lambda entry: len(self._anchored.get(entry, ())))
+            self._anchors[binding_id] = anchor
+            self._anchored.setdefault(anchor, {})[binding_id] = spec
 
     def _unindex(self, binding_id: tuple, binding: Binding) -> None:
-        del self._specs[binding_id]
+        if self._always.pop(binding_id, None) is not None:
+            return
+        anchor = self._anchors.pop(binding_id, None)
+        if anchor is not None:
+            _drop(self._anchored, anchor, binding_id)
+            return
+        spec = compile_spec(binding.destination, binding.arguments)
+        for entry in set(spec.entries):
+            _drop(self._any, entry, binding_id)
+
+
+def _drop(buckets: dict[tuple, dict], entry: tuple, binding_id: tuple) -> None:
+    bucket = buckets[entry]
+    del bucket[binding_id]
+    if not bucket:
+        del buckets[entry]

@@ -6,7 +6,7 @@ import datetime
 import decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warrenmq.exchanges.binding import QUEUE, Destination
@@ -180,3 +180,39 @@ def reference(arguments: dict, headers: dict) -> bool:
 def test_matches_the_erlang_merge_algorithm(kind: str, pattern: dict, headers: dict) -> None:
     arguments = {"x-match": kind, **pattern}
     assert matches(arguments, headers) is reference(arguments, headers)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["all", "any", "all-with-x", "any-with-x", None]),
+            st.dictionaries(header_keys, header_values, max_size=3),
+        ),
+        max_size=8,
+    ),
+    st.lists(st.dictionaries(header_keys, header_values, max_size=3), min_size=1, max_size=4),
+    st.sets(st.integers(0, 7)),
+)
+def test_indexed_table_agrees_with_the_reference_binding_by_binding(
+    specs: list[tuple[str | None, dict]], messages: list[dict], removed: set[int]
+) -> None:
+    """Many bindings in one table (the index picks anchors and buckets), some removed again:
+    each message reaches exactly the bindings the Erlang algorithm accepts."""
+    table = HeadersExchange()
+    live = {}
+    for index, (kind, pattern) in enumerate(specs):
+        arguments = dict(pattern) if kind is None else {"x-match": kind, **pattern}
+        destination = Destination(QUEUE, f"q{index}")
+        table.bind(destination, "", arguments)
+        live[destination] = arguments
+    for index in removed:
+        destination = Destination(QUEUE, f"q{index}")
+        if destination in live:
+            assert table.unbind(destination, "", live.pop(destination))
+    for headers in messages:
+        expected = {d for d, arguments in live.items() if reference(arguments, headers)}
+        assert set(table.match("", headers)) == expected
+    for destination, arguments in live.items():
+        table.unbind(destination, "", arguments)
+    assert (table._any, table._anchored, table._anchors, table._always) == ({}, {}, {}, {})
