@@ -1,10 +1,12 @@
-"""Routes per second on the publish path: direct and topic exchanges, cached and uncached.
+"""Routes per second on the publish path: direct and topic exchanges, cached and uncached,
+and a headers exchange (never cached).
 
     .venv/bin/python -m warrenmq.exchanges.bench [--bindings 1000] [--seconds 0.5]
 
 Each exchange gets `bindings` queue bindings; routing keys cycle over keys that hit one
-binding each (the topic keys also hit '*' and '#' patterns). "uncached" calls the router's
-miss path directly, which is what the first publish of a key after any binding change costs.
+binding each (the topic keys also hit '*' and '#' patterns; the headers bindings all share
+"kind": "order" and differ in "shop"). "uncached" calls the router's miss path directly,
+which is what the first publish of a key after any binding change costs.
 """
 
 from __future__ import annotations
@@ -34,9 +36,13 @@ def build_router(bindings: int) -> Router:
     router = Router(queue_exists=queue_names.__contains__)
     router.declare("bench.direct", "direct")
     router.declare("bench.topic", "topic")
+    router.declare("bench.headers", "headers")
     for index in range(bindings):
         router.bind_queue("bench.direct", f"q{index}", f"key{index}")
         router.bind_queue("bench.topic", f"q{index}", _topic_binding(index))
+        router.bind_queue(
+            "bench.headers", f"q{index}", "", {"x-match": "all", "kind": "order", "shop": index}
+        )
     return router
 
 
@@ -67,11 +73,18 @@ def bench(bindings: int = 1_000, seconds: float = 0.5) -> dict[str, float]:
     def uncached(exchange: str, key: str) -> frozenset[str]:
         return router._route_uncached(exchange, (key,), None)
 
+    headers_by_key = {str(index): {"kind": "order", "shop": index} for index in range(probes)}
+
+    def by_headers(exchange: str, key: str) -> frozenset[str]:
+        return router.route(exchange, "", headers_by_key[key])
+
     return {
         "direct cached": _rate(router.route, "bench.direct", direct_keys, seconds),
         "direct uncached": _rate(uncached, "bench.direct", direct_keys, seconds),
         "topic cached": _rate(router.route, "bench.topic", topic_keys, seconds),
         "topic uncached": _rate(uncached, "bench.topic", topic_keys, seconds),
+        # Headers routes depend on the headers, so they are never cached.
+        "headers": _rate(by_headers, "bench.headers", list(headers_by_key), seconds),
     }
 
 
