@@ -623,3 +623,20 @@ def test_wire_reply_text_is_rabbitmqs_and_fits_a_shortstr(router: Router) -> Non
         router.route("é" * 200, "")
     assert len(caught.value.wire_reply_text.encode()) <= 255
     assert caught.value.wire_reply_text.endswith("...")
+
+
+def test_benchmark_runs_and_its_routes_hit() -> None:
+    from warrenmq.exchanges.bench import bench, build_router
+
+    rates = bench(bindings=40, seconds=0.01)
+    assert set(rates) == {
+        "direct cached",
+        "direct uncached",
+        "topic cached",
+        "topic uncached",
+        "headers",
+    }
+    assert all(rate > 0 for rate in rates.values())
+    router = build_router(8)
+    assert router.route("bench.direct", "key3") == {"q3"}
+    assert router.route("bench.headers", "", {"kind": "order", "shop": 5}) == {"q5"}
