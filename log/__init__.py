@@ -1,0 +1,20 @@
+"""The storage engine: segmented, CRC-checked, crash-recovering partition logs.
+
+`PartitionLog.open(directory, LogConfig(...))` opens (or creates and recovers) one partition;
+see `partition.py` for the API and `batch.py` for the on-disk format.
+"""
+
+from .batch import RawRecord, Record
+from .config import LogConfig
+from .errors import CorruptBatchError, LogError, OffsetOutOfRangeError
+from .partition import PartitionLog
+
+__all__ = [
+    "CorruptBatchError",
+    "LogConfig",
+    "LogError",
+    "OffsetOutOfRangeError",
+    "PartitionLog",
+    "RawRecord",
+    "Record",
+]

@@ -1,0 +1,488 @@
+"""A partition log: an ordered run of segments with dense offsets, a tail cache and group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from bisect import bisect_right
+from collections.abc import Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+from crc32c import crc32c
+
+from . import batch as batch_codec
+from .batch import HEADER_BYTES, RECORD_HEADER_BYTES, RawRecord, Record
+from .config import LogConfig
+from .errors import LogError, OffsetOutOfRangeError
+from .segment import Segment
+
+# fsync releases the GIL, so a few threads let several logs flush to disk at once.
+_FSYNC_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warren-fsync")
+
+
+def _fsync_and_close(fds: list[int]) -> None:
+    try:
+        for fd in fds:
+            os.fsync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+RECOVERY_POINT_FILE = "recovery-point"
+_RECOVERY_POINT = struct.Struct("<QI")
+
+
+def read_recovery_point(directory: Path) -> int:
+    """Segments wholly below this offset were fsynced whole; 0 when unknown or damaged."""
+    try:
+        data = (directory / RECOVERY_POINT_FILE).read_bytes()
+    except FileNotFoundError:
+        return 0
+    if len(data) != _RECOVERY_POINT.size:
+        return 0
+    offset, crc = _RECOVERY_POINT.unpack(data)
+    return offset if crc32c(data[:8]) == crc else 0
+
+
+def write_recovery_point(directory: Path, offset: int, *, durable: bool) -> None:
+    """Replace the checkpoint atomically. A lost update only makes the next open scan more."""
+    body = struct.pack("<Q", offset)
+    temporary = directory / (RECOVERY_POINT_FILE + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, body + struct.pack("<I", crc32c(body)))
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, directory / RECOVERY_POINT_FILE)
+
+
+class _CachedBatch(NamedTuple):
+    base_offset: int
+    term: int
+    timestamp_ms: int
+    records: tuple[RawRecord, ...]
+    encoded_bytes: int
+
+
+class PartitionLog:
+    """An append-only log of records with dense offsets, stored as segments in one directory.
+
+    Single-threaded: call it from one thread (the event loop). `commit()` hands the fsync to a
+    worker thread and coalesces every caller that arrives while one is in flight (group commit).
+    """
+
+    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment], executor: Executor) -> None:
+        self.directory = directory
+        self.config = config
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._executor = executor
+        self._end_offset = segments[-1].end_offset
+        self._durable_offset = self._end_offset
+        self._last_timestamp_ms = max((s.max_timestamp_ms for s in segments if s.max_timestamp_ms is not None), default=0)
+        self._cache: list[_CachedBatch] = []
+        self._cache_head = 0
+        self._cache_bytes = 0
+        self._dir_dirty = False
+        self._sync_task: asyncio.Future[None] | None = None
+        # Bumped by every truncation, so an fsync that raced one does not vouch for new data.
+        self._truncations = 0
+        # Segments wholly below this offset are known fsynced: open need not scan them whole.
+        self._recovery_point = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._last_term = self._read_last_term()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], config: LogConfig | None = None, *, executor: Executor | None = None) -> PartitionLog:
+        """Open or create the log in `directory`, recovering from a crash.
+
+        The newest segment is scanned batch by batch and cut at the first torn or corrupt batch;
+        older segments are sanity-checked. Wherever the offsets stop being dense, the log is cut
+        there, so what remains is always a prefix of what was appended.
+        """
+        config = config or LogConfig()
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        bases = sorted(int(p.stem) for p in path.glob("*.log") if p.stem.isdigit())
+        for stray in path.glob("*.*index"):
+            if not stray.stem.isdigit() or int(stray.stem) not in bases:
+                stray.unlink()
+        recovery_point = read_recovery_point(path)
+        segments: list[Segment] = []
+        for i, base in enumerate(bases):
+            last = i == len(bases) - 1
+            segment = Segment.recover(path, base, config, full_scan=last or bases[i + 1] > recovery_point)
+            segments.append(segment)
+            if not last and segment.end_offset != bases[i + 1]:
+                cls._delete_from(path, config, bases[i + 1 :])
+                break
+        if not segments:
+            segments.append(Segment.create(path, 0, config))
+        log = cls(path, config, segments, executor or _FSYNC_EXECUTOR)
+        log._recovery_point = recovery_point
+        log._lower_recovery_point(log._bases[-1])
+        log._fsync_directory()
+        return log
+
+    @staticmethod
+    def _delete_from(path: Path, config: LogConfig, bases: list[int]) -> None:
+        for base in bases:
+            Segment(path, base, config).delete()
+
+    def _read_last_term(self) -> int:
+        for segment in reversed(self._segments):
+            if segment.end_offset > segment.base_offset:
+                return segment.read(segment.end_offset - 1, 1, 0)[0].term
+        return 0
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset still retained."""
+        return self._bases[0]
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended record will get."""
+        return self._end_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every record below this offset has been fsynced."""
+        return self._durable_offset
+
+    @property
+    def last_term(self) -> int:
+        """The term of the newest batch (0 for an empty log)."""
+        return self._last_term
+
+    @property
+    def last_timestamp_ms(self) -> int:
+        return self._last_timestamp_ms
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None, term: int = 0) -> int:
+        """Append `records` as one batch; returns the offset of the first.
+
+        Every record gets the batch's timestamp, clamped so timestamps never go backwards
+        (offset_for_timestamp relies on it). Records must be immutable bytes.
+        """
+        self._check_usable()
+        config = self.config
+        count = len(records)
+        if count == 0:
+            raise LogError("a batch needs at least one record")
+        if count > config.batch_records_max:
+            raise LogError(f"batch of {count} records exceeds batch_records_max {config.batch_records_max}")
+        payload = batch_codec.encode_records(records, config.record_bytes_max)
+        total = HEADER_BYTES + len(payload)
+        if total > config.batch_bytes_max:
+            raise LogError(f"batch of {total} bytes exceeds batch_bytes_max {config.batch_bytes_max}")
+        if total > config.segment_bytes_max:
+            raise LogError(f"batch of {total} bytes exceeds segment_bytes_max {config.segment_bytes_max}")
+        if timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000
+        if timestamp_ms < self._last_timestamp_ms:
+            timestamp_ms = self._last_timestamp_ms
+        base = self._end_offset
+        header = batch_codec.encode_header(base, term, count, timestamp_ms, payload)
+        segment = self._segments[-1]
+        if not segment.fits(total, count):
+            segment = self._roll()
+        segment.append(header, payload, base, count, timestamp_ms)
+        self._end_offset = base + count
+        self._last_timestamp_ms = timestamp_ms
+        self._last_term = term
+        self._cache_push(_CachedBatch(base, term, timestamp_ms, tuple(records), total))
+        return base
+
+    def _roll(self) -> Segment:
+        # The outgoing segment's indexes are final now: the next sync covers them too.
+        self._segments[-1].dirty = True
+        segment = Segment.create(self.directory, self._end_offset, self.config)
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+        self._dir_dirty = True
+        return segment
+
+    def _cache_push(self, cached: _CachedBatch) -> None:
+        limit = self.config.tail_cache_bytes_max
+        if cached.encoded_bytes > limit:
+            self._cache_clear()
+            return
+        self._cache.append(cached)
+        self._cache_bytes += cached.encoded_bytes
+        while self._cache_bytes > limit:
+            self._cache_bytes -= self._cache[self._cache_head].encoded_bytes
+            self._cache_head += 1
+        if self._cache_head > 1024 and self._cache_head * 2 > len(self._cache):
+            del self._cache[: self._cache_head]
+            self._cache_head = 0
+
+    def _cache_clear(self) -> None:
+        self._cache.clear()
+        self._cache_head = 0
+        self._cache_bytes = 0
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, offset: int, max_records: int = 1000, max_bytes: int = 1 << 20) -> list[Record]:
+        """Records from `offset` on, at most `max_records` and about `max_bytes` of them.
+
+        At least one record is returned whenever `offset` is below the end, so progress is
+        guaranteed whatever the budget. Reads of recent data come from memory; older data is
+        read with `pread` and CRC-checked, and a corrupt batch raises rather than being returned.
+        """
+        self._check_usable()
+        if offset < self.start_offset:
+            raise OffsetOutOfRangeError(f"offset {offset} is below the log start {self.start_offset}")
+        if offset >= self._end_offset or max_records <= 0:
+            return []
+        cache = self._cache
+        if len(cache) > self._cache_head and offset >= cache[self._cache_head].base_offset:
+            return self._read_cache(offset, max_records, max_bytes)
+        records: list[Record] = []
+        budget = max_bytes
+        for segment in self._segments[bisect_right(self._bases, offset) - 1 :]:
+            got = segment.read(offset, max_records - len(records), budget)
+            if not got:
+                break
+            records += got
+            budget -= sum(map(batch_codec.record_size, got))
+            offset = records[-1].offset + 1
+            if offset < segment.end_offset or len(records) >= max_records or budget <= 0:
+                break
+        return records
+
+    def _read_cache(self, offset: int, max_records: int, max_bytes: int) -> list[Record]:
+        cache = self._cache
+        lo = self._cache_head
+        hi = len(cache)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cache[mid].base_offset <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        records: list[Record] = []
+        append = records.append
+        budget = max_bytes
+        for i in range(lo - 1, len(cache)):
+            base, term, timestamp_ms, raw_records, _ = cache[i]
+            for j in range(max(0, offset - base), len(raw_records)):
+                exchange, routing_key, properties, body = raw_records[j]
+                size = RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
+                if records and (size > budget or len(records) >= max_records):
+                    return records
+                append(Record(base + j, timestamp_ms, term, exchange, routing_key, properties, body))
+                budget -= size
+        return records
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The first offset whose timestamp is >= timestamp_ms, or None when every record is older."""
+        self._check_usable()
+        for segment in self._segments:
+            found = segment.offset_for_timestamp(timestamp_ms)
+            if found is not None:
+                return found
+        return None
+
+    # -- durability ------------------------------------------------------------------------
+
+    def _take_sync_fds(self) -> list[int]:
+        fds: list[int] = []
+        active = self._segments[-1]
+        for segment in self._segments:
+            if segment.dirty:
+                fds += segment.sync_fds(include_indexes=segment is not active)
+                segment.dirty = False
+        if self._dir_dirty:
+            fds.append(os.open(self.directory, os.O_RDONLY))
+            self._dir_dirty = False
+        return fds
+
+    def _synced(self, end: int, truncations: int, active_base: int) -> None:
+        """After an fsync of everything dirty: advance the durable offset and recovery point."""
+        if truncations != self._truncations:
+            return
+        self._durable_offset = max(self._durable_offset, end)
+        if active_base > self._recovery_point:
+            self._recovery_point = active_base
+            write_recovery_point(self.directory, active_base, durable=False)
+
+    def sync(self) -> int:
+        """fsync everything appended so far, in this thread; returns the durable end offset."""
+        self._check_usable()
+        end, truncations, active_base = self._end_offset, self._truncations, self._bases[-1]
+        try:
+            _fsync_and_close(self._take_sync_fds())
+        except OSError as exc:
+            self._failed = exc
+            raise
+        self._synced(end, truncations, active_base)
+        return self._durable_offset
+
+    async def commit(self) -> int:
+        """Wait until everything appended before the call is fsynced; returns the durable offset.
+
+        One fsync runs at a time in a worker thread; callers arriving meanwhile share the next
+        one, so N concurrent committers cost about two fsyncs, not N.
+        """
+        target = self._end_offset
+        while self._durable_offset < min(target, self._end_offset):
+            self._check_usable()
+            if self._sync_task is None:
+                self._sync_task = asyncio.ensure_future(self._sync_in_worker())
+            await asyncio.shield(self._sync_task)
+        return self._durable_offset
+
+    async def _sync_in_worker(self) -> None:
+        try:
+            end, truncations, active_base = self._end_offset, self._truncations, self._bases[-1]
+            fds = self._take_sync_fds()
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_and_close, fds)
+            except OSError as exc:
+                # After a failed fsync the page cache may have dropped the data: stop trusting it.
+                self._failed = exc
+                raise
+            self._synced(end, truncations, active_base)
+        finally:
+            self._sync_task = None
+
+    def _lower_recovery_point(self, offset: int) -> None:
+        if offset < self._recovery_point:
+            self._recovery_point = offset
+            write_recovery_point(self.directory, offset, durable=True)
+
+    def _fsync_directory(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # -- removing --------------------------------------------------------------------------
+
+    def truncate(self, offset: int) -> None:
+        """Remove `offset` and everything after it (a replica discarding a divergent tail)."""
+        self._check_usable()
+        if offset >= self._end_offset:
+            return
+        if offset <= self.start_offset:
+            self.reset(offset)
+            return
+        self._truncations += 1
+        self._lower_recovery_point(offset)
+        while self._segments[-1].base_offset >= offset:
+            self._segments.pop().delete()
+            self._bases.pop()
+            self._dir_dirty = True
+        segment = self._segments[-1]
+        remainder = segment.truncate(offset)
+        self._end_offset = segment.end_offset
+        self._durable_offset = min(self._durable_offset, self._end_offset)
+        self._last_timestamp_ms = max(
+            (s.max_timestamp_ms for s in self._segments if s.max_timestamp_ms is not None), default=0
+        )
+        self._cache_clear()
+        self._last_term = self._read_last_term()
+        if remainder is not None:
+            term, timestamp_ms, records = remainder
+            self.append(records, timestamp_ms=timestamp_ms, term=term)
+
+    def reset(self, start_offset: int) -> None:
+        """Drop every record and start empty at `start_offset` (a replica installing a snapshot)."""
+        self._check_usable()
+        self._truncations += 1
+        self._lower_recovery_point(0)
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [Segment.create(self.directory, start_offset, self.config)]
+        self._bases = [start_offset]
+        self._end_offset = self._durable_offset = start_offset
+        self._last_term = 0
+        self._cache_clear()
+        self._fsync_directory()
+
+    def delete_before(self, offset: int) -> int:
+        """Delete whole segments whose records are all below `offset`; returns the new start.
+
+        The active segment is never deleted.
+        """
+        self._check_usable()
+        while len(self._segments) > 1 and self._segments[0].end_offset <= offset:
+            self._drop_oldest()
+        return self.start_offset
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete whole segments past the age or size limit; returns how many went.
+
+        Only segments whose every record is older than the age limit, or whose removal leaves at
+        least `retention_bytes`, are deleted, oldest first, never the active segment.
+        """
+        self._check_usable()
+        deleted = 0
+        retention_ms = self.config.retention_ms
+        if retention_ms is not None:
+            while len(self._segments) > 1:
+                newest = self._segments[0].max_timestamp_ms
+                if newest is not None and newest >= now_ms - retention_ms:
+                    break
+                self._drop_oldest()
+                deleted += 1
+        retention_bytes = self.config.retention_bytes
+        if retention_bytes is not None:
+            total = self.size_bytes
+            while len(self._segments) > 1 and total - self._segments[0].size >= retention_bytes:
+                total -= self._segments[0].size
+                self._drop_oldest()
+                deleted += 1
+        return deleted
+
+    def _drop_oldest(self) -> None:
+        self._segments.pop(0).delete()
+        self._bases.pop(0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise LogError(f"log {self.directory} is closed")
+        if self._failed is not None:
+            raise LogError(f"log {self.directory} failed an fsync and refuses further use") from self._failed
+
+    def close(self) -> None:
+        """Close the files. Unsynced appends are not fsynced: call sync() first to keep them."""
+        if self._closed:
+            return
+        self._closed = True
+        for segment in self._segments:
+            segment.close()
+        self._cache_clear()
+
+    def __enter__(self) -> PartitionLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,353 @@
+"""One segment of a partition log: `<base>.log` with its sparse `.index` and `.timeindex`.
+
+The `.index` holds (relative offset u32, file position u32) pairs and the `.timeindex`
+(timestamp_ms i64, relative offset u32) pairs, one of each written together for the batch that
+starts after every `index_interval_bytes` of data, so the two files stay parallel. Both are
+rebuilt from the `.log` whenever they are missing or fail a sanity check; the `.log` alone is
+the truth.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import batch as batch_codec
+from .batch import HEADER_BYTES, RECORD_HEADER_BYTES, BatchHeader, RawRecord, Record
+from .config import LogConfig
+from .errors import CorruptBatchError
+
+INDEX_ENTRY = struct.Struct("<II")
+TIME_ENTRY = struct.Struct("<qI")
+# Disk reads fetch at least this much at a time, so small batches cost one pread per chunk.
+READ_CHUNK_BYTES = 256 << 10
+_REL_OFFSET_MAX = 0xFFFF_FFFF
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+class Segment:
+    """A segment's files and the in-memory copy of its indexes.
+
+    Not thread-safe: the partition log calls it from one thread. Readers use `pread`, which
+    never moves the write position, so reads do not disturb appends.
+    """
+
+    def __init__(self, directory: Path, base_offset: int, config: LogConfig) -> None:
+        self.base_offset = base_offset
+        self.config = config
+        stem = directory / segment_name(base_offset)
+        self.log_path = stem.with_suffix(".log")
+        self.index_path = stem.with_suffix(".index")
+        self.time_index_path = stem.with_suffix(".timeindex")
+        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self.size = os.fstat(self.fd).st_size
+        self.end_offset = base_offset
+        self.max_timestamp_ms: int | None = None
+        self._index_rel = array("I")
+        self._index_pos = array("I")
+        self._time_ts = array("q")
+        self._bytes_since_index = 0
+        self._index_fd = -1
+        self._time_fd = -1
+        # Set when data, or a rolled segment's indexes, await an fsync.
+        self.dirty = False
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, config: LogConfig) -> Segment:
+        segment = cls(directory, base_offset, config)
+        if segment.size:
+            raise CorruptBatchError(f"segment {segment.log_path} already exists")
+        segment._rewrite_index_files()
+        return segment
+
+    @classmethod
+    def recover(cls, directory: Path, base_offset: int, config: LogConfig, *, full_scan: bool) -> Segment:
+        """Open an existing segment, cutting its file back to the last whole, CRC-valid batch.
+
+        `full_scan` verifies every batch (the newest segment, where a crash tears writes);
+        otherwise the indexes are sanity-checked and only the batches after the last index
+        entry are verified, falling back to a full scan if anything is off.
+        """
+        segment = cls(directory, base_offset, config)
+        if full_scan or not segment._load_indexes():
+            segment._rebuild()
+        else:
+            start = segment._index_pos[-1] if segment._index_pos else 0
+            if not segment._scan_tail(start):
+                segment._rebuild()
+        return segment
+
+    def _load_indexes(self) -> bool:
+        """Read both index files; False when either is missing or fails a sanity check."""
+        try:
+            index_bytes = self.index_path.read_bytes()
+            time_bytes = self.time_index_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(index_bytes) % INDEX_ENTRY.size or len(time_bytes) % TIME_ENTRY.size:
+            return False
+        entries = len(index_bytes) // INDEX_ENTRY.size
+        if len(time_bytes) // TIME_ENTRY.size != entries:
+            return False
+        rels, positions, stamps = array("I"), array("I"), array("q")
+        previous_rel = previous_pos = previous_ts = -1
+        for i in range(entries):
+            rel, pos = INDEX_ENTRY.unpack_from(index_bytes, i * INDEX_ENTRY.size)
+            ts, time_rel = TIME_ENTRY.unpack_from(time_bytes, i * TIME_ENTRY.size)
+            if rel <= previous_rel or pos <= previous_pos or ts < previous_ts or time_rel != rel:
+                return False
+            if pos >= self.size:
+                return False
+            rels.append(rel)
+            positions.append(pos)
+            stamps.append(ts)
+            previous_rel, previous_pos, previous_ts = rel, pos, ts
+        self._index_rel, self._index_pos, self._time_ts = rels, positions, stamps
+        # Every entry must point at the start of the batch it names.
+        for i in range(entries):
+            header = self._pread_header(positions[i])
+            if header is None or header.base_offset != self.base_offset + rels[i]:
+                return False
+        return True
+
+    def _scan_tail(self, position: int) -> bool:
+        """Verify batches from `position` to the end of file; True if all are whole and valid."""
+        expected = self.base_offset + self._index_rel[-1] if self._index_rel else self.base_offset
+        last: BatchHeader | None = None
+        end = position
+        try:
+            for pos, header, _, _ in self._batches(position, self.size, verify=True):
+                if header.base_offset != expected:
+                    return False
+                expected = header.next_offset
+                end = pos + header.total_bytes
+                last = header
+        except CorruptBatchError:
+            return False
+        if end != self.size:
+            return False
+        self.end_offset = expected
+        if last is not None:
+            self.max_timestamp_ms = last.max_timestamp_ms
+        elif self._time_ts:
+            self.max_timestamp_ms = self._time_ts[-1]
+        self._bytes_since_index = self.size - position
+        return True
+
+    def _rebuild(self) -> None:
+        """Scan every batch, rebuilding the indexes; cut the file at a torn or corrupt batch."""
+        self._drop_index_entries_from(0)
+        expected = self.base_offset
+        self.max_timestamp_ms = None
+        self._bytes_since_index = 0
+        valid_end = 0
+        try:
+            for pos, header, _, _ in self._batches(0, self.size, verify=True):
+                if header.base_offset != expected:
+                    break
+                self._note_batch(pos, header.base_offset, header.max_timestamp_ms, header.total_bytes)
+                expected = header.next_offset
+                valid_end = pos + header.total_bytes
+        except CorruptBatchError:
+            pass
+        if valid_end != self.size:
+            os.ftruncate(self.fd, valid_end)
+            self.size = valid_end
+            self.dirty = True
+        self.end_offset = expected
+        self._rewrite_index_files()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def fits(self, batch_bytes: int, record_count: int) -> bool:
+        """Whether a batch may go into this segment without rolling."""
+        if self.size == 0:
+            return True
+        if self.size + batch_bytes > self.config.segment_bytes_max:
+            return False
+        return self.end_offset + record_count - self.base_offset <= _REL_OFFSET_MAX
+
+    def append(self, header: bytes, payload: bytes, base_offset: int, record_count: int, timestamp_ms: int) -> None:
+        assert base_offset == self.end_offset, (base_offset, self.end_offset)
+        total = len(header) + len(payload)
+        position = self.size
+        written = os.writev(self.fd, (header, payload))
+        if written != total:
+            # A short write (disk full): take the partial batch back out before reporting.
+            os.ftruncate(self.fd, position)
+            raise OSError(f"short write to {self.log_path}: {written} of {total} bytes")
+        self._note_batch(position, base_offset, timestamp_ms, total, write_index=True)
+        self.size = position + total
+        self.end_offset = base_offset + record_count
+        self.dirty = True
+
+    def _note_batch(self, position: int, base_offset: int, timestamp_ms: int, total: int, write_index: bool = False) -> None:
+        if position > 0 and self._bytes_since_index >= self.config.index_interval_bytes:
+            rel = base_offset - self.base_offset
+            self._index_rel.append(rel)
+            self._index_pos.append(position)
+            self._time_ts.append(timestamp_ms)
+            self._bytes_since_index = 0
+            if write_index:
+                os.write(self._index_fd, INDEX_ENTRY.pack(rel, position))
+                os.write(self._time_fd, TIME_ENTRY.pack(timestamp_ms, rel))
+        self._bytes_since_index += total
+        self.max_timestamp_ms = timestamp_ms
+
+    def _drop_index_entries_from(self, position: int) -> None:
+        keep = bisect_left(self._index_pos, position)
+        del self._index_rel[keep:]
+        del self._index_pos[keep:]
+        del self._time_ts[keep:]
+
+    def _rewrite_index_files(self) -> None:
+        for fd in (self._index_fd, self._time_fd):
+            if fd >= 0:
+                os.close(fd)
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        self._index_fd = os.open(self.index_path, flags, 0o644)
+        self._time_fd = os.open(self.time_index_path, flags, 0o644)
+        if self._index_rel:
+            os.write(
+                self._index_fd,
+                b"".join(INDEX_ENTRY.pack(r, p) for r, p in zip(self._index_rel, self._index_pos)),
+            )
+            os.write(
+                self._time_fd,
+                b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self._time_ts, self._index_rel)),
+            )
+
+    def truncate(self, offset: int) -> tuple[int, int, list[RawRecord]] | None:
+        """Cut the segment so that `offset` is its end.
+
+        When `offset` falls inside a batch, the batch is cut whole and its records below
+        `offset` are returned as (term, timestamp_ms, records) for the caller to append again.
+        """
+        if offset >= self.end_offset:
+            return None
+        position, header, records = self._locate_batch(offset)
+        remainder = None
+        if header.base_offset < offset:
+            kept = [(r.exchange, r.routing_key, r.properties, r.body) for r in records if r.offset < offset]
+            remainder = (header.term, header.max_timestamp_ms, kept)
+        os.ftruncate(self.fd, position)
+        self.size = position
+        self.end_offset = header.base_offset
+        self._drop_index_entries_from(position)
+        self._rewrite_index_files()
+        self.max_timestamp_ms = None
+        start = self._index_pos[-1] if self._index_pos else 0
+        self._bytes_since_index = 0
+        for pos, hdr, _, _ in self._batches(start, self.size, verify=False):
+            self._bytes_since_index += hdr.total_bytes
+            self.max_timestamp_ms = hdr.max_timestamp_ms
+        if self.max_timestamp_ms is None and self._time_ts:
+            self.max_timestamp_ms = self._time_ts[-1]
+        self.dirty = True
+        return remainder
+
+    def _locate_batch(self, offset: int) -> tuple[int, BatchHeader, list[Record]]:
+        for pos, header, buf, at in self._batches(self._floor_position(offset), self.size, verify=True):
+            if header.next_offset > offset:
+                return pos, header, batch_codec.decode_records(buf, at, header, header.base_offset)
+        raise CorruptBatchError(f"offset {offset} not found in segment {self.log_path}")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _floor_position(self, offset: int) -> int:
+        i = bisect_right(self._index_rel, offset - self.base_offset)
+        return self._index_pos[i - 1] if i else 0
+
+    def _pread_header(self, position: int) -> BatchHeader | None:
+        try:
+            return batch_codec.read_header(os.pread(self.fd, HEADER_BYTES, position), 0)
+        except CorruptBatchError:
+            return None
+
+    def _batches(self, position: int, end: int, *, verify: bool) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
+        """(file position, header, buffer, position in buffer) of each whole batch in [position, end).
+
+        Stops silently at a torn tail (a batch that runs past `end`); raises CorruptBatchError
+        on a bad header or, with `verify`, a CRC mismatch.
+        """
+        buf = b""
+        buf_start = position
+        while position < end:
+            at = position - buf_start
+            if len(buf) - at < HEADER_BYTES:
+                buf = os.pread(self.fd, min(READ_CHUNK_BYTES, end - position), position)
+                buf_start, at = position, 0
+            header = batch_codec.read_header(buf, at)
+            if header is None or position + header.total_bytes > end:
+                return
+            if at + header.total_bytes > len(buf):
+                buf = os.pread(self.fd, min(max(READ_CHUNK_BYTES, header.total_bytes), end - position), position)
+                buf_start, at = position, 0
+                if len(buf) < header.total_bytes:
+                    return
+            if verify:
+                batch_codec.verify_crc(buf, at, header)
+            yield position, header, buf, at
+            position += header.total_bytes
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> list[Record]:
+        """Records from `offset` on within this segment, CRC-verified, within the budgets.
+
+        At least one record is returned when any exists, however large, so a reader with a small
+        byte budget still makes progress.
+        """
+        records: list[Record] = []
+        budget = max_bytes
+        for _, header, buf, at in self._batches(self._floor_position(offset), self.size, verify=True):
+            if header.next_offset <= offset:
+                continue
+            if header.base_offset > offset and not records:
+                raise CorruptBatchError(f"index of {self.log_path} skips offset {offset}")
+            for record in batch_codec.decode_records(buf, at, header, offset):
+                size = batch_codec.record_size(record)
+                if records and (size > budget or len(records) >= max_records):
+                    return records
+                records.append(record)
+                budget -= size
+            offset = header.next_offset
+        return records
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The first offset in this segment whose timestamp is >= timestamp_ms, if any."""
+        if self.max_timestamp_ms is None or self.max_timestamp_ms < timestamp_ms:
+            return None
+        i = bisect_left(self._time_ts, timestamp_ms)
+        start = self._index_pos[i - 1] if i else 0
+        for _, header, _, _ in self._batches(start, self.size, verify=False):
+            if header.max_timestamp_ms >= timestamp_ms:
+                return header.base_offset
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def sync_fds(self, include_indexes: bool) -> list[int]:
+        """Duplicates of the descriptors an fsync must cover; the caller closes them."""
+        fds = [os.dup(self.fd)]
+        if include_indexes:
+            fds += [os.dup(self._index_fd), os.dup(self._time_fd)]
+        return fds
+
+    def close(self) -> None:
+        for fd in (self.fd, self._index_fd, self._time_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self._index_fd = self._time_fd = -1
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.index_path, self.time_index_path, self.log_path):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,276 @@
+"""Unit tests of the partition log: each operation, its bounds and its on-disk layout."""
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from warrenmq.log import CorruptBatchError, LogConfig, LogError, OffsetOutOfRangeError, PartitionLog
+from warrenmq.log import batch as batch_codec
+from warrenmq.log.segment import READ_CHUNK_BYTES
+
+
+def records(n, start=0, body_bytes=8):
+    return [(b"amq.direct", b"key.%d" % i, b"\x80\x00" + bytes([i % 256]), bytes([i % 256]) * body_bytes) for i in range(start, start + n)]
+
+
+def all_records(log):
+    return log.read(log.start_offset, max_records=10**9, max_bytes=1 << 40)
+
+
+def raw(rs):
+    return [(r.exchange, r.routing_key, r.properties, r.body) for r in rs]
+
+
+SMALL = LogConfig(segment_bytes_max=4096, index_interval_bytes=256, tail_cache_bytes_max=1024)
+
+
+def test_append_assigns_dense_offsets_and_reads_back_every_field(tmp_path):
+    with PartitionLog.open(tmp_path) as log:
+        assert (log.start_offset, log.end_offset) == (0, 0)
+        assert log.append(records(3), timestamp_ms=1000, term=7) == 0
+        assert log.append(records(2, 3), timestamp_ms=2000, term=8) == 3
+        got = all_records(log)
+    assert [r.offset for r in got] == [0, 1, 2, 3, 4]
+    assert [r.timestamp_ms for r in got] == [1000] * 3 + [2000] * 2
+    assert [r.term for r in got] == [7] * 3 + [8] * 2
+    assert raw(got) == records(5)
+
+
+def test_segments_are_named_like_kafka_and_roll_at_the_size_bound(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(40):
+            log.append(records(5, i * 5), timestamp_ms=i)
+        assert log.segment_count > 1
+        names = sorted(p.name for p in tmp_path.iterdir())
+    bases = sorted(int(n.split(".")[0]) for n in names if n.endswith(".log"))
+    assert bases[0] == 0
+    for base in bases:
+        stem = f"{base:020d}"
+        assert {f"{stem}.log", f"{stem}.index", f"{stem}.timeindex"} <= set(names)
+        assert os.path.getsize(tmp_path / f"{stem}.log") <= SMALL.segment_bytes_max
+
+
+def test_read_budgets_bound_the_result_but_always_make_progress(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(60):
+            log.append(records(5, i * 5), timestamp_ms=i)
+        assert len(log.read(0, max_records=7)) == 7
+        one = log.read(3, max_records=100, max_bytes=1)
+        assert [r.offset for r in one] == [3]
+        some = log.read(10, max_records=100, max_bytes=200)
+        assert 1 < len(some) < 100
+        assert [r.offset for r in some] == list(range(10, 10 + len(some)))
+        assert log.read(log.end_offset) == []
+        assert log.delete_before(150) > 0
+        with pytest.raises(OffsetOutOfRangeError):
+            log.read(log.start_offset - 1)
+
+
+def test_reads_of_fresh_data_come_from_the_tail_cache(tmp_path, monkeypatch):
+    with PartitionLog.open(tmp_path, LogConfig(tail_cache_bytes_max=1 << 20)) as log:
+        log.append(records(10))
+        monkeypatch.setattr(os, "pread", lambda *a: pytest.fail("read went to disk"))
+        assert raw(log.read(4, max_records=3)) == records(3, 4)
+
+
+def test_reads_older_than_the_cache_come_from_disk_and_match(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(50):
+            log.append(records(3, i * 3), timestamp_ms=i)
+        assert raw(all_records(log)) == records(150)
+
+
+def test_batches_larger_than_the_read_chunk_survive_reopen(tmp_path):
+    config = LogConfig(tail_cache_bytes_max=0)
+    big = records(4, body_bytes=READ_CHUNK_BYTES)
+    with PartitionLog.open(tmp_path, config) as log:
+        log.append(big)
+        log.append(big)
+        log.sync()
+    with PartitionLog.open(tmp_path, config) as log:
+        assert log.end_offset == 8
+        assert raw(all_records(log)) == big + big
+
+
+def test_offset_for_timestamp_agrees_with_a_linear_scan(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(60):
+            log.append(records(1 + i % 4, 0), timestamp_ms=1000 + 10 * (i // 2))
+        everything = all_records(log)
+        for t in range(990, 1320, 3):
+            expected = next((r.offset for r in everything if r.timestamp_ms >= t), None)
+            assert log.offset_for_timestamp(t) == expected, t
+
+
+def test_timestamps_never_go_backwards(tmp_path):
+    with PartitionLog.open(tmp_path) as log:
+        log.append(records(1), timestamp_ms=5000)
+        log.append(records(1), timestamp_ms=4000)
+        assert [r.timestamp_ms for r in all_records(log)] == [5000, 5000]
+
+
+def test_bounds_are_enforced(tmp_path):
+    config = LogConfig(record_bytes_max=100, batch_records_max=3, batch_bytes_max=300, segment_bytes_max=1000)
+    with PartitionLog.open(tmp_path, config) as log:
+        with pytest.raises(LogError, match="record_bytes_max"):
+            log.append([(b"", b"", b"", b"x" * 100)])
+        with pytest.raises(LogError, match="batch_records_max"):
+            log.append(records(4))
+        with pytest.raises(LogError, match="batch_bytes_max"):
+            log.append([(b"", b"", b"", b"x" * 80)] * 3)
+        with pytest.raises(LogError, match="255"):
+            log.append([(b"e" * 256, b"", b"", b"")])
+        with pytest.raises(LogError, match="at least one"):
+            log.append([])
+        assert log.end_offset == 0
+        assert log.append(records(3)) == 0
+    with pytest.raises(LogError):
+        LogConfig(segment_bytes_max=0)
+    with pytest.raises(LogError):
+        LogConfig(segment_bytes_max=1 << 33)
+
+
+def test_truncate_drops_the_tail_even_inside_a_batch_and_survives_reopen(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(30):
+            log.append(records(4, i * 4), timestamp_ms=100 + i, term=1 + i // 10)
+        log.truncate(57)
+        assert log.end_offset == 57
+        assert log.last_term == 2
+        assert raw(all_records(log)) == records(57)
+        assert log.append(records(1, 1000), term=9) == 57
+        log.sync()
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        got = all_records(log)
+        assert raw(got) == records(57) + records(1, 1000)
+        assert log.last_term == 9
+
+
+def test_truncate_to_the_start_and_reset(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        log.append(records(10))
+        log.truncate(0)
+        assert (log.start_offset, log.end_offset) == (0, 0)
+        log.append(records(2))
+        log.reset(500)
+        assert (log.start_offset, log.end_offset) == (500, 500)
+        assert log.append(records(1)) == 500
+        log.sync()
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        assert (log.start_offset, log.end_offset) == (500, 501)
+
+
+def test_delete_before_removes_only_whole_segments_below_the_offset(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(60):
+            log.append(records(5, i * 5))
+        first_segments = log.segment_count
+        start = log.delete_before(123)
+        assert start <= 123
+        assert log.segment_count < first_segments
+        assert raw(log.read(start, max_records=10**6, max_bytes=1 << 30)) == records(300 - start, start)
+        log.delete_before(10**9)
+        assert log.segment_count == 1, "the active segment is never deleted"
+        assert log.end_offset == 300
+
+
+def test_retention_by_age_deletes_only_wholly_expired_segments(tmp_path):
+    config = LogConfig(segment_bytes_max=4096, retention_ms=1000)
+    with PartitionLog.open(tmp_path, config) as log:
+        for i in range(100):
+            log.append(records(5), timestamp_ms=10_000 + i * 100)
+        everything = all_records(log)
+        now_ms = 10_000 + 50 * 100 + 1000
+        log.apply_retention(now_ms)
+        kept = all_records(log)
+        deleted = everything[: len(everything) - len(kept)]
+        assert deleted, "some segments had expired wholly"
+        assert kept == everything[len(deleted) :]
+        assert all(r.timestamp_ms < now_ms - 1000 for r in deleted)
+        assert kept[0].timestamp_ms < now_ms - 1000, "whole segments only: the first kept one straddles the limit"
+
+
+def test_retention_by_bytes_keeps_at_least_the_limit(tmp_path):
+    config = LogConfig(segment_bytes_max=4096, retention_bytes=10_000)
+    with PartitionLog.open(tmp_path, config) as log:
+        for i in range(100):
+            log.append(records(5, i * 5))
+        deleted = log.apply_retention(now_ms=0)
+        assert deleted > 0
+        assert log.size_bytes >= 10_000
+        assert log.size_bytes - 4096 < 10_000
+        assert raw(all_records(log)) == records(500 - log.start_offset, log.start_offset)
+
+
+def test_sync_reports_the_durable_offset(tmp_path):
+    with PartitionLog.open(tmp_path) as log:
+        log.append(records(3))
+        assert log.durable_offset == 0
+        assert log.sync() == 3
+        assert log.durable_offset == 3
+
+
+def test_group_commit_coalesces_concurrent_committers(tmp_path, monkeypatch):
+    from warrenmq.log import partition
+
+    calls = []
+    real = partition._fsync_and_close
+
+    def counting(fds):
+        calls.append(threading.current_thread().name)
+        real(fds)
+
+    monkeypatch.setattr(partition, "_fsync_and_close", counting)
+
+    async def scenario():
+        with PartitionLog.open(tmp_path) as log:
+            committers = []
+            for i in range(50):
+                log.append(records(1, i))
+                committers.append(asyncio.ensure_future(log.commit()))
+            results = await asyncio.gather(*committers)
+            assert all(r == 50 for r in results)
+            assert log.durable_offset == 50
+
+    asyncio.run(scenario())
+    assert 1 <= len(calls) <= 2, calls
+    assert all(name != threading.main_thread().name for name in calls)
+
+
+def test_a_failed_fsync_poisons_the_log(tmp_path, monkeypatch):
+    from warrenmq.log import partition
+
+    def failing(fds):
+        for fd in fds:
+            os.close(fd)
+        raise OSError(5, "Input/output error")
+
+    with PartitionLog.open(tmp_path) as log:
+        log.append(records(1))
+        monkeypatch.setattr(partition, "_fsync_and_close", failing)
+        with pytest.raises(OSError):
+            asyncio.run(log.commit())
+        with pytest.raises(LogError, match="failed an fsync"):
+            log.append(records(1))
+
+
+def test_corrupted_batch_is_never_returned_by_a_read(tmp_path):
+    config = LogConfig(segment_bytes_max=4096, tail_cache_bytes_max=0)
+    with PartitionLog.open(tmp_path, config) as log:
+        for i in range(30):
+            log.append(records(2, i * 2))
+        first = tmp_path / f"{0:020d}.log"
+        data = bytearray(first.read_bytes())
+        data[batch_codec.HEADER_BYTES + 20] ^= 0xFF
+        first.write_bytes(bytes(data))
+        with pytest.raises(CorruptBatchError):
+            log.read(0)
+
+
+def test_a_closed_log_refuses_work(tmp_path):
+    log = PartitionLog.open(tmp_path)
+    log.close()
+    with pytest.raises(LogError, match="closed"):
+        log.append(records(1))
