@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -26,6 +27,13 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# Modules that add their own subcommands: each has `register(commands)`, taking the
+# argparse sub-parsers object; a parser's `handler` default receives the parsed args.
+COMMAND_MODULES: tuple[str, ...] = ()
+# Modules that add `warren bench TARGET` scenarios: `register(targets)` likewise.
+BENCH_MODULES: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="warren",
@@ -47,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--disk-seconds", type=float, default=2.0, help="how long to measure the raw disk"
     )
     log.set_defaults(handler=_bench)
+    for name in BENCH_MODULES:
+        importlib.import_module(name).register(targets)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(commands)
     return parser
 
 

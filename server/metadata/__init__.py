@@ -1,0 +1,1 @@
+"""Metadata: vhosts, users, permissions, exchanges, queues and bindings as a replicated state machine."""
