@@ -24,8 +24,12 @@ shortstr = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
 exchange_name = st.from_regex(r"[a-zA-Z0-9_.:-]{0,40}", fullmatch=True)
 # pamqp encodes longlong as signed, so delivery tags are compared below 2**63.
 delivery_tag = st.integers(0, 2**63 - 1)
-header_values = st.one_of(st.integers(min_value=-2**31, max_value=2**31 - 1), shortstr,
-                          st.booleans())
+header_values = st.recursive(
+    st.one_of(st.integers(min_value=-2**63, max_value=2**63 - 1), shortstr, st.booleans(),
+              st.floats(width=32, allow_nan=False), st.none()),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3)),
+    max_leaves=8)
 
 
 @st.composite
@@ -140,6 +144,33 @@ def test_get_ok_and_return_are_byte_identical_to_pamqp(props, body, tag, count, 
 def test_oversized_shortstr_is_refused():
     with pytest.raises(ValueError):
         fastpath.encode_deliver(1, "c" * 256, 1, False, "", "", b"\x00\x00", b"", 4096)
+
+
+@settings(max_examples=150, deadline=None)
+@given(headers=st.dictionaries(st.text(min_size=1, max_size=5), header_values, max_size=4),
+       flip_at=st.integers(0, 10**6), flip_to=st.integers(0, 255))
+def test_header_table_check_accepts_pamqp_tables_and_never_crashes_on_damage(headers, flip_at,
+                                                                              flip_to):
+    property_bytes = commands.Basic.Properties(headers=headers).marshal()
+    assert fastpath.scan_properties(property_bytes) == (None, None, None, None)
+    damaged = bytearray(property_bytes)
+    damaged[flip_at % len(damaged)] = flip_to
+    try:
+        fastpath.scan_properties(bytes(damaged))
+    except ValueError:
+        return
+    # Whatever the check lets through, pamqp (a consumer's client library) can parse.
+    frames.decode_properties(bytes(damaged))
+
+
+def test_header_tables_nested_too_deep_are_refused():
+    deep = {}
+    for _ in range(fastpath.TABLE_DEPTH_MAX + 1):
+        deep = {"n": deep}
+    with pytest.raises(ValueError):
+        fastpath.scan_properties(commands.Basic.Properties(headers=deep).marshal())
+    wide = {f"k{i}": {"n": {}} for i in range(fastpath.TABLE_DEPTH_MAX * 2)}
+    assert fastpath.scan_properties(commands.Basic.Properties(headers=wide).marshal())
 
 
 def test_unknown_property_flags_are_refused():
