@@ -40,7 +40,7 @@ def properties(draw):
         "delivery_mode": st.sampled_from([1, 2]), "priority": st.integers(0, 255),
         "correlation_id": shortstr, "reply_to": shortstr,
         "expiration": st.integers(0, 10**9).map(str), "message_id": shortstr,
-        "timestamp": st.integers(0, 2**32).map(
+        "timestamp": st.integers(0, 2**32 - 1).map(
             lambda s: datetime.datetime.fromtimestamp(s, tz=datetime.timezone.utc)),
         "message_type": shortstr, "user_id": shortstr, "app_id": shortstr,
     }
