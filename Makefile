@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast bench clean
+.PHONY: install reference-rabbitmq run test test-fast bench clean
 
 install: $(STAMP)
 
@@ -14,10 +14,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The compat suite also runs against a real RabbitMQ. Debian's package is installed when we
+# can (root); elsewhere the reference runs are skipped, except under CI=true where they fail.
+reference-rabbitmq:
+	@if ! command -v rabbitmq-server >/dev/null 2>&1 && [ ! -x /usr/sbin/rabbitmq-server ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null; \
+		else \
+			echo "note: rabbitmq-server is not installed; compat tests will not run against a reference RabbitMQ"; \
+		fi; \
+	fi
+
 run: $(STAMP)
 	$(BIN)/warren serve
 
-test: $(STAMP)
+test: $(STAMP) reference-rabbitmq
 	$(BIN)/pytest
 
 test-fast: $(STAMP)
