@@ -121,3 +121,48 @@ def protocol_error(code, text, class_id=0, method_id=0):
     if code in SOFT_CODES:
         return ChannelError(code, text, class_id, method_id)
     return AMQPConnectionError(code, text, class_id, method_id)
+
+
+# RabbitMQ's texts for the channel errors a broker raises most, so every handler words them
+# the same way. Sources: rabbit_misc:rs/1 and equivalence_fail/4, rabbit_amqqueue:not_found/1
+# and check_exclusive_access/3, rabbit_access_control:check_resource_access/4,
+# rabbit_channel:collect_acks/5.
+
+def resource(kind, name, vhost):
+    """``queue 'q' in vhost '/'`` (rabbit_misc:rs/1)."""
+    return f"{kind} '{name}' in vhost '{vhost}'"
+
+
+def not_found(kind, name, vhost):
+    """404 "no queue 'q' in vhost '/'"."""
+    return ChannelError(NOT_FOUND, f"no {resource(kind, name, vhost)}")
+
+
+def access_refused(permission, kind, name, vhost, username):
+    """403 "configure access to queue 'q' in vhost '/' refused for user 'u'"."""
+    return ChannelError(
+        ACCESS_REFUSED,
+        f"{permission} access to {resource(kind, name, vhost)} refused for user '{username}'")
+
+
+def resource_locked(name, vhost):
+    """405 for an exclusive queue owned by another connection."""
+    return ChannelError(
+        RESOURCE_LOCKED,
+        f"cannot obtain exclusive access to locked {resource('queue', name, vhost)}. It could "
+        "be originally declared on another connection or the exclusive property value does "
+        "not match that of the original declaration.")
+
+
+def unknown_delivery_tag(delivery_tag):
+    """406 for an ack, nack or reject of a tag that is not outstanding (or a double ack)."""
+    return ChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+
+
+def inequivalent_arg(key, kind, name, vhost, received, current):
+    """406 for a redeclare whose argument differs; ``received``/``current`` are pre-formatted
+    as RabbitMQ prints them ("'true'", "the value '10' of type 'long'", "none")."""
+    return ChannelError(
+        PRECONDITION_FAILED,
+        f"inequivalent arg '{key}' for {resource(kind, name, vhost)}: received {received} but "
+        f"current is {current}")
