@@ -163,8 +163,13 @@ def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
             await asyncio.gather(*(client.put(b"k%d" % i, b"v%d" % i) for i in range(500)))
             got = await asyncio.gather(*(client.get(b"k%d" % i) for i in range(500)))
             assert got == [b"v%d" % i for i in range(500)]
-            # Every replica applies the same commands.
-            await asyncio.sleep(0.2)
+            # Every replica applies the same commands (followers learn the commit index
+            # from the next append or heartbeat).
+            target = servers[leader].kv.applied_index
+            deadline = time.monotonic() + 5
+            while any(s.kv.applied_index < target for s in servers.values()):
+                assert time.monotonic() < deadline, "a follower did not apply the commands"
+                await asyncio.sleep(0.02)
             for server in servers.values():
                 assert server.kv.get(b"a") == b"2"
                 assert server.kv.get(b"k499") == b"v499"
