@@ -126,3 +126,14 @@ def small_histories(draw):
 @given(small_histories())
 def test_agrees_with_brute_force(history):
     assert check(history, KvModel()).ok is brute_force(history)
+
+
+def test_many_lost_writes_nobody_read_are_cheap():
+    history = [put(c, "k", f"lost{c}", c, None) for c in range(60)]
+    history += [put(99, "k", "a", 100, 101), get(98, "k", "a", 102, 103)]
+    result = check(history, KvModel(), steps_max=1000)
+    assert result.ok is True
+    history.append(get(97, "k", "lost7", 104, 105))  # one was read: it must be placed
+    assert check(history, KvModel()).ok is True
+    history.append(get(97, "k", "a", 106, 107))  # ...and then "a" cannot come back
+    assert check(history, KvModel()).ok is False

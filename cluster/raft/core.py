@@ -701,9 +701,7 @@ class RaftNode:
             or (self._vote is None and self._leader_id is None)
             or (pre and m.term > self._term)
         )
-        up_to_date = m.log_term > self._last_term() or (
-            m.log_term == self._last_term() and m.index >= self.last_index
-        )
+        up_to_date = self._log_up_to_date(m.log_term, m.index)
         resp_kind = MessageKind.PRE_VOTE_RESP if pre else MessageKind.VOTE_RESP
         if can_vote and up_to_date:
             self._send(Message(resp_kind, self._id, m.src, m.term))
@@ -712,6 +710,10 @@ class RaftNode:
                 self._election_elapsed = 0
         else:
             self._send(Message(resp_kind, self._id, m.src, self._term, reject=True))
+
+    def _log_up_to_date(self, last_term: int, last_index: int) -> bool:
+        """Is a log ending at (last_term, last_index) at least as up to date as ours (§5.4.1)?"""
+        return (last_term, last_index) >= (self._last_term(), self.last_index)
 
     def _step_candidate(self, m: Message) -> None:
         kind = m.kind

@@ -55,9 +55,18 @@ class KvModel:
     value, or None if never written."""
 
     def partition(self, history: Sequence[Operation]) -> list[list[Operation]]:
+        # A write whose outcome is unknown and whose value no read returned can be dropped:
+        # "it never took effect" is always a valid choice for it, and no other choice can
+        # make a history linearizable that is not without it (any read after it, before the
+        # next write, would have returned its value). It keeps a long run of lost writes
+        # from making the search exponential.
+        observed = {(op.input[1], op.output) for op in history if op.input[0] == "get"}
         by_key: dict[Any, list[Operation]] = {}
         for op in history:
-            by_key.setdefault(op.input[1], []).append(op)
+            key = op.input[1]
+            if op.ret is None and op.input[0] == "put" and (key, op.input[2]) not in observed:
+                continue
+            by_key.setdefault(key, []).append(op)
         return list(by_key.values())
 
     def init(self) -> Hashable:
