@@ -213,3 +213,25 @@ def test_pika_bad_password_and_bad_vhost(broker_port):
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as denied:
         pika.BlockingConnection(params(broker_port, vhost="other"))
     assert "NOT_ALLOWED - access to vhost 'other' refused for user 'guest'" in str(denied.value)
+
+
+@pytest.mark.parametrize("login_method", ["AMQPLAIN", "PLAIN"])
+def test_py_amqp_logs_in_and_round_trips_a_message(broker_port, login_method):
+    import amqp as py_amqp  # py-amqp (kombu's client), not our folder: the root is off sys.path
+
+    connection = py_amqp.Connection(f"127.0.0.1:{broker_port}", userid="guest",
+                                    password="guest", login_method=login_method,
+                                    connect_timeout=5)
+    connection.connect()
+    try:
+        channel = connection.channel()
+        channel.queue_declare("celery")
+        message = py_amqp.Message(b"x" * 200_000, content_type="application/json",
+                                  application_headers={"task": "add", "retries": 0})
+        channel.basic_publish(message, exchange="", routing_key="celery")
+        got = channel.basic_get("celery")
+        assert got.body == message.body
+        assert got.properties["application_headers"] == {"task": "add", "retries": 0}
+        channel.basic_ack(got.delivery_tag)
+    finally:
+        connection.close()
