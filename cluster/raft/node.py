@@ -53,6 +53,7 @@ from warrenmq.cluster.raft.kv import (
     decode_request,
     encode_not_leader,
     encode_response,
+    put_key_end,
 )
 from warrenmq.cluster.raft.messages import (
     DecodeError,
@@ -263,6 +264,9 @@ class RaftServer:
         self._kick()
 
     def _on_request(self, client: _ClientConnection, request_id: int, command: bytes) -> None:
+        if put_key_end(command) >= 0:
+            self._propose(client, request_id, command)
+            return
         # Raises CommandError (a ValueError) on garbage, which drops the connection.
         parsed = decode_command(command)
         op = parsed.op
