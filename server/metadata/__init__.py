@@ -1,1 +1,76 @@
-"""Metadata: vhosts, users, permissions, exchanges, queues and bindings as a replicated state machine."""
+"""Metadata: vhosts, users, permissions, exchanges, queues and bindings as a replicated state machine.
+
+* `state.MetadataState` — the pure state machine: `apply(command) -> Outcome`, the read side
+  (`vhosts`, `users`, `permissions`, `router(vhost)`, `queues(vhost)`, `bindings(vhost)`,
+  `lookup_queue`), access checks with RabbitMQ's texts, and `snapshot()`/`from_snapshot()`.
+* `commands` — the commands (DeclareVhost, AddUser, SetPermissions, DeclareQueue, Bind, ...).
+* `store.MetadataStore` — the state plus aiosqlite persistence: `await MetadataStore.open(path)`,
+  `await store.apply(command)`, `await store.authenticate(user, password)`,
+  `await store.sync_external_changes()`.
+* `passwords` — scrypt hashing; `permissions` — regex checks and refusal texts;
+  `errors` — MetadataError and its reply-coded subclasses; `encoding` — field tables as JSON.
+"""
+
+from warrenmq.server.metadata.commands import (
+    AddUser,
+    Bind,
+    ChangePassword,
+    ClearPermissions,
+    Command,
+    DeclareExchange,
+    DeclareQueue,
+    DeclareVhost,
+    DeleteExchange,
+    DeleteQueue,
+    DeleteUser,
+    DeleteVhost,
+    SetPermissions,
+    SetUserTags,
+    Unbind,
+)
+from warrenmq.server.metadata.errors import (
+    AccessRefused,
+    MetadataError,
+    NotAllowed,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+)
+from warrenmq.server.metadata.permissions import Permission, is_loopback
+from warrenmq.server.metadata.records import QueueRecord, User, Vhost
+from warrenmq.server.metadata.state import Limits, MetadataState, Outcome
+from warrenmq.server.metadata.store import MetadataStore, StoreFailed
+
+__all__ = [
+    "AccessRefused",
+    "AddUser",
+    "Bind",
+    "ChangePassword",
+    "ClearPermissions",
+    "Command",
+    "DeclareExchange",
+    "DeclareQueue",
+    "DeclareVhost",
+    "DeleteExchange",
+    "DeleteQueue",
+    "DeleteUser",
+    "DeleteVhost",
+    "Limits",
+    "MetadataError",
+    "MetadataState",
+    "MetadataStore",
+    "NotAllowed",
+    "NotFound",
+    "Outcome",
+    "Permission",
+    "PreconditionFailed",
+    "QueueRecord",
+    "ResourceLocked",
+    "SetPermissions",
+    "SetUserTags",
+    "StoreFailed",
+    "Unbind",
+    "User",
+    "Vhost",
+    "is_loopback",
+]

@@ -1,0 +1,152 @@
+"""Commands of the metadata state machine: small frozen values, applied in order.
+
+A command carries everything its effect depends on (a password arrives already hashed, a
+server-named queue already named, an exclusive queue with its owner), so applying the same
+sequence on any replica gives the same state: that is what lets Raft replicate them later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareVhost:
+    name: str
+    description: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteVhost:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddUser:
+    name: str
+    password_hash: str = field(repr=False)
+    tags: tuple[str, ...] = ()
+    loopback_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteUser:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePassword:
+    name: str
+    password_hash: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetUserTags:
+    name: str
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SetPermissions:
+    user: str
+    vhost: str
+    configure: str
+    write: str
+    read: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPermissions:
+    user: str
+    vhost: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareExchange:
+    """exchange.declare (not passive: a passive declare is a read, `MetadataState.router`)."""
+
+    vhost: str
+    name: str
+    type: str = "direct"
+    durable: bool = False
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteExchange:
+    vhost: str
+    name: str
+    if_unused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareQueue:
+    """queue.declare (not passive: see `MetadataState.lookup_queue`).
+
+    `owner` identifies the declaring connection; it becomes the exclusive owner when
+    `exclusive`, and is what a redeclaration of an exclusive queue is checked against.
+    `server_named` skips the reserved "amq." prefix check for a name the broker generated.
+    """
+
+    vhost: str
+    name: str
+    durable: bool = False
+    exclusive: bool = False
+    auto_delete: bool = False
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    owner: str | None = None
+    server_named: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue:
+    """queue.delete, after the broker checked if-unused/if-empty (it knows consumers and
+    depth) and exclusive access (`MetadataState.lookup_queue`)."""
+
+    vhost: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """queue.bind (destination_kind "queue") or exchange.bind ("exchange")."""
+
+    vhost: str
+    source: str
+    destination: str
+    destination_kind: str = "queue"
+    routing_key: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind:
+    vhost: str
+    source: str
+    destination: str
+    destination_kind: str = "queue"
+    routing_key: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+Command = (
+    DeclareVhost
+    | DeleteVhost
+    | AddUser
+    | DeleteUser
+    | ChangePassword
+    | SetUserTags
+    | SetPermissions
+    | ClearPermissions
+    | DeclareExchange
+    | DeleteExchange
+    | DeclareQueue
+    | DeleteQueue
+    | Bind
+    | Unbind
+)

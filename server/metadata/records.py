@@ -1,0 +1,72 @@
+"""The entities of the metadata state other than exchanges and bindings (the Router holds those).
+
+Records are frozen: the state replaces a record rather than mutating it, so a record handed to
+the broker never changes under it, and snapshots never see a half-applied command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from warrenmq.exchanges.field_values import arguments_key
+
+DEFAULT_VHOST = "/"
+DEFAULT_USER = "guest"
+DEFAULT_PASSWORD = "guest"
+ADMINISTRATOR = "administrator"
+
+
+@dataclass(frozen=True, slots=True)
+class Vhost:
+    name: str
+    description: str = ""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    name: str
+    password_hash: str = field(repr=False)
+    tags: tuple[str, ...] = ()
+    # RabbitMQ's loopback_users: such a user may log in only over a loopback interface.
+    loopback_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRecord:
+    """A queue's declaration. `exclusive_owner` names the connection of an exclusive queue."""
+
+    vhost: str
+    name: str
+    durable: bool
+    auto_delete: bool
+    arguments: Mapping[str, Any]
+    exclusive_owner: str | None = None
+
+    @property
+    def exclusive(self) -> bool:
+        return self.exclusive_owner is not None
+
+    @property
+    def persisted(self) -> bool:
+        """Whether the declaration survives a restart: durable and not exclusive."""
+        return self.durable and self.exclusive_owner is None
+
+
+def binding_arguments_digest(arguments: Mapping[str, Any] | None) -> str:
+    """A stable text key for a binding's arguments, equal exactly when the Router treats two
+    argument tables as the same binding (exchanges.field_values.arguments_key)."""
+    return hashlib.sha256(repr(_normalised(arguments_key(arguments))).encode()).hexdigest()
+
+
+def _normalised(key: Any) -> Any:
+    # The Router's identity is tuple equality, under which -0.0 == 0.0 although their reprs
+    # differ; map both to one spelling so the text key agrees with the Router.
+    if isinstance(key, tuple):
+        return tuple(_normalised(item) for item in key)
+    if isinstance(key, float) and key == 0.0:
+        return 0.0
+    return key

@@ -1,0 +1,690 @@
+"""The metadata state machine: vhosts, users, permissions, exchanges, queues and bindings.
+
+Pure and deterministic: `apply(command)` validates the command against the current state,
+mutates it, and returns an `Outcome` that says what changed and which rows a store must write
+(`Outcome.writes`). No I/O, no clock, no randomness, so every replica that applies the same
+commands in the same order holds the same state, and `snapshot()` gives the same bytes.
+
+Exchanges and bindings live in one `warrenmq.exchanges.router.Router` per vhost: its declare,
+delete, bind and unbind checks are RabbitMQ's (errors are `exchanges.errors.RoutingError`),
+and the broker routes publishes through the same Router (`state.router(vhost)`), so there is
+one copy of the routing topology, not two to keep in step. Everything else raises
+`metadata.errors.MetadataError`; both carry `reply_code`, `reply_text`, `connection_level`.
+A command that raises changes nothing.
+
+Queue declaration follows RabbitMQ 3.10 (rabbit_channel, rabbit_amqqueue, rabbit_misc):
+* a client-chosen name starting "amq." is refused (403) before anything else;
+* redeclaring checks exclusive ownership strictly (405), then `durable`, then `auto_delete`,
+  then each declarable argument in `QUEUE_DECLARABLE_ARGUMENTS` order (406): two present values
+  are equal when their types are in the same class (all ints, all floats) and Erlang's `==`
+  holds; a missing `x-queue-type` is equivalent to "classic" (rabbitmq-common#341);
+* other operations on an exclusive queue check ownership laxly (`lookup_queue`): the owner or,
+  for a queue with no owner, anyone.
+
+Durability as RabbitMQ has it: transient exchanges and queues and exclusive queues are never
+written; a binding is written only when both its ends are; deleting an entity deletes its row
+whatever its durability was (the store's deletes cascade to bindings).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, Destination
+from warrenmq.exchanges.field_values import (
+    amqp_type_name,
+    describe_typed,
+    erlang_key,
+    erlang_repr,
+    erlang_str,
+)
+from warrenmq.exchanges.router import PREDECLARED, Exchange, Router
+from warrenmq.server.metadata import commands as c
+from warrenmq.server.metadata import encoding, passwords, permissions
+from warrenmq.server.metadata.errors import (
+    AccessRefused,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+)
+from warrenmq.server.metadata.permissions import Access, Permission
+from warrenmq.server.metadata.records import (
+    DEFAULT_VHOST,
+    QueueRecord,
+    User,
+    Vhost,
+    binding_arguments_digest,
+)
+
+# rabbit_amqqueue:declare_args/0 in 3.10: only these arguments take part in equivalence.
+QUEUE_DECLARABLE_ARGUMENTS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-quorum-initial-group-size",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size",
+    "x-queue-leader-locator",
+)
+SNAPSHOT_FORMAT = 1
+NAME_CHARS_MAX = 255  # a shortstr: queue, exchange and vhost names travel as one
+_PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
+_TYPE_CLASSES = {
+    "byte": "int",
+    "short": "int",
+    "signedint": "int",
+    "long": "int",
+    "decimal": "int",
+    "unsignedbyte": "int",
+    "unsignedshort": "int",
+    "unsignedint": "int",
+    "float": "float",
+    "double": "float",
+}
+_ABSENT = object()
+
+# A row to write: ("put_vhost", Vhost), ("delete_vhost", name), ("put_user", User),
+# ("delete_user", name), ("put_permission", Permission), ("delete_permission", user, vhost),
+# ("put_exchange", vhost, Exchange), ("delete_exchange", vhost, name), ("put_queue", QueueRecord),
+# ("delete_queue", vhost, name), ("put_binding", vhost, source, Binding),
+# ("delete_binding", vhost, source, Binding).
+Write = tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a command did.
+
+    `created` is True when a declare made a new entity; `deleted_exchanges` lists every exchange
+    removed (the named one first, then auto-deletes it caused); `deleted_queues` the queues a
+    vhost deletion removed, whose storage the broker must drop.
+    """
+
+    changed: bool
+    created: bool = False
+    queue: QueueRecord | None = None
+    exchange: Exchange | None = None
+    deleted_exchanges: tuple[str, ...] = ()
+    deleted_queues: tuple[str, ...] = ()
+    writes: tuple[Write, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on the state's size; a declare beyond one is refused with 406."""
+
+    vhosts_max: int = 10_000
+    users_max: int = 100_000
+    queues_per_vhost_max: int = 1_000_000
+    exchanges_per_vhost_max: int = 100_000
+
+
+class MetadataState:
+    """The replicated metadata: apply commands, read entities, check access."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self.vhosts: dict[str, Vhost] = {}
+        self.users: dict[str, User] = {}
+        self.permissions: dict[tuple[str, str], Permission] = {}
+        self._routers: dict[str, Router] = {}
+        self._queues: dict[str, dict[str, QueueRecord]] = {}
+        # Names of each vhost's durable user-declared exchanges, to know after a cascade which
+        # deleted exchanges had rows, and how many exchanges each vhost has.
+        self._durable_exchanges: dict[str, set[str]] = {}
+        self._exchange_counts: dict[str, int] = {}
+        self._handlers: dict[type, Callable[[Any], Outcome]] = {
+            c.DeclareVhost: self._declare_vhost,
+            c.DeleteVhost: self._delete_vhost,
+            c.AddUser: self._add_user,
+            c.DeleteUser: self._delete_user,
+            c.ChangePassword: self._change_password,
+            c.SetUserTags: self._set_user_tags,
+            c.SetPermissions: self._set_permissions,
+            c.ClearPermissions: self._clear_permissions,
+            c.DeclareExchange: self._declare_exchange,
+            c.DeleteExchange: self._delete_exchange,
+            c.DeclareQueue: self._declare_queue,
+            c.DeleteQueue: self._delete_queue,
+            c.Bind: self._bind,
+            c.Unbind: self._unbind,
+        }
+
+    # --- the state machine -----------------------------------------------------------------
+
+    def apply(self, command: c.Command) -> Outcome:
+        """Apply one command; raises MetadataError/RoutingError (state unchanged) if refused."""
+        handler = self._handlers.get(type(command))
+        if handler is None:
+            raise TypeError(f"not a metadata command: {command!r}")
+        return handler(command)
+
+    # --- read side -------------------------------------------------------------------------
+
+    def router(self, vhost: str) -> Router:
+        """The vhost's exchanges and bindings, for routing and passive exchange declares."""
+        router = self._routers.get(vhost)
+        if router is None:
+            raise NotFound(f"no vhost '{vhost}'")
+        return router
+
+    def exchanges(self, vhost: str) -> list[Exchange]:
+        return self.router(vhost).exchanges()
+
+    def queues(self, vhost: str) -> Mapping[str, QueueRecord]:
+        queues = self._queues.get(vhost)
+        if queues is None:
+            raise NotFound(f"no vhost '{vhost}'")
+        return queues
+
+    def queue(self, vhost: str, name: str) -> QueueRecord | None:
+        return self._queues.get(vhost, {}).get(name)
+
+    def bindings(self, vhost: str) -> list[tuple[str, Binding]]:
+        """(source exchange, binding) for every binding in the vhost."""
+        router = self.router(vhost)
+        return [
+            (exchange.name, binding)
+            for exchange in router.exchanges()
+            for binding in exchange.table.bindings()
+        ]
+
+    def lookup_queue(self, vhost: str, name: str, owner: str | None) -> QueueRecord:
+        """A queue for passive declare, consume, get, bind, purge or delete by connection `owner`:
+        404 if missing, 405 if exclusive to another connection (rabbit's lax check)."""
+        name = _strip_cr_lf(name)
+        record = self._queues.get(vhost, {}).get(name)
+        if record is None:
+            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
+        if record.exclusive_owner is not None and record.exclusive_owner != owner:
+            raise _locked(record)
+        return record
+
+    def queues_owned_by(self, owner: str) -> list[QueueRecord]:
+        """The exclusive queues of a connection, to delete when it closes."""
+        return [
+            record
+            for queues in self._queues.values()
+            for record in queues.values()
+            if record.exclusive_owner == owner
+        ]
+
+    # --- access control --------------------------------------------------------------------
+
+    def permission(self, user: str, vhost: str) -> Permission | None:
+        return self.permissions.get((user, vhost))
+
+    def check_vhost_access(self, user: str, vhost: str) -> None:
+        """connection.open: raise NotAllowed (530) unless the vhost exists and the user has a
+        permission entry on it."""
+        if vhost not in self.vhosts or (user, vhost) not in self.permissions:
+            raise permissions.vhost_refused(vhost, user)
+
+    def can_access(self, user: str, vhost: str, access: Access, kind: str, name: str) -> bool:
+        return permissions.allows(self.permissions.get((user, vhost)), access, kind, name)
+
+    def check_resource_access(
+        self, user: str, vhost: str, access: Access, kind: str, name: str
+    ) -> None:
+        """Raise AccessRefused (403) with RabbitMQ's text unless `user` may `access` the
+        `kind` ("queue" or "exchange") called `name` in `vhost`."""
+        if not self.can_access(user, vhost, access, kind, name):
+            raise permissions.resource_refused(access, kind, name, vhost, user)
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """Every entity, transient ones included, as deterministic bytes (for Raft)."""
+        exchanges = []
+        queues = []
+        bindings = []
+        for vhost in sorted(self._routers):
+            router = self._routers[vhost]
+            for exchange in sorted(router.exchanges(), key=lambda e: e.name):
+                if exchange.name not in _PREDECLARED_NAMES:
+                    exchanges.append([
+                        vhost, exchange.name, exchange.type, exchange.durable,
+                        exchange.auto_delete, exchange.internal,
+                        encoding.encode_table(exchange.arguments),
+                    ])
+                rows = [
+                    (
+                        binding.destination.kind, binding.destination.name, binding.routing_key,
+                        binding_arguments_digest(binding.arguments), binding.arguments,
+                    )
+                    for binding in exchange.table.bindings()
+                ]
+                for kind, name, key, _, arguments in sorted(rows, key=lambda row: row[:4]):
+                    bindings.append(
+                        [vhost, exchange.name, kind, name, key, encoding.encode_table(arguments)]
+                    )
+            for name in sorted(self._queues[vhost]):
+                record = self._queues[vhost][name]
+                queues.append([
+                    vhost, name, record.durable, record.auto_delete,
+                    encoding.encode_table(record.arguments), record.exclusive_owner,
+                ])
+        document = {
+            "format": SNAPSHOT_FORMAT,
+            "vhosts": [
+                [v.name, v.description, list(v.tags)]
+                for v in sorted(self.vhosts.values(), key=lambda v: v.name)
+            ],
+            "users": [
+                [u.name, u.password_hash, list(u.tags), u.loopback_only]
+                for u in sorted(self.users.values(), key=lambda u: u.name)
+            ],
+            "permissions": [
+                [p.user, p.vhost, p.configure, p.write, p.read]
+                for _, p in sorted(self.permissions.items())
+            ],
+            "exchanges": exchanges,
+            "queues": queues,
+            "bindings": bindings,
+        }
+        return encoding.dumps(document).encode("utf-8")
+
+    @classmethod
+    def from_snapshot(cls, data: bytes, limits: Limits | None = None) -> MetadataState:
+        """The state `snapshot()` described; raises ValueError if `data` is not a snapshot."""
+        try:
+            document = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"not a metadata snapshot: {error}") from error
+        if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError("not a metadata snapshot of a known format")
+        state = cls(limits)
+        try:
+            for command in _snapshot_commands(document):
+                state.apply(command)
+        except (KeyError, TypeError, IndexError) as error:
+            raise ValueError(f"malformed metadata snapshot: {error!r}") from error
+        return state
+
+    # --- vhosts ----------------------------------------------------------------------------
+
+    def _declare_vhost(self, command: c.DeclareVhost) -> Outcome:
+        name = command.name
+        _check_name("vhost", name)
+        if name in self.vhosts:
+            raise PreconditionFailed(f"vhost '{name}' already exists")
+        if len(self.vhosts) >= self.limits.vhosts_max:
+            raise PreconditionFailed(f"vhost limit ({self.limits.vhosts_max}) is reached")
+        vhost = Vhost(name, command.description, _unique(command.tags))
+        queues: dict[str, QueueRecord] = {}
+        self.vhosts[name] = vhost
+        self._queues[name] = queues
+        self._routers[name] = Router(name, queue_exists=queues.__contains__)
+        self._durable_exchanges[name] = set()
+        self._exchange_counts[name] = 0
+        return Outcome(True, created=True, writes=(("put_vhost", vhost),))
+
+    def _delete_vhost(self, command: c.DeleteVhost) -> Outcome:
+        name = command.name
+        if name == DEFAULT_VHOST:
+            # RabbitMQ allows it, but "/" is where the default user and every client that
+            # names no vhost land, and it is seeded only on first start: refuse rather than
+            # leave a broker that no default client can use.
+            raise PreconditionFailed(f"cannot delete the default vhost '{DEFAULT_VHOST}'")
+        if name not in self.vhosts:
+            raise NotFound(f"no vhost '{name}'")
+        deleted_queues = tuple(sorted(self._queues.pop(name)))
+        router = self._routers.pop(name)
+        deleted_exchanges = tuple(
+            sorted(e.name for e in router.exchanges() if e.name not in _PREDECLARED_NAMES)
+        )
+        del self._durable_exchanges[name]
+        del self._exchange_counts[name]
+        del self.vhosts[name]
+        for key in [key for key in self.permissions if key[1] == name]:
+            del self.permissions[key]
+        return Outcome(
+            True,
+            deleted_exchanges=deleted_exchanges,
+            deleted_queues=deleted_queues,
+            writes=(("delete_vhost", name),),
+        )
+
+    # --- users -----------------------------------------------------------------------------
+
+    def _add_user(self, command: c.AddUser) -> Outcome:
+        name = command.name
+        _check_name("user", name)
+        if name in self.users:
+            raise PreconditionFailed(f"user '{name}' already exists")
+        if len(self.users) >= self.limits.users_max:
+            raise PreconditionFailed(f"user limit ({self.limits.users_max}) is reached")
+        _check_password_hash(command.password_hash)
+        user = User(name, command.password_hash, _unique(command.tags), command.loopback_only)
+        self.users[name] = user
+        return Outcome(True, created=True, writes=(("put_user", user),))
+
+    def _delete_user(self, command: c.DeleteUser) -> Outcome:
+        self._user_or_die(command.name)
+        del self.users[command.name]
+        for key in [key for key in self.permissions if key[0] == command.name]:
+            del self.permissions[key]
+        return Outcome(True, writes=(("delete_user", command.name),))
+
+    def _change_password(self, command: c.ChangePassword) -> Outcome:
+        user = self._user_or_die(command.name)
+        _check_password_hash(command.password_hash)
+        user = User(user.name, command.password_hash, user.tags, user.loopback_only)
+        self.users[user.name] = user
+        return Outcome(True, writes=(("put_user", user),))
+
+    def _set_user_tags(self, command: c.SetUserTags) -> Outcome:
+        user = self._user_or_die(command.name)
+        user = User(user.name, user.password_hash, _unique(command.tags), user.loopback_only)
+        self.users[user.name] = user
+        return Outcome(True, writes=(("put_user", user),))
+
+    def _user_or_die(self, name: str) -> User:
+        user = self.users.get(name)
+        if user is None:
+            raise NotFound(f"no user '{name}'")
+        return user
+
+    # --- permissions -----------------------------------------------------------------------
+
+    def _set_permissions(self, command: c.SetPermissions) -> Outcome:
+        self._user_or_die(command.user)
+        if command.vhost not in self.vhosts:
+            raise NotFound(f"no vhost '{command.vhost}'")
+        for pattern in (command.configure, command.write, command.read):
+            permissions.validate_pattern(pattern)
+        permission = Permission(
+            command.user, command.vhost, command.configure, command.write, command.read
+        )
+        key = (command.user, command.vhost)
+        if self.permissions.get(key) == permission:
+            return Outcome(False)
+        self.permissions[key] = permission
+        return Outcome(True, writes=(("put_permission", permission),))
+
+    def _clear_permissions(self, command: c.ClearPermissions) -> Outcome:
+        self._user_or_die(command.user)
+        if command.vhost not in self.vhosts:
+            raise NotFound(f"no vhost '{command.vhost}'")
+        if self.permissions.pop((command.user, command.vhost), None) is None:
+            return Outcome(False)
+        return Outcome(True, writes=(("delete_permission", command.user, command.vhost),))
+
+    # --- exchanges -------------------------------------------------------------------------
+
+    def _declare_exchange(self, command: c.DeclareExchange) -> Outcome:
+        vhost = command.vhost
+        router = self.router(vhost)
+        name = _strip_cr_lf(command.name)
+        _check_name("exchange", name)
+        count = self._exchange_counts[vhost]
+        if router.get(name) is None and count >= self.limits.exchanges_per_vhost_max:
+            raise PreconditionFailed(
+                f"cannot declare exchange '{name}' in vhost '{vhost}': exchange limit "
+                f"({self.limits.exchanges_per_vhost_max}) is reached"
+            )
+        declared = router.declare(
+            name,
+            command.type,
+            durable=command.durable,
+            auto_delete=command.auto_delete,
+            internal=command.internal,
+            arguments=command.arguments,
+        )
+        exchange = declared.exchange
+        if not declared.created:
+            return Outcome(False, exchange=exchange)
+        self._exchange_counts[vhost] = count + 1
+        writes: tuple[Write, ...] = ()
+        if exchange.durable:
+            self._durable_exchanges[vhost].add(exchange.name)
+            writes = (("put_exchange", vhost, exchange),)
+        return Outcome(True, created=True, exchange=exchange, writes=writes)
+
+    def _delete_exchange(self, command: c.DeleteExchange) -> Outcome:
+        change = self.router(command.vhost).delete(command.name, if_unused=command.if_unused)
+        if not change.changed:
+            return Outcome(False)
+        return Outcome(
+            True,
+            deleted_exchanges=change.deleted_exchanges,
+            writes=self._forget_exchanges(command.vhost, change.deleted_exchanges),
+        )
+
+    def _forget_exchanges(self, vhost: str, names: tuple[str, ...]) -> tuple[Write, ...]:
+        durable = self._durable_exchanges[vhost]
+        self._exchange_counts[vhost] -= len(names)
+        writes = []
+        for name in names:
+            if name in durable:
+                durable.discard(name)
+                writes.append(("delete_exchange", vhost, name))
+        return tuple(writes)
+
+    # --- queues ----------------------------------------------------------------------------
+
+    def _declare_queue(self, command: c.DeclareQueue) -> Outcome:
+        vhost = command.vhost
+        queues = self.queues(vhost)
+        name = _strip_cr_lf(command.name)
+        if not name:
+            raise ValueError("the broker names a server-named queue before declaring it")
+        _check_name("queue", name)
+        if not command.server_named and name.startswith("amq."):
+            raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        if command.exclusive and command.owner is None:
+            raise ValueError("an exclusive queue needs its owning connection")
+        owner = command.owner if command.exclusive else None
+        existing = queues.get(name)
+        if existing is not None:
+            _assert_queue_equivalence(
+                existing, command.durable, command.auto_delete, command.arguments, owner
+            )
+            return Outcome(False, queue=existing)
+        if len(queues) >= self.limits.queues_per_vhost_max:
+            raise PreconditionFailed(
+                f"cannot declare queue '{name}' in vhost '{vhost}': queue limit in vhost "
+                f"'{vhost}' ({self.limits.queues_per_vhost_max}) is reached"
+            )
+        record = QueueRecord(
+            vhost, name, command.durable, command.auto_delete, dict(command.arguments), owner
+        )
+        queues[name] = record
+        writes = (("put_queue", record),) if record.persisted else ()
+        return Outcome(True, created=True, queue=record, writes=writes)
+
+    def _delete_queue(self, command: c.DeleteQueue) -> Outcome:
+        vhost = command.vhost
+        queues = self.queues(vhost)
+        name = _strip_cr_lf(command.name)
+        record = queues.pop(name, None)
+        if record is None:
+            return Outcome(False)
+        change = self._routers[vhost].queue_deleted(name)
+        writes = self._forget_exchanges(vhost, change.deleted_exchanges)
+        if record.persisted:
+            writes = (("delete_queue", vhost, name), *writes)
+        return Outcome(
+            True, queue=record, deleted_exchanges=change.deleted_exchanges, writes=writes
+        )
+
+    # --- bindings --------------------------------------------------------------------------
+
+    def _bind(self, command: c.Bind) -> Outcome:
+        router = self.router(command.vhost)
+        destination = Destination(command.destination_kind, _strip_cr_lf(command.destination))
+        if destination.kind not in (QUEUE, EXCHANGE):
+            raise ValueError(f"a binding's destination is a queue or an exchange: {destination}")
+        source = _strip_cr_lf(command.source)
+        arguments = dict(command.arguments)
+        if not router.bind(source, destination, command.routing_key, arguments):
+            return Outcome(False)
+        writes: tuple[Write, ...] = ()
+        if self._binding_durable(command.vhost, source, destination):
+            binding = Binding(destination, command.routing_key, arguments)
+            writes = (("put_binding", command.vhost, source, binding),)
+        return Outcome(True, created=True, writes=writes)
+
+    def _unbind(self, command: c.Unbind) -> Outcome:
+        vhost = command.vhost
+        router = self.router(vhost)
+        destination = Destination(command.destination_kind, _strip_cr_lf(command.destination))
+        if destination.kind not in (QUEUE, EXCHANGE):
+            raise ValueError(f"a binding's destination is a queue or an exchange: {destination}")
+        source = _strip_cr_lf(command.source)
+        arguments = dict(command.arguments)
+        # Decided before unbinding: the unbind may auto-delete the source.
+        durable = self._binding_durable(vhost, source, destination)
+        change = router.unbind(source, destination, command.routing_key, arguments)
+        if not change.changed:
+            return Outcome(False)
+        writes = self._forget_exchanges(vhost, change.deleted_exchanges)
+        if durable:
+            binding = Binding(destination, command.routing_key, arguments)
+            writes = (("delete_binding", vhost, source, binding), *writes)
+        return Outcome(True, deleted_exchanges=change.deleted_exchanges, writes=writes)
+
+    def _binding_durable(self, vhost: str, source: str, destination: Destination) -> bool:
+        """rabbit_binding: a binding is durable when both its ends are."""
+        if source not in self._durable_exchanges[vhost]:
+            return False
+        if destination.kind == EXCHANGE:
+            return destination.name in self._durable_exchanges[vhost]
+        record = self._queues[vhost].get(destination.name)
+        return record is not None and record.persisted
+
+
+def _assert_queue_equivalence(
+    record: QueueRecord,
+    durable: bool,
+    auto_delete: bool,
+    arguments: Mapping[str, Any],
+    owner: str | None,
+) -> None:
+    if record.exclusive_owner != owner:
+        raise _locked(record)
+    if record.durable != durable:
+        raise _inequivalent(record, "durable", _atom(durable), _atom(record.durable))
+    if record.auto_delete != auto_delete:
+        raise _inequivalent(record, "auto_delete", _atom(auto_delete), _atom(record.auto_delete))
+    for key in QUEUE_DECLARABLE_ARGUMENTS:
+        current = record.arguments.get(key, _ABSENT)
+        received = arguments.get(key, _ABSENT)
+        if current is _ABSENT and received is _ABSENT:
+            continue
+        if current is not _ABSENT and received is not _ABSENT:
+            if _type_class(current) == _type_class(received) and erlang_key(
+                current
+            ) == erlang_key(received):
+                continue
+            raise _inequivalent(record, key, _plain(received), _plain(current))
+        present = received if current is _ABSENT else current
+        if key == "x-queue-type" and _is_classic(present):
+            continue
+        raise _inequivalent(
+            record,
+            key,
+            "none" if received is _ABSENT else describe_typed(received),
+            "none" if current is _ABSENT else describe_typed(current),
+        )
+
+
+def _locked(record: QueueRecord) -> ResourceLocked:
+    return ResourceLocked(
+        f"cannot obtain exclusive access to locked queue '{record.name}' in vhost "
+        f"'{record.vhost}'. It could be originally declared on another connection or the "
+        "exclusive property value does not match that of the original declaration."
+    )
+
+
+def _inequivalent(record: QueueRecord, key: str, received: str, current: str) -> PreconditionFailed:
+    return PreconditionFailed(
+        f"inequivalent arg '{key}' for queue '{record.name}' in vhost '{record.vhost}': "
+        f"received {received} but current is {current}"
+    )
+
+
+def _atom(value: bool) -> str:
+    return "'true'" if value else "'false'"
+
+
+def _plain(value: Any) -> str:
+    """rabbit_misc:val/1 of an untyped value: '~s' for a binary, '~p' otherwise."""
+    if isinstance(value, (str, bytes, bytearray)):
+        return f"'{erlang_str(value)}'"
+    return f"'{erlang_repr(value)}'"
+
+
+def _is_classic(value: Any) -> bool:
+    return amqp_type_name(value) == "longstr" and value in ("classic", b"classic")
+
+
+def _type_class(value: Any) -> str:
+    type_name = amqp_type_name(value)
+    return _TYPE_CLASSES.get(type_name, type_name)
+
+
+def _strip_cr_lf(name: str) -> str:
+    # rabbit_channel strips CR and LF from every queue and exchange name a client sends.
+    return name.replace("\r", "").replace("\n", "") if ("\r" in name or "\n" in name) else name
+
+
+def _check_name(kind: str, name: str) -> None:
+    if kind in ("vhost", "user") and not name:
+        raise PreconditionFailed(f"a {kind} name cannot be empty")
+    if len(name.encode("utf-8")) > NAME_CHARS_MAX:
+        raise PreconditionFailed(f"{kind} name longer than {NAME_CHARS_MAX} bytes")
+
+
+def _check_password_hash(password_hash: str) -> None:
+    if passwords.parse_hash(password_hash) is None:
+        raise PreconditionFailed("not a password hash this broker produced")
+
+
+def _unique(tags: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(tags))
+
+
+def _snapshot_commands(document: dict) -> list[c.Command]:
+    commands: list[c.Command] = []
+    for name, description, tags in document["vhosts"]:
+        commands.append(c.DeclareVhost(name, description, tuple(tags)))
+    for name, password_hash, tags, loopback_only in document["users"]:
+        commands.append(c.AddUser(name, password_hash, tuple(tags), bool(loopback_only)))
+    for user, vhost, configure, write, read in document["permissions"]:
+        commands.append(c.SetPermissions(user, vhost, configure, write, read))
+    for vhost, name, type_name, durable, auto_delete, internal, arguments in document[
+        "exchanges"
+    ]:
+        commands.append(
+            c.DeclareExchange(
+                vhost, name, type_name, durable, auto_delete, internal,
+                encoding.decode_table(arguments),
+            )
+        )
+    for vhost, name, durable, auto_delete, arguments, owner in document["queues"]:
+        commands.append(
+            c.DeclareQueue(
+                vhost, name, durable, owner is not None, auto_delete,
+                encoding.decode_table(arguments), owner, server_named=True,
+            )
+        )
+    for vhost, source, kind, destination, routing_key, arguments in document["bindings"]:
+        commands.append(
+            c.Bind(vhost, source, destination, kind, routing_key, encoding.decode_table(arguments))
+        )
+    return commands
