@@ -697,9 +697,8 @@ class Connection:
         ch = self._channels.get(channel)
         if ch is None or ch.state is not ChannelState.OPEN:
             return False
-        self._out.append(fastpath.encode_deliver(
-            channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties,
-            body, self.frame_bytes_max))
+        fastpath.deliver_parts(self._out, channel, consumer_tag, delivery_tag, redelivered,
+                               exchange, routing_key, properties, body, self.frame_bytes_max)
         self._last_sent_at = self._now
         return True
 

@@ -140,10 +140,12 @@ def scan_properties(property_bytes):
             if width == "s":
                 start = offset + 1
                 offset = start + property_bytes[offset]
+                # RabbitMQ refuses shortstrs that are not UTF-8 (rabbit_binary_parser:assert_utf8).
+                text = property_bytes[start:offset].decode("utf-8")
                 if flag == _EXPIRATION_FLAG:
-                    expiration = bytes(property_bytes[start:offset]).decode("utf-8")
+                    expiration = text
                 elif flag == _USER_ID_FLAG:
-                    user_id = bytes(property_bytes[start:offset]).decode("utf-8")
+                    user_id = text
             elif width == "t":
                 start = offset + 4
                 offset = start + _LONG.unpack_from(property_bytes, offset)[0]
@@ -156,7 +158,9 @@ def scan_properties(property_bytes):
                 elif flag == _PRIORITY_FLAG:
                     priority = property_bytes[offset]
                 offset += width
-    except (IndexError, struct.error, UnicodeDecodeError) as error:
+    except UnicodeDecodeError:
+        raise ValueError("Malformed UTF-8 in shortstr") from None
+    except (IndexError, struct.error) as error:
         raise ValueError(f"content properties are truncated: {error}") from error
     if offset != end:
         raise ValueError("content properties length does not match their flags")
@@ -250,23 +254,35 @@ def _content_frames(parts, channel, property_bytes, body, frame_max):
         parts.append(_FRAME_END)
 
 
-def encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
-                   property_bytes, body, frame_max):
-    """basic.deliver + content header (stored property bytes) + body frames, as one bytes."""
+def deliver_parts(parts, channel, consumer_tag, delivery_tag, redelivered, exchange,
+                  routing_key, property_bytes, body, frame_max):
+    """Append basic.deliver + content header + body frames to ``parts`` (buffers, not joined).
+
+    The connection appends straight to its output list so a body is copied once, into the
+    coalesced write, rather than once per message and again per write.
+    """
     assert frame_max >= frames.FRAME_MIN_BYTES, frame_max
     tag = _shortstr(consumer_tag)
     exchange_bytes = _shortstr(exchange)
     routing_key_bytes = _shortstr(routing_key)
     size = 16 + len(tag) + len(exchange_bytes) + len(routing_key_bytes)
-    parts = [
+    parts += (
         _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, size, BASIC_CLASS, DELIVER_METHOD),
         bytes((len(tag),)), tag,
         _TAG_AND_BITS.pack(delivery_tag, 1 if redelivered else 0),
         bytes((len(exchange_bytes),)), exchange_bytes,
         bytes((len(routing_key_bytes),)), routing_key_bytes,
         _FRAME_END,
-    ]
+    )
     _content_frames(parts, channel, property_bytes, body, frame_max)
+
+
+def encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
+                   property_bytes, body, frame_max):
+    """basic.deliver + content header (stored property bytes) + body frames, as one bytes."""
+    parts = []
+    deliver_parts(parts, channel, consumer_tag, delivery_tag, redelivered, exchange,
+                  routing_key, property_bytes, body, frame_max)
     return b"".join(parts)
 
 

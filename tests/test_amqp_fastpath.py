@@ -146,21 +146,24 @@ def test_oversized_shortstr_is_refused():
         fastpath.encode_deliver(1, "c" * 256, 1, False, "", "", b"\x00\x00", b"", 4096)
 
 
-@settings(max_examples=150, deadline=None)
-@given(headers=st.dictionaries(st.text(min_size=1, max_size=5), header_values, max_size=4),
-       flip_at=st.integers(0, 10**6), flip_to=st.integers(0, 255))
-def test_header_table_check_accepts_pamqp_tables_and_never_crashes_on_damage(headers, flip_at,
-                                                                              flip_to):
-    property_bytes = commands.Basic.Properties(headers=headers).marshal()
-    assert fastpath.scan_properties(property_bytes) == (None, None, None, None)
+@settings(max_examples=300, deadline=None)
+@given(props=properties(), damage=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)),
+                                           min_size=1, max_size=3))
+def test_property_check_lets_through_only_what_a_client_parses(props, damage):
+    property_bytes = props.marshal()
+    assert fastpath.scan_properties(property_bytes)
     damaged = bytearray(property_bytes)
-    damaged[flip_at % len(damaged)] = flip_to
+    for at, value in damage:
+        damaged[at % len(damaged)] = value
     try:
         fastpath.scan_properties(bytes(damaged))
     except ValueError:
         return
-    # Whatever the check lets through, pamqp (a consumer's client library) can parse.
-    frames.decode_properties(bytes(damaged))
+    try:
+        frames.decode_properties(bytes(damaged))
+    except ValueError as error:
+        # pamqp turns timestamps into datetimes and fails past year 9999; the wire allows them.
+        assert "out of range" in str(error), error
 
 
 def test_header_tables_nested_too_deep_are_refused():
