@@ -185,6 +185,27 @@ def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
+    async def scenario():
+        configs = _configs(tmp_path, 3, proposals_pending_max=16)
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        client = KVClient(_addresses(configs))
+        try:
+            leader = await _leader(servers)
+            await asyncio.gather(*(client.put(b"k%d" % i, b"v") for i in range(2000)))
+            assert servers[leader].read_pauses > 0, "the leader stopped reading its clients"
+            assert servers[leader].kv.get(b"k1999") == b"v"
+            assert not servers[leader]._reading_paused
+        finally:
+            await client.close()
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
+
+
 def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3, snapshot_entries=100)

@@ -162,3 +162,37 @@ def test_a_rejected_frame_closes_only_that_connection():
             await t2.close()
 
     asyncio.run(scenario())
+
+
+def test_frames_for_a_peer_that_stops_reading_are_dropped_at_the_buffer_bound():
+    async def scenario():
+        # A "peer" that accepts the connection and never reads from it.
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def hold(reader, writer):
+            accepted.append(writer)
+
+        stalled = await asyncio.start_server(hold, "127.0.0.1", 0)
+        stalled_port = stalled.sockets[0].getsockname()[1]
+        addresses = {1: ("127.0.0.1", free_port()), 2: ("127.0.0.1", stalled_port)}
+        bound = 256 << 10
+        t1 = PeerTransport(1, addresses, lambda p: None, send_buffer_bytes_max=bound)
+        await t1.start()
+        try:
+            await _until(lambda: t1.connected(2))
+            frame = b"x" * (64 << 10)
+            for _ in range(40):
+                for _ in range(50):
+                    t1.send(2, frame)
+                await asyncio.sleep(0.01)
+            assert t1.stats.frames_dropped > 0
+            buffered = t1._outbound[2].get_write_buffer_size()
+            assert buffered <= bound + len(frame) + 4, buffered
+        finally:
+            await t1.close()
+            for writer in accepted:
+                writer.close()
+            stalled.close()
+            await stalled.wait_closed()
+
+    asyncio.run(scenario())

@@ -212,6 +212,7 @@ class RaftServer:
         self.entries_persisted = 0
         self.persist_s_total = 0.0
         self.persist_s_max = 0.0
+        self.read_pauses = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -297,6 +298,7 @@ class RaftServer:
         self._proposals[index] = (raft.term, client, request_id)
         if len(self._proposals) >= self.config.proposals_pending_max and not self._reading_paused:
             self._reading_paused = True
+            self.read_pauses += 1
             for c in self._clients:
                 if c.transport is not None:
                     c.transport.pause_reading()
@@ -332,6 +334,7 @@ class RaftServer:
             "persist_ms_total": round(self.persist_s_total * 1000, 3),
             "persist_ms_max": round(self.persist_s_max * 1000, 3),
             "frames_dropped": self.transport.stats.frames_dropped,
+            "client_read_pauses": self.read_pauses,
         }
 
     # -- the host loop -----------------------------------------------------------------
