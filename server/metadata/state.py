@@ -329,7 +329,8 @@ class MetadataState:
         self.vhosts[name] = vhost
         self._queues[name] = queues
         self._routers[name] = Router(name, queue_exists=queues.__contains__)
-        self._durable_exchanges[name] = set()
+        # RabbitMQ's predeclared exchanges are durable: bindings from them can be too.
+        self._durable_exchanges[name] = set(_PREDECLARED_NAMES)
         self._exchange_counts[name] = 0
         return Outcome(True, created=True, writes=(("put_vhost", vhost),))
 
