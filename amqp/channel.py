@@ -114,8 +114,7 @@ class Channel:
     __slots__ = (
         "number", "state", "content_state", "send", "message_bytes_max", "last_method_ids",
         "confirm_mode", "tx_mode", "publish_seq", "flow_active", "_exchange", "_routing_key",
-        "_mandatory", "_properties", "_scan", "_body_size", "_remaining", "_parts",
-        "close_reason",
+        "_mandatory", "_properties", "_scan", "_remaining", "_parts",
     )
 
     def __init__(self, number, send, message_bytes_max):
@@ -129,7 +128,6 @@ class Channel:
         self.tx_mode = False
         self.publish_seq = 0
         self.flow_active = True
-        self.close_reason = None
         self._reset_content()
 
     def _reset_content(self):
@@ -138,7 +136,7 @@ class Channel:
         self._mandatory = False
         self._properties = b""
         self._scan = (None, None, None, None)
-        self._body_size = self._remaining = 0
+        self._remaining = 0
         self._parts = []
 
     def transition(self, what):
@@ -244,7 +242,7 @@ class Channel:
         self._properties = properties
         if body_size == 0:
             return self._published(b"")
-        self._body_size = self._remaining = body_size
+        self._remaining = body_size
         self._parts = []
         self.content_state = AWAIT_BODY
         return None

@@ -200,7 +200,6 @@ class Connection:
         self.mechanism = ""
         self.username = ""
         self.vhost = ""
-        self.close_reason = None
         self._channels = {}
         self._pending = collections.deque()
         self._out = []
@@ -444,7 +443,6 @@ class Connection:
             return events.VhostAccessRequested(self.vhost, self.username)
         if state is S.OPEN and key == CLOSE:
             self._send(frames.encode_method(0, commands.Connection.CloseOk()))
-            self.close_reason = (method.reply_code, method.reply_text)
             self._transition("close-received")
             self._drop_channels()
             return events.ConnectionClosed(method.reply_code, method.reply_text, True)
@@ -555,7 +553,6 @@ class Connection:
             channel = self._channels.get(channel_number)
             if channel is None or channel.state is not ChannelState.OPEN:
                 return
-            channel.close_reason = (error.code, error.reply_text)
             channel.transition("close-sent")
             self._send(frames.encode_method(channel_number, commands.Channel.Close(
                 reply_code=error.code, reply_text=error.reply_text, class_id=error.class_id,
@@ -564,7 +561,6 @@ class Connection:
                                                       error.reply_text, False))
             return
         announce = state is S.OPEN or _ANNOUNCED_BEFORE_OPEN[state](error.code, self)
-        self.close_reason = (error.code, error.reply_text)
         self._drop_channels()
         if announce:
             self._send(frames.encode_method(0, commands.Connection.Close(
@@ -584,7 +580,6 @@ class Connection:
         self._discard_input()
 
     def _abort(self, reply_code, reply_text):
-        self.close_reason = (reply_code, reply_text)
         self._drop_channels()
         self._transition("abort")
         self._discard_input()
