@@ -577,12 +577,10 @@ class Connection:
         self._fail(error, 0)
         if self.state is not S.CLOSED:
             self._transition("abort")
-        self._discard_input()
 
     def _abort(self, reply_code, reply_text):
         self._drop_channels()
         self._transition("abort")
-        self._discard_input()
         self._pending.append(events.ConnectionClosed(reply_code, reply_text, False))
 
     def _discard_input(self):
@@ -597,6 +595,7 @@ class Connection:
         except KeyError:
             raise IllegalTransition(f"connection: {what} in state {self.state}") from None
         if self.state is S.CLOSED:
+            # Nothing after the end is read: drop the rest of the input now.
             self._discard_input()
 
     # -- broker answers ------------------------------------------------------------------

@@ -346,3 +346,20 @@ def test_any_split_of_the_byte_stream_gives_the_same_events(cuts, body):
     expected = run([stream], [after_login])
     assert run(split(stream), split(after_login)) == expected
     assert expected[-1].body == body
+
+
+@pytest.mark.parametrize("table, text", [
+    ({"LOGIN": "bob"}, "is missing LOGIN or PASSWORD field"),
+    ({"LOGIN": "bob", "PASSWORD": 5}, "uses unsupported type for LOGIN or PASSWORD field"),
+])
+def test_malformed_amqplain_is_a_silent_502(table, text):
+    conn = Connection()
+    conn.receive_data(frames.PROTOCOL_HEADER, 0.0)
+    response = encode.field_table(table)[4:].decode()
+    conn.receive_data(testing.marshal(0, commands.Connection.StartOk(
+        client_properties={}, mechanism="AMQPLAIN", response=response)), 0.0)
+    event = conn.next_event()
+    assert event.reply_code == 502 and text in event.reply_text
+    assert conn.finished
+    assert [type(f) for _, f in testing.parse(conn.data_to_send())] == [
+        commands.Connection.Start]
