@@ -363,6 +363,9 @@ class RaftServer:
         if self._was_leader and not is_leader:
             self._on_leadership_lost()
         self._was_leader = is_leader
+        # Everything this iteration had to say is queued: write it now rather than one
+        # loop iteration later.
+        self.transport.flush()
 
     def _handle_ready(self, ready: Ready) -> None:
         self.ready_count += 1
