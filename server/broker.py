@@ -1,0 +1,365 @@
+"""The broker process: listening socket, vhosts, and the per-tick publish/commit/confirm cycle.
+
+The tick (ARCHITECTURE.md, "The data path"): connections stage published records on their
+queues while they parse a read; once per event-loop pass the broker writes each touched
+queue's records with one append, hands ready messages to consumers, starts one group commit
+for the queues holding persistent messages that someone waits for (publisher confirms,
+tx.commit), and writes each connection's output once.
+
+Confirms are released strictly in tick order, each channel's as one ``basic.ack
+multiple=true`` for the highest tag of the tick: a later tick that needs no fsync must not
+confirm (by ``multiple``) tags of an earlier tick whose fsync is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import shutil
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+from pamqp import commands
+
+from warrenmq.amqp.connection import ConnectionConfig
+
+from warrenmq.log import LogConfig
+from warrenmq.server.metadata import MetadataStore, is_loopback
+from warrenmq.server.queue import DurableQueue, QueueConfig
+
+from .channel import BrokerChannel
+from .config import BrokerConfig
+from .connection import REPLY_TO_PREFIX, BrokerConnection
+from .hosted_queue import HostedQueue
+from .vhost import VirtualHost, generated_name
+
+log = logging.getLogger("warrenmq.server")
+
+METADATA_FILE = "metadata.sqlite3"
+
+
+class _Tick:
+    """The confirms and tx waiters of one tick, released once its commit is done."""
+
+    __slots__ = ("confirms", "waiters", "ready", "failed")
+
+    def __init__(self, confirms: dict[BrokerChannel, int],
+                 waiters: list[asyncio.Future[None]]) -> None:
+        self.confirms = confirms
+        self.waiters = waiters
+        self.ready = False
+        self.failed = False
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.amqp_config = ConnectionConfig(
+            frame_bytes_max=config.frame_bytes_max, channel_max=config.channel_max,
+            heartbeat_s=config.heartbeat_s, message_bytes_max=config.message_bytes_max)
+        self.data_dir = Path(config.data_dir)
+        self.store: MetadataStore | None = None
+        self.vhosts: dict[str, VirtualHost] = {}
+        self.connections: set[BrokerConnection] = set()
+        self.reply_channels: dict[str, BrokerChannel] = {}
+        self.server: asyncio.AbstractServer | None = None
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_scheduled = False
+        self._staged: dict[HostedQueue, None] = {}
+        self._dispatch: dict[HostedQueue, None] = {}
+        self._output: dict[BrokerConnection, None] = {}
+        self._confirms: dict[BrokerChannel, int] = {}
+        self._waiters: list[asyncio.Future[None]] = []
+        self._ticks: collections.deque[_Tick] = collections.deque()
+        self._background: set[asyncio.Future[Any]] = set()
+        self._stopping = False
+
+    # -- start and stop -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
+        self._recover()
+        self.server = await self._loop.create_server(
+            lambda: BrokerConnection(self), self.config.bind, self.config.port,
+            reuse_address=True, backlog=1024)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def _new_vhost(self, name: str) -> VirtualHost:
+        vhost = VirtualHost(name, self.data_dir, self.store, open_engine=self._open_engine,
+                            batch_records_max=self.config.queue_batch_records_max)
+        self.vhosts[name] = vhost
+        return vhost
+
+    def _open_engine(self, directory: Path, name: str, arguments: Any) -> DurableQueue:
+        # A quorum queue hands out only fsynced messages, as RabbitMQ's does (a consumer then
+        # never sees a message a crash could take back); a classic one delivers at once.
+        quorum = arguments.get("x-queue-type") in ("quorum", b"quorum")
+        config = QueueConfig(
+            message_log=LogConfig(segment_bytes_max=self.config.segment_bytes_max,
+                                  tail_cache_bytes_max=2 << 20),
+            deliver_uncommitted=not quorum)
+        return DurableQueue.open(directory, config)
+
+    def _recover(self) -> None:
+        """Host every queue the metadata kept; drop directories of transient leftovers."""
+        assert self.store is not None
+        for name in self.store.state.vhosts:
+            vhost = self._new_vhost(name)
+            kept = set(vhost.recover())
+            if vhost.directory.exists():
+                for leftover in vhost.directory.iterdir():
+                    if leftover.name not in kept:
+                        shutil.rmtree(leftover, ignore_errors=True)
+            log.info("vhost '%s': %d exchanges, %d queues recovered", name,
+                     len(vhost.router.exchanges()), len(vhost.queues))
+
+    def sync_vhosts(self) -> None:
+        """Host vhosts created (and drop those deleted) in the store by another process."""
+        assert self.store is not None
+        names = set(self.store.state.vhosts)
+        for name in names - set(self.vhosts):
+            self._new_vhost(name)
+        for name in set(self.vhosts) - names:
+            vhost = self.vhosts.pop(name)
+            for connection in list(self.connections):
+                if connection.vhost is vhost:
+                    connection.close(320, f"vhost '{name}' is deleted")
+            for queue in list(vhost.queues.values()):
+                self.cancel_consumers(queue)
+                vhost.take_queue(queue)
+
+    async def stop(self) -> None:
+        """SIGTERM: stop accepting, close clients with 320, flush and fsync, close queues."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            connection.close()
+        self._tick()
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+        await self._commit_all()
+        for vhost in self.vhosts.values():
+            vhost.close()
+        if self.store is not None:
+            await self.store.close()
+        if self.server is not None:
+            await self.server.wait_closed()
+
+    async def _commit_all(self) -> None:
+        for vhost in self.vhosts.values():
+            for queue in vhost.queues.values():
+                queue.flush()
+                try:
+                    await queue.commit()
+                except Exception as error:
+                    log.error("queue '%s' in vhost '%s': final commit failed: %r",
+                              queue.name, vhost.name, error)
+
+    # -- connections ----------------------------------------------------------------------
+
+    def accept(self, connection: BrokerConnection) -> bool:
+        if self._stopping or len(self.connections) >= self.config.connections_max:
+            log.error("refusing connection from %s: %s", connection.name,
+                      "shutting down" if self._stopping else "connections_max reached")
+            return False
+        self.connections.add(connection)
+        return True
+
+    def forget(self, connection: BrokerConnection) -> None:
+        self.connections.discard(connection)
+        self._output.pop(connection, None)
+
+    async def authenticate(self, username: str, password: str, address: str,
+                           mechanism: str) -> Any:
+        store = self.store
+        assert store is not None
+        try:
+            await store.sync_external_changes()
+        except Exception as error:
+            log.error("reading metadata changes made by other processes failed: %r", error)
+        self.sync_vhosts()
+        user = await store.authenticate(username, password)
+        if user is None:
+            log.error("%s login refused: user '%s' - invalid credentials", mechanism, username)
+            return None
+        if user.loopback_only and not is_loopback(address):
+            log.error("%s login refused: user '%s' can only connect via localhost", mechanism,
+                      username)
+            return None
+        return user
+
+    def may_use_vhost(self, username: str, vhost: str) -> bool:
+        assert self.store is not None
+        state = self.store.state
+        return vhost in state.vhosts and state.permission(username, vhost) is not None
+
+    def permitted(self, username: str, vhost: str, access: str, kind: str, name: str) -> bool:
+        assert self.store is not None
+        return self.store.state.can_access(username, vhost, access, kind, name)
+
+    # -- direct reply-to ------------------------------------------------------------------
+
+    def register_reply_channel(self, channel: BrokerChannel) -> str:
+        name = generated_name(REPLY_TO_PREFIX)
+        self.reply_channels[name] = channel
+        return name
+
+    def deliver_reply(self, routing_key: str, exchange: str, properties: bytes,
+                      body: bytes) -> bool:
+        """Publish to "amq.rabbitmq.reply-to.X": straight to X's channel, never stored."""
+        channel = self.reply_channels.get(routing_key)
+        if channel is None or channel.reply_consumer is None:
+            return False
+        connection = channel.connection
+        channel.delivery_tag += 1
+        connection.amqp.deliver(channel.number, channel.reply_consumer, channel.delivery_tag,
+                                False, exchange, routing_key, properties, body)
+        self.want_flush(connection)
+        return True
+
+    # -- the tick -------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if not self._tick_scheduled:
+            self._tick_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._tick)
+
+    def staged(self, queue: HostedQueue) -> None:
+        self._staged[queue] = None
+        self._schedule()
+
+    def stage_confirm(self, channel: BrokerChannel, tag: int) -> None:
+        self._confirms[channel] = tag
+        self._schedule()
+
+    def want_dispatch(self, queue: HostedQueue) -> None:
+        self._dispatch[queue] = None
+        self._schedule()
+
+    def want_flush(self, connection: BrokerConnection) -> None:
+        self._output[connection] = None
+        self._schedule()
+
+    def after_commit(self) -> asyncio.Future[None]:
+        """A future resolved once everything staged so far is appended and fsynced."""
+        assert self._loop is not None
+        future = self._loop.create_future()
+        self._waiters.append(future)
+        self._schedule()
+        return future
+
+    def background(self, work: Awaitable[Any]) -> None:
+        """Run persistence nobody waits for (auto-delete, exclusive cleanup); log failures."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Future[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background metadata write failed: %r", task.exception())
+
+    def cancel_consumers(self, queue: HostedQueue) -> None:
+        """The queue is gone: its consumers get basic.cancel if their client asked for it."""
+        for consumer in list(queue.consumers.values()):
+            channel = consumer.channel
+            queue.remove_consumer(consumer)
+            channel.consumers.pop(consumer.tag, None)
+            connection = channel.connection
+            if connection.amqp.capabilities.get("consumer_cancel_notify") is True:
+                connection.amqp.send_method(channel.number, commands.Basic.Cancel(
+                    consumer_tag=consumer.tag, nowait=True))
+                self.want_flush(connection)
+
+    def _tick(self) -> None:
+        self._tick_scheduled = False
+        needs_commit = []
+        staged, self._staged = self._staged, {}
+        for queue in staged:
+            if queue.deleted:
+                continue
+            queue.flush()
+            if queue.take_commit_wanted():
+                needs_commit.append(queue)
+            self._dispatch[queue] = None
+        dispatch, self._dispatch = self._dispatch, {}
+        for queue in dispatch:
+            if queue.dispatch():
+                self._dispatch[queue] = None
+        if self._dispatch:
+            self._schedule()
+        confirms, self._confirms = self._confirms, {}
+        waiters, self._waiters = self._waiters, []
+        if confirms or waiters:
+            tick = _Tick(confirms, waiters)
+            self._ticks.append(tick)
+            if needs_commit:
+                self._track(self._commit(tick, needs_commit))
+            else:
+                # Nothing to fsync in this tick; the in-order release still holds it behind
+                # earlier ticks whose commit is running.
+                tick.ready = True
+                self._release()
+        else:
+            needs_commit.clear()
+        # Acks, the delivered mark and unconfirmed appends: the engine asks for a commit, and
+        # may hold back deliveries until it has one.
+        for queue in dispatch:
+            if queue.needs_commit and not queue.committing and queue not in needs_commit:
+                self._track(self._commit_queue(queue))
+        output, self._output = self._output, {}
+        for connection in output:
+            connection.flush()
+
+    def _track(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _commit_queue(self, queue: HostedQueue) -> None:
+        try:
+            await queue.commit()
+        except Exception as error:
+            log.error("queue '%s' in vhost '%s': commit failed: %r", queue.name, queue.vhost,
+                      error)
+            return
+        self.want_dispatch(queue)
+
+    async def _commit(self, tick: _Tick, queues: list[HostedQueue]) -> None:
+        try:
+            await asyncio.gather(*(queue.commit() for queue in queues))
+        except Exception as error:
+            log.error("commit failed, nacking the tick's confirms: %r", error)
+            tick.failed = True
+        tick.ready = True
+        self._release()
+        for queue in queues:
+            self.want_dispatch(queue)
+
+    def _release(self) -> None:
+        ticks = self._ticks
+        while ticks and ticks[0].ready:
+            tick = ticks.popleft()
+            for channel, tag in tick.confirms.items():
+                connection = channel.connection
+                if connection.channels.get(channel.number) is channel:
+                    connection.amqp.confirm(channel.number, tag, multiple=True,
+                                            nack=tick.failed)
+                    self.want_flush(connection)
+            for waiter in tick.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)

@@ -1,0 +1,160 @@
+"""The broker's side of one channel: consumers, delivery tags, unacked messages, qos, tx.
+
+``amqp.channel.Channel`` owns the wire state (content assembly, confirm and tx flags);
+this class owns what the broker does with it. Delivery tags count up from 1 per channel;
+the unacked map is ordered by tag, so ``multiple`` acks pop from its front.
+
+Prefetch follows RabbitMQ with per_consumer_qos: basic.qos global=false sets the limit of
+consumers created afterwards, global=true a limit shared by the channel's consumers.
+basic.get deliveries need acks but do not count against either limit (RabbitMQ's limiter
+counts consumer deliveries only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from warrenmq.amqp import replies
+
+from .errors import precondition_failed
+
+if TYPE_CHECKING:
+    from .connection import BrokerConnection
+    from .hosted_queue import Consumer, HostedQueue
+
+
+class Unacked:
+    """One delivery awaiting basic.ack: where it came from and who got it."""
+
+    __slots__ = ("tag", "queue", "offset", "consumer")
+
+    def __init__(self, tag: int, queue: HostedQueue, offset: int,
+                 consumer: Consumer | None) -> None:
+        self.tag = tag
+        self.queue = queue
+        self.offset = offset
+        self.consumer = consumer
+
+
+class BrokerChannel:
+    def __init__(self, connection: BrokerConnection, number: int, unacked_max: int) -> None:
+        assert unacked_max > 0
+        self.connection = connection
+        self.number = number
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Unacked] = {}
+        self.delivery_tag = 0
+        self.consumer_prefetch = 0
+        self.global_prefetch = 0
+        self.consumer_unacked = 0
+        self.unacked_max = unacked_max
+        self.flow_active = True
+        self.last_queue = ""
+        self.reply_consumer: str | None = None
+        self.reply_to_name = ""
+        self.tx = False
+        self.tx_publishes: list[Any] = []
+        self.tx_settles: list[tuple[list[Unacked], bool | None]] = []
+        # Exchanges this channel may write to (checked once, as permissions change rarely).
+        self.writable_exchanges: set[str] = set()
+
+    # -- credit ---------------------------------------------------------------------------
+
+    def can_deliver(self) -> bool:
+        return self.flow_active and self.connection.writable
+
+    def has_credit(self) -> bool:
+        if self.global_prefetch and self.consumer_unacked >= self.global_prefetch:
+            return False
+        return len(self.unacked) < self.unacked_max
+
+    # -- delivering -----------------------------------------------------------------------
+
+    def deliver(self, consumer: Consumer, message: Any) -> None:
+        self.delivery_tag += 1
+        tag = self.delivery_tag
+        queue = consumer.queue
+        if consumer.no_ack:
+            queue.ack([message.offset])
+        else:
+            self.unacked[tag] = Unacked(tag, queue, message.offset, consumer)
+            consumer.unacked_count += 1
+            self.consumer_unacked += 1
+        self.connection.send_deliver(self.number, consumer.tag, tag, message)
+
+    def record_get(self, queue: HostedQueue, offset: int, no_ack: bool) -> int:
+        """A basic.get delivery: its tag (and an unacked entry unless no_ack)."""
+        self.delivery_tag += 1
+        if no_ack:
+            queue.ack([offset])
+        else:
+            self.unacked[self.delivery_tag] = Unacked(self.delivery_tag, queue, offset, None)
+        return self.delivery_tag
+
+    # -- settling -------------------------------------------------------------------------
+
+    def take(self, delivery_tag: int, multiple: bool) -> list[Unacked]:
+        """Remove and return the deliveries an ack/nack/reject names (rabbit_channel's
+        collect_acks: the tag itself must be unacked, except for multiple with tag 0)."""
+        unacked = self.unacked
+        if multiple and delivery_tag == 0:
+            taken = list(unacked.values())
+            unacked.clear()
+        elif delivery_tag not in unacked:
+            raise precondition_failed(f"unknown delivery tag {delivery_tag}")
+        elif multiple:
+            tags = []
+            for tag in unacked:
+                if tag > delivery_tag:
+                    break
+                tags.append(tag)
+            taken = [unacked.pop(tag) for tag in tags]
+        else:
+            taken = [unacked.pop(delivery_tag)]
+        for entry in taken:
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.unacked_count -= 1
+                self.consumer_unacked -= 1
+        return taken
+
+    def restore(self, taken: list[Unacked]) -> None:
+        """tx.rollback: deliveries taken by acks in the transaction are unacked again."""
+        for entry in taken:
+            if entry.consumer is not None:
+                entry.consumer.unacked_count += 1
+                self.consumer_unacked += 1
+        merged = {**self.unacked, **{entry.tag: entry for entry in taken}}
+        self.unacked = {tag: merged[tag] for tag in sorted(merged)}
+
+    def apply(self, taken: list[Unacked], requeue: bool | None) -> set[HostedQueue]:
+        """ack (requeue None or False drops) or requeue: returns queues that may dispatch."""
+        by_queue: dict[HostedQueue, list[int]] = {}
+        for entry in taken:
+            by_queue.setdefault(entry.queue, []).append(entry.offset)
+        for queue, offsets in by_queue.items():
+            if requeue:
+                queue.requeue(offsets)
+            else:
+                # Without requeue a nacked message is dropped (dead-lettering is its own issue).
+                queue.ack(offsets)
+        touched = set(by_queue)
+        touched.update(consumer.queue for consumer in self.consumers.values())
+        return touched
+
+    def settle(self, delivery_tag: int, multiple: bool, requeue: bool | None) -> set[HostedQueue]:
+        return self.apply(self.take(delivery_tag, multiple), requeue)
+
+    def requeue_all(self) -> set[HostedQueue]:
+        """basic.recover and channel close: every unacked message goes back, redelivered."""
+        if not self.unacked:
+            return set()
+        return self.settle(0, True, True)
+
+    def queues_consumed(self) -> Iterable[HostedQueue]:
+        return {consumer.queue for consumer in self.consumers.values()}
+
+    def tx_check(self) -> None:
+        if not self.tx:
+            raise replies.ChannelError(replies.PRECONDITION_FAILED, "channel is not transactional")

@@ -1,0 +1,144 @@
+"""The broker's settings: embedded defaults, then a TOML file, then WARREN_* variables, then flags.
+
+Each later source overrides the earlier ones field by field, so a script can keep a config
+file and still move the port with ``--port``. Every bound the broker enforces lives here.
+
+TOML keys are the field names (``port = 5673``, ``data_dir = "/var/lib/warren"``); the
+environment uses the same names upper-cased with a ``WARREN_`` prefix (``WARREN_PORT``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ENV_PREFIX = "WARREN_"
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or its value is out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    port: int = 5672
+    bind: str = "0.0.0.0"
+    data_dir: Path = Path("./data")
+    log_level: str = "info"
+    frame_bytes_max: int = 131072
+    """Offered in connection.tune (RabbitMQ's frame_max default)."""
+    channel_max: int = 2047
+    heartbeat_s: int = 60
+    message_bytes_max: int = 128 * 1024 * 1024
+    """RabbitMQ's max_message_size default; larger bodies are refused with 406."""
+    connections_max: int = 65_536
+    """Connections beyond this are closed at accept."""
+    read_buffer_bytes_max: int = 4 << 20
+    """Unparsed input above this pauses reading from that socket."""
+    write_buffer_bytes_high: int = 4 << 20
+    """Queued output above this stops deliveries to that connection until it drains."""
+    unacked_per_channel_max: int = 1_000_000
+    """In-flight deliveries on one channel even without a prefetch limit."""
+    queue_batch_records_max: int = 10_000
+    """Records appended to one queue in one write."""
+    segment_bytes_max: int = 64 << 20
+    loopback_users: tuple[str, ...] = ("guest",)
+    """Users that may connect only from a loopback address (RabbitMQ's loopback_users)."""
+    shutdown_timeout_s: float = 5.0
+    """How long SIGTERM waits for clients to answer connection.close."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, got {self.port}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        if not 4096 <= self.frame_bytes_max <= 0xFFFFFFFF:
+            raise ConfigError(f"frame_bytes_max must be 4096..4294967295, got {self.frame_bytes_max}")
+        if not 1 <= self.channel_max <= 65535:
+            raise ConfigError(f"channel_max must be 1..65535, got {self.channel_max}")
+        if not 0 <= self.heartbeat_s <= 65535:
+            raise ConfigError(f"heartbeat_s must be 0..65535, got {self.heartbeat_s}")
+        for name in ("message_bytes_max", "connections_max", "read_buffer_bytes_max",
+                     "write_buffer_bytes_high", "unacked_per_channel_max",
+                     "queue_batch_records_max", "segment_bytes_max"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.shutdown_timeout_s < 0:
+            raise ConfigError(f"shutdown_timeout_s must not be negative, got {self.shutdown_timeout_s}")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """A raw value (TOML value or environment string) as the field's type."""
+    default = _FIELDS[name].default
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, str):
+                return value.strip().lower() in ("1", "true", "yes", "on")
+            return bool(value)
+        if isinstance(default, int):
+            if isinstance(value, bool):
+                raise ValueError("a boolean is not a number")
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+        if isinstance(default, Path):
+            return Path(value)
+        if isinstance(default, tuple):
+            if isinstance(value, str):
+                return tuple(part.strip() for part in value.split(",") if part.strip())
+            return tuple(str(part) for part in value)
+        return str(value).lower() if name == "log_level" else str(value)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"bad value for {name}: {value!r} ({error})") from None
+
+
+def from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"cannot read config file {path}: {error}") from None
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in {path}: {', '.join(unknown)}")
+    return {name: _coerce(name, value) for name, value in raw.items()}
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    settings = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name in _FIELDS:
+            settings[name] = _coerce(name, value)
+    return settings
+
+
+def load(
+    config_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> BrokerConfig:
+    """Defaults < TOML file < environment < overrides (flags; None values are ignored)."""
+    environ = os.environ if environ is None else environ
+    settings: dict[str, Any] = {}
+    config_file = config_file or environ.get(ENV_PREFIX + "CONFIG")
+    if config_file:
+        settings.update(from_toml(config_file))
+    settings.update(from_environment(environ))
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            if name not in _FIELDS:
+                raise ConfigError(f"unknown setting {name}")
+            settings[name] = _coerce(name, value)
+    return BrokerConfig(**settings)

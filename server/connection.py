@@ -1,0 +1,726 @@
+"""One client connection: the asyncio Protocol around ``amqp.Connection``, and every channel method.
+
+The shell loop is the one ``amqp/connection.py`` describes: every complete frame of a read is
+parsed and handled in one pass, and everything the pass produced goes out in one
+``transport.write``. Output caused by other connections (deliveries, confirms) is written by
+the broker's tick, again once per connection.
+
+A handler either finishes at once or returns an awaitable (a metadata write, an fsync, a
+password check). Then the connection stops taking events and pauses reading until it is done,
+so methods are answered in the order they arrived, as AMQP requires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from warrenmq.amqp import events, frames, replies
+from warrenmq.amqp.connection import Connection
+from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
+from warrenmq.exchanges.errors import RoutingError
+from warrenmq.exchanges.router import EXCHANGE_TYPES
+
+from . import arguments as queue_arguments
+from .channel import BrokerChannel
+from .errors import (access_refused, command_invalid, from_routing, not_allowed, not_found,
+                     not_implemented, precondition_failed)
+from .hosted_queue import Consumer, HostedQueue
+from .vhost import REPLY_TO_QUEUE, VirtualHost, generated_name
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger("warrenmq.server")
+
+REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
+_HEADERS_FLAG_BYTE0 = 0x20  # Basic properties flag 0x2000: the headers table is present
+_connection_ids = itertools.count(1)
+
+
+class BrokerConnection(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.id = next(_connection_ids)
+        self.loop = asyncio.get_running_loop()
+        self.amqp = Connection(broker.amqp_config, now=self.loop.time())
+        self.transport: asyncio.Transport | None = None
+        self.peer = ("?", 0)
+        self.channels: dict[int, BrokerChannel] = {}
+        self.vhost: VirtualHost | None = None
+        self.username = ""
+        self.writable = True
+        self.exclusive_queues: dict[str, HostedQueue] = {}
+        # The exclusive-owner identity the metadata state records for this connection.
+        self.owner = f"connection-{self.id}"
+        self.closed = False
+        self._busy: asyncio.Future[Any] | None = None
+        self._reading_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._open_logged = False
+
+    # -- transport callbacks ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.peer = (peer[0], peer[1])
+        transport.set_write_buffer_limits(high=self.broker.config.write_buffer_bytes_high)
+        if not self.broker.accept(self):
+            transport.abort()
+            return
+        self._arm_timer()
+
+    def data_received(self, data: bytes) -> None:
+        amqp = self.amqp
+        amqp.receive_data(data, self.loop.time())
+        if self._busy is None:
+            self._process()
+        if (amqp.buffered_bytes > self.broker.config.read_buffer_bytes_max
+                and not self._reading_paused and not self.closed):
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for channel in self.channels.values():
+            for queue in channel.queues_consumed():
+                self.broker.want_dispatch(queue)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown("socket closed" if exc is None else f"socket error: {exc}")
+
+    # -- the event loop of this connection --------------------------------------------------
+
+    def _process(self) -> None:
+        amqp = self.amqp
+        while self._busy is None:
+            event = amqp.next_event()
+            if event is None:
+                break
+            try:
+                pending = self._handle(event)
+            except replies.ProtocolError as error:
+                self._fail(error, getattr(event, "channel", 0))
+                continue
+            if pending is not None:
+                self._wait(pending, getattr(event, "channel", 0))
+        self.flush()
+        if (self._reading_paused and self._busy is None and not self.closed
+                and amqp.buffered_bytes <= self.broker.config.read_buffer_bytes_max):
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _wait(self, pending: Awaitable[Any], channel: int) -> None:
+        self._busy = asyncio.ensure_future(pending)
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._busy.add_done_callback(lambda future: self._resume(future, channel))
+
+    def _resume(self, future: asyncio.Future[Any], channel: int) -> None:
+        self._busy = None
+        if self.closed:
+            return
+        if not future.cancelled():
+            error = future.exception()
+            if isinstance(error, replies.ProtocolError):
+                self._fail(error, channel)
+            elif error is not None:
+                log.error("connection %s: internal error: %r", self.name, error,
+                          exc_info=error)
+                self._fail(replies.AMQPConnectionError(replies.INTERNAL_ERROR,
+                                                       "internal error"), 0)
+        self._process()
+
+    def _fail(self, error: replies.ProtocolError, channel: int) -> None:
+        self.amqp.fail(error, channel)
+        log.error("connection %s, channel %s: %s", self.name, channel, error)
+
+    def flush(self) -> None:
+        """Write everything queued for this connection; close the socket once finished."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        data = self.amqp.data_to_send()
+        if data:
+            transport.write(data)
+        if self.amqp.finished:
+            self._teardown(None)
+            transport.close()
+        else:
+            self._arm_timer()
+
+    @property
+    def name(self) -> str:
+        return f"{self.peer[0]}:{self.peer[1]}"
+
+    def _arm_timer(self) -> None:
+        when = self.amqp.next_tick_at()
+        if when is None:
+            return
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        event = self.amqp.tick(self.loop.time())
+        if event is not None:
+            self._handle(event)
+        self.flush()
+
+    def close(self, reply_code: int = replies.CONNECTION_FORCED,
+              text: str = "broker forced connection closure") -> None:
+        """Close from the broker's side (shutdown sends 320 CONNECTION_FORCED)."""
+        if self.closed:
+            return
+        self.amqp.close(reply_code, text)
+        self._process()
+
+    def _teardown(self, reason: str | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._busy is not None:
+            self._busy.cancel()
+        for number in list(self.channels):
+            self._drop_channel(number)
+        for queue in list(self.exclusive_queues.values()):
+            self._delete_queue_now(queue)
+        self.exclusive_queues.clear()
+        self.broker.forget(self)
+        if self._open_logged:
+            log.info("closing AMQP connection %s (%s, vhost '%s', user '%s')%s", self.id,
+                     self.name, self.vhost.name if self.vhost else "", self.username,
+                     f": {reason}" if reason else "")
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def _handle(self, event: Any) -> Awaitable[Any] | None:
+        kind = type(event)
+        if kind is events.MessagePublished:
+            return self._on_publish(event)
+        if kind is events.Acked:
+            self._settle(event.channel, event.delivery_tag, event.multiple, None)
+            return None
+        if kind is events.Nacked:
+            self._settle(event.channel, event.delivery_tag, event.multiple, event.requeue)
+            return None
+        if kind is events.Rejected:
+            self._settle(event.channel, event.delivery_tag, False, event.requeue)
+            return None
+        if kind is events.MethodReceived:
+            if event.channel == 0:
+                # connection.update-secret: no token-based auth here, so nothing to refresh.
+                self.amqp.send_method(0, commands.Connection.UpdateSecretOk())
+                return None
+            handler = _METHODS.get(type(event.method))
+            if handler is None:
+                raise not_implemented(f"{type(event.method).__name__}")
+            return handler(self, self.channels[event.channel], event.method)
+        if kind is events.ChannelOpened:
+            self.channels[event.channel] = BrokerChannel(
+                self, event.channel, self.broker.config.unacked_per_channel_max)
+            return None
+        if kind is events.ChannelClosed:
+            if not event.by_peer and event.reply_code:
+                log.debug("channel %s of %s closed: %s", event.channel, self.name,
+                          event.reply_text)
+            self._drop_channel(event.channel)
+            return None
+        if kind is events.FlowChanged:
+            channel = self.channels[event.channel]
+            channel.flow_active = event.active
+            if event.active:
+                for queue in channel.queues_consumed():
+                    self.broker.want_dispatch(queue)
+            return None
+        if kind is events.AuthenticationRequested:
+            return self._authenticate(event)
+        if kind is events.VhostAccessRequested:
+            self._open_vhost(event)
+            return None
+        if kind is events.ConnectionClosed:
+            if event.reply_code and not event.by_peer:
+                log.error("connection %s closed with %s %s", self.name, event.reply_code,
+                          event.reply_text)
+            for number in list(self.channels):
+                self._drop_channel(number)
+            return None
+        raise AssertionError(f"unhandled event {event!r}")
+
+    # -- handshake ---------------------------------------------------------------------------
+
+    async def _authenticate(self, event: events.AuthenticationRequested) -> None:
+        user = await self.broker.authenticate(event.username, event.password, self.peer[0],
+                                              event.mechanism)
+        if self.closed:
+            return
+        if user is None:
+            self.amqp.refuse_login()
+            return
+        self.username = event.username
+        self.amqp.accept_login(event.username)
+
+    def _open_vhost(self, event: events.VhostAccessRequested) -> None:
+        vhost = self.broker.vhosts.get(event.vhost)
+        if vhost is None or not self.broker.may_use_vhost(self.username, event.vhost):
+            log.error("connection %s: access to vhost '%s' refused for user '%s'", self.name,
+                      event.vhost, self.username)
+            self.amqp.refuse_vhost()
+            return
+        self.vhost = vhost
+        self.amqp.accept_vhost()
+        self._open_logged = True
+        log.info("accepted AMQP connection %s (%s, vhost '%s', user '%s')", self.id, self.name,
+                 vhost.name, self.username)
+
+    # -- permissions -------------------------------------------------------------------------
+
+    def check(self, access: str, kind: str, name: str) -> None:
+        if not self.broker.permitted(self.username, self.vhost.name, access, kind, name):
+            shown = "amq.default" if kind == EXCHANGE and name == "" else name
+            raise access_refused(f"{access} access to {kind} '{shown}' in vhost "
+                                 f"'{self.vhost.name}' refused for user '{self.username}'")
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def _on_publish(self, event: events.MessagePublished) -> None:
+        channel = self.channels[event.channel]
+        exchange = event.exchange
+        if exchange not in channel.writable_exchanges:
+            self.check("write", EXCHANGE, exchange)
+            channel.writable_exchanges.add(exchange)
+        if event.user_id is not None and event.user_id != self.username:
+            raise precondition_failed(f"user_id property set to '{event.user_id}' but "
+                                      f"authenticated user was '{self.username}'")
+        properties = event.properties
+        if REPLY_TO_QUEUE.encode() in properties:
+            properties = self._rewrite_reply_to(channel, properties)
+        routing_key = event.routing_key
+        if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
+            delivered = self.broker.deliver_reply(routing_key, exchange, properties, event.body)
+            targets: Any = ()
+            if delivered:
+                targets = None
+        else:
+            headers = None
+            if properties and properties[0] & _HEADERS_FLAG_BYTE0:
+                headers = frames.decode_properties(properties).headers
+            try:
+                targets = self.vhost.router.route(exchange, routing_key, headers)
+            except RoutingError as error:
+                raise from_routing(error) from None
+        if channel.tx:
+            channel.tx_publishes.append((event, properties, targets))
+            return None
+        self._deliver_published(channel, event, properties, targets)
+        return None
+
+    def _deliver_published(self, channel: BrokerChannel, event: events.MessagePublished,
+                           properties: bytes, targets: Any) -> None:
+        broker = self.broker
+        if targets:
+            record = (event.exchange.encode(), event.routing_key.encode(), properties,
+                      event.body)
+            persistent = event.delivery_mode == 2
+            queues = self.vhost.queues
+            for name in targets:
+                queue = queues.get(name)
+                if queue is not None:
+                    queue.stage(record, persistent)
+                    broker.staged(queue)
+        elif targets is not None and event.mandatory:
+            self.amqp.basic_return(event.channel, replies.NO_ROUTE, "", event.exchange,
+                                   event.routing_key, properties, event.body)
+        if event.confirm_tag:
+            broker.stage_confirm(channel, event.confirm_tag)
+
+    def _rewrite_reply_to(self, channel: BrokerChannel, properties: bytes) -> bytes:
+        decoded = frames.decode_properties(properties)
+        if decoded.reply_to != REPLY_TO_QUEUE:
+            return properties
+        if channel.reply_consumer is None:
+            raise precondition_failed("fast reply consumer does not exist")
+        decoded.reply_to = channel.reply_to_name
+        return frames.encode_properties(decoded)
+
+    def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int,
+                     message: Any) -> None:
+        exchange = message.exchange
+        routing_key = message.routing_key
+        if isinstance(exchange, bytes):
+            exchange = exchange.decode()
+        if isinstance(routing_key, bytes):
+            routing_key = routing_key.decode()
+        self.amqp.deliver(channel, consumer_tag, delivery_tag, message.redelivered, exchange,
+                          routing_key, message.properties, message.body)
+        self.broker.want_flush(self)
+
+    # -- acks --------------------------------------------------------------------------------
+
+    def _settle(self, number: int, delivery_tag: int, multiple: bool,
+                requeue: bool | None) -> None:
+        channel = self.channels[number]
+        taken = channel.take(delivery_tag, multiple)
+        if channel.tx:
+            channel.tx_settles.append((taken, requeue))
+            return
+        for queue in channel.apply(taken, requeue):
+            self.broker.want_dispatch(queue)
+
+    # -- channel teardown --------------------------------------------------------------------
+
+    def _drop_channel(self, number: int) -> None:
+        channel = self.channels.pop(number, None)
+        if channel is None:
+            return
+        broker = self.broker
+        for consumer in list(channel.consumers.values()):
+            self._remove_consumer(channel, consumer)
+        if channel.reply_consumer is not None:
+            broker.reply_channels.pop(channel.reply_to_name, None)
+            channel.reply_consumer = None
+        for queue in channel.requeue_all():
+            broker.want_dispatch(queue)
+
+    def _remove_consumer(self, channel: BrokerChannel, consumer: Consumer) -> None:
+        channel.consumers.pop(consumer.tag, None)
+        queue = consumer.queue
+        if queue.remove_consumer(consumer):
+            self._delete_queue_now(queue)
+        else:
+            self.broker.want_dispatch(queue)
+
+    def _delete_queue_now(self, queue: HostedQueue) -> None:
+        """Delete without a reply (auto-delete, exclusive owner gone); the record goes after."""
+        vhost = self.broker.vhosts.get(queue.vhost)
+        if vhost is None:
+            return
+        self.broker.cancel_consumers(queue)
+        if vhost.take_queue(queue):
+            self.broker.background(vhost.delete_queue(queue))
+
+    # -- helpers for methods -------------------------------------------------------------------
+
+    def queue_name(self, channel: BrokerChannel, name: str) -> str:
+        """rabbit_channel:expand_queue_name_shortcut: "" is the channel's last declared queue."""
+        if name:
+            return name
+        if not channel.last_queue:
+            raise not_found("no previously declared queue")
+        return channel.last_queue
+
+    def reply(self, channel: BrokerChannel, method: Any) -> None:
+        self.amqp.send_method(channel.number, method)
+
+
+# -- channel methods ---------------------------------------------------------------------------
+# Each takes (connection, channel, pamqp method) and returns None, or a coroutine when it
+# must wait for the metadata store or an fsync.
+
+async def _exchange_declare(conn: BrokerConnection, channel: BrokerChannel,
+                            method: commands.Exchange.Declare) -> None:
+    name = method.exchange
+    vhost = conn.vhost
+    if method.passive:
+        vhost.check_exchange(name)
+    else:
+        # rabbit_channel's order: the type, the default exchange, then permissions.
+        if method.exchange_type not in EXCHANGE_TYPES:
+            raise command_invalid(f"unknown exchange type '{method.exchange_type}'")
+        if not name:
+            raise access_refused("operation not permitted on the default exchange")
+        conn.check("configure", EXCHANGE, name)
+        await vhost.declare_exchange(name, method.exchange_type, durable=method.durable,
+                                     auto_delete=method.auto_delete, internal=method.internal,
+                                     arguments=method.arguments or {})
+    if not method.nowait:
+        conn.reply(channel, commands.Exchange.DeclareOk())
+
+
+async def _exchange_delete(conn: BrokerConnection, channel: BrokerChannel,
+                           method: commands.Exchange.Delete) -> None:
+    if not method.exchange:
+        raise access_refused("operation not permitted on the default exchange")
+    conn.check("configure", EXCHANGE, method.exchange)
+    await conn.vhost.delete_exchange(method.exchange, if_unused=method.if_unused)
+    if not method.nowait:
+        conn.reply(channel, commands.Exchange.DeleteOk())
+
+
+async def _exchange_bind(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
+    conn.check("write", EXCHANGE, method.destination)
+    conn.check("read", EXCHANGE, method.source)
+    destination = Destination(EXCHANGE, method.destination)
+    arguments = method.arguments or {}
+    if isinstance(method, commands.Exchange.Bind):
+        await conn.vhost.bind(method.source, destination, method.routing_key, arguments)
+        ok: Any = commands.Exchange.BindOk()
+    else:
+        await conn.vhost.unbind(method.source, destination, method.routing_key, arguments)
+        ok = commands.Exchange.UnbindOk()
+    if not method.nowait:
+        conn.reply(channel, ok)
+
+
+def _queue_declare(conn: BrokerConnection, channel: BrokerChannel,
+                   method: commands.Queue.Declare) -> Awaitable[Any] | None:
+    vhost = conn.vhost
+    name = method.queue
+    if name == REPLY_TO_QUEUE or name.startswith(REPLY_TO_PREFIX):
+        # The pseudo-queue of direct reply-to answers a passive check (RabbitMQ 3.10).
+        if not method.passive:
+            raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        if not method.nowait:
+            conn.reply(channel, commands.Queue.DeclareOk(queue=name, message_count=0,
+                                                         consumer_count=0))
+        return None
+    if method.passive:
+        name = conn.queue_name(channel, name)
+        queue = vhost.get_queue(name, conn.owner)
+        channel.last_queue = name
+        if not method.nowait:
+            conn.reply(channel, commands.Queue.DeclareOk(
+                queue=name, message_count=queue.ready_count,
+                consumer_count=queue.consumer_count))
+        return None
+    server_named = not name
+    if server_named:
+        name = generated_name("amq.gen-")
+    elif name.startswith("amq."):
+        raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+    conn.check("configure", QUEUE, name)
+    return _queue_declare_new(conn, channel, method, name, server_named)
+
+
+async def _queue_declare_new(conn: BrokerConnection, channel: BrokerChannel,
+                             method: commands.Queue.Declare, name: str,
+                             server_named: bool) -> None:
+    exclusive = bool(method.exclusive)
+    queue = await conn.vhost.declare_queue(
+        name, durable=bool(method.durable) and not exclusive, exclusive=exclusive,
+        auto_delete=bool(method.auto_delete), arguments=method.arguments or {},
+        owner=conn.owner, server_named=server_named)
+    if exclusive:
+        conn.exclusive_queues[queue.name] = queue
+    channel.last_queue = queue.name
+    if not method.nowait:
+        conn.reply(channel, commands.Queue.DeclareOk(
+            queue=queue.name, message_count=queue.ready_count,
+            consumer_count=queue.consumer_count))
+
+
+async def _queue_bind(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
+    name = conn.queue_name(channel, method.queue)
+    routing_key = method.routing_key
+    if not routing_key and not method.queue:
+        routing_key = name
+    conn.check("write", QUEUE, name)
+    conn.check("read", EXCHANGE, method.exchange)
+    if name in conn.vhost.queues:
+        conn.vhost.get_queue(name, conn.owner)
+    destination = Destination(QUEUE, name)
+    arguments = method.arguments or {}
+    if isinstance(method, commands.Queue.Bind):
+        await conn.vhost.bind(method.exchange, destination, routing_key, arguments)
+        if not method.nowait:
+            conn.reply(channel, commands.Queue.BindOk())
+    else:
+        await conn.vhost.unbind(method.exchange, destination, routing_key, arguments)
+        conn.reply(channel, commands.Queue.UnbindOk())
+
+
+def _queue_purge(conn: BrokerConnection, channel: BrokerChannel,
+                 method: commands.Queue.Purge) -> None:
+    name = conn.queue_name(channel, method.queue)
+    conn.check("read", QUEUE, name)
+    queue = conn.vhost.get_queue(name, conn.owner)
+    count = queue.purge()
+    if not method.nowait:
+        conn.reply(channel, commands.Queue.PurgeOk(message_count=count))
+
+
+async def _queue_delete(conn: BrokerConnection, channel: BrokerChannel,
+                        method: commands.Queue.Delete) -> None:
+    name = conn.queue_name(channel, method.queue)
+    conn.check("configure", QUEUE, name)
+    vhost = conn.vhost
+    if vhost.store.state.queue(vhost.name, name) is None:
+        # RabbitMQ 3.10 answers delete-ok for a queue that does not exist.
+        if not method.nowait:
+            conn.reply(channel, commands.Queue.DeleteOk(message_count=0))
+        return
+    queue = vhost.get_queue(name, conn.owner)
+    vhost.check_delete(queue, if_unused=method.if_unused, if_empty=method.if_empty)
+    count = queue.ready_count
+    await vhost.delete_queue(queue)
+    conn.exclusive_queues.pop(name, None)
+    conn.broker.cancel_consumers(queue)
+    vhost.take_queue(queue)
+    if not method.nowait:
+        conn.reply(channel, commands.Queue.DeleteOk(message_count=count))
+
+
+def _basic_qos(conn: BrokerConnection, channel: BrokerChannel,
+               method: commands.Basic.Qos) -> None:
+    if method.prefetch_size:
+        raise not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
+    if method.global_:
+        channel.global_prefetch = method.prefetch_count
+    else:
+        channel.consumer_prefetch = method.prefetch_count
+    for queue in channel.queues_consumed():
+        conn.broker.want_dispatch(queue)
+    conn.reply(channel, commands.Basic.QosOk())
+
+
+def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
+                   method: commands.Basic.Consume) -> None:
+    name = method.queue
+    tag = method.consumer_tag or generated_name("amq.ctag-")
+    if tag in channel.consumers or (channel.reply_consumer == tag):
+        raise not_allowed(f"attempt to reuse consumer tag '{tag}'")
+    if name == REPLY_TO_QUEUE:
+        if not method.no_ack:
+            raise precondition_failed("reply consumer cannot acknowledge")
+        if channel.reply_consumer is not None:
+            raise precondition_failed("reply consumer already set")
+        channel.reply_consumer = tag
+        channel.reply_to_name = conn.broker.register_reply_channel(channel)
+        if not method.nowait:
+            conn.reply(channel, commands.Basic.ConsumeOk(consumer_tag=tag))
+        return None
+    name = conn.queue_name(channel, name)
+    conn.check("read", QUEUE, name)
+    queue = conn.vhost.get_queue(name, conn.owner)
+    arguments = method.arguments or {}
+    queue_arguments.check_consume(name, conn.vhost.name, arguments)
+    holder = queue.exclusive_consumer()
+    if holder is not None or (method.exclusive and queue.consumer_count):
+        raise access_refused(
+            f"queue '{name}' in vhost '{conn.vhost.name}' in exclusive use")
+    priority = arguments.get("x-priority", 0)
+    consumer = Consumer(tag, channel, queue, bool(method.no_ack), bool(method.exclusive),
+                        int(priority), channel.consumer_prefetch, arguments)
+    channel.consumers[tag] = consumer
+    queue.add_consumer(consumer)
+    if not method.nowait:
+        conn.reply(channel, commands.Basic.ConsumeOk(consumer_tag=tag))
+    conn.broker.want_dispatch(queue)
+    return None
+
+
+def _basic_cancel(conn: BrokerConnection, channel: BrokerChannel,
+                  method: commands.Basic.Cancel) -> None:
+    tag = method.consumer_tag
+    consumer = channel.consumers.get(tag)
+    if consumer is not None:
+        conn._remove_consumer(channel, consumer)
+    elif tag is not None and tag == channel.reply_consumer:
+        conn.broker.reply_channels.pop(channel.reply_to_name, None)
+        channel.reply_consumer = None
+    if not method.nowait:
+        conn.reply(channel, commands.Basic.CancelOk(consumer_tag=tag))
+
+
+def _basic_get(conn: BrokerConnection, channel: BrokerChannel,
+               method: commands.Basic.Get) -> None:
+    name = conn.queue_name(channel, method.queue)
+    conn.check("read", QUEUE, name)
+    queue = conn.vhost.get_queue(name, conn.owner)
+    message = queue.take()
+    if message is None:
+        conn.reply(channel, commands.Basic.GetEmpty())
+        return None
+    tag = channel.record_get(queue, message.offset, bool(method.no_ack))
+    exchange, routing_key = message.exchange, message.routing_key
+    conn.amqp.get_ok(channel.number, tag, message.redelivered,
+                     exchange.decode() if isinstance(exchange, bytes) else exchange,
+                     routing_key.decode() if isinstance(routing_key, bytes) else routing_key,
+                     queue.ready_count, message.properties, message.body)
+    return None
+
+
+def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
+    if not method.requeue:
+        raise not_implemented("requeue=false")
+    for queue in channel.requeue_all():
+        conn.broker.want_dispatch(queue)
+    if isinstance(method, commands.Basic.Recover):
+        conn.reply(channel, commands.Basic.RecoverOk())
+
+
+def _tx_select(conn: BrokerConnection, channel: BrokerChannel,
+               method: commands.Tx.Select) -> None:
+    channel.tx = True
+    conn.reply(channel, commands.Tx.SelectOk())
+
+
+def _tx_commit(conn: BrokerConnection, channel: BrokerChannel,
+               method: commands.Tx.Commit) -> Awaitable[Any]:
+    channel.tx_check()
+    publishes, channel.tx_publishes = channel.tx_publishes, []
+    settles, channel.tx_settles = channel.tx_settles, []
+    for event, properties, targets in publishes:
+        conn._deliver_published(channel, event, properties, targets)
+    for taken, requeue in settles:
+        for queue in channel.apply(taken, requeue):
+            conn.broker.want_dispatch(queue)
+    return _tx_commit_ok(conn, channel, conn.broker.after_commit())
+
+
+async def _tx_commit_ok(conn: BrokerConnection, channel: BrokerChannel,
+                        committed: Awaitable[None]) -> None:
+    await committed
+    conn.reply(channel, commands.Tx.CommitOk())
+
+
+def _tx_rollback(conn: BrokerConnection, channel: BrokerChannel,
+                 method: commands.Tx.Rollback) -> None:
+    channel.tx_check()
+    channel.tx_publishes = []
+    settles, channel.tx_settles = channel.tx_settles, []
+    channel.restore([entry for taken, _ in settles for entry in taken])
+    conn.reply(channel, commands.Tx.RollbackOk())
+
+
+_METHODS: dict[type, Any] = {
+    commands.Exchange.Declare: _exchange_declare,
+    commands.Exchange.Delete: _exchange_delete,
+    commands.Exchange.Bind: _exchange_bind,
+    commands.Exchange.Unbind: _exchange_bind,
+    commands.Queue.Declare: _queue_declare,
+    commands.Queue.Bind: _queue_bind,
+    commands.Queue.Unbind: _queue_bind,
+    commands.Queue.Purge: _queue_purge,
+    commands.Queue.Delete: _queue_delete,
+    commands.Basic.Qos: _basic_qos,
+    commands.Basic.Consume: _basic_consume,
+    commands.Basic.Cancel: _basic_cancel,
+    commands.Basic.Get: _basic_get,
+    commands.Basic.Recover: _basic_recover,
+    commands.Basic.RecoverAsync: _basic_recover,
+    commands.Tx.Select: _tx_select,
+    commands.Tx.Commit: _tx_commit,
+    commands.Tx.Rollback: _tx_rollback,
+}

@@ -1,0 +1,205 @@
+"""A queue as the broker hosts it: the log-backed engine, its consumers, and dispatch.
+
+The engine (``server/queue``) knows offsets, acks and redelivery; this layer adds what only a
+running broker has: which channels consume, with what credit, and when to hand out messages.
+
+Publishes are buffered per tick (``stage``) and written with one engine append per queue
+(``flush``); dispatch then hands ready messages to consumers with credit. Consumers are kept
+by priority (``x-priority``, highest first, as RabbitMQ): a lower level is served only when
+every consumer above it is out of credit; within a level, round-robin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .channel import BrokerChannel
+
+# A dispatch pass stops after this many deliveries and is rescheduled, so one busy queue
+# cannot hold the event loop for long.
+DISPATCH_DELIVERIES_MAX = 1024
+
+
+@dataclass(eq=False, slots=True)
+class Consumer:
+    tag: str
+    channel: BrokerChannel
+    queue: HostedQueue
+    no_ack: bool
+    exclusive: bool
+    priority: int
+    prefetch_count: int
+    """Per-consumer prefetch (basic.qos global=false at consume time); 0 is unlimited."""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    unacked_count: int = 0
+
+    def has_credit(self) -> bool:
+        channel = self.channel
+        if not channel.can_deliver():
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch_count and self.unacked_count >= self.prefetch_count:
+            return False
+        return channel.has_credit()
+
+
+class HostedQueue:
+    """One queue of a vhost: engine, metadata flags, consumers, per-tick publish buffer."""
+
+    def __init__(self, vhost: str, name: str, engine: Any, *, durable: bool, auto_delete: bool,
+                 exclusive_owner: str | None, arguments: Mapping[str, Any],
+                 queue_type: str, batch_records_max: int) -> None:
+        assert batch_records_max > 0
+        self.vhost = vhost
+        self.name = name
+        self.engine = engine
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.exclusive_owner = exclusive_owner
+        self.arguments = dict(arguments)
+        self.queue_type = queue_type
+        self.deleted = False
+        self.had_consumer = False
+        self._batch_records_max = batch_records_max
+        self.committing = False
+        self._staged: list[tuple[bytes, bytes, bytes, bytes]] = []
+        self.staged_persistent = False
+        self.commit_wanted = False
+        # Consumers by priority, highest first; each level rotates for round-robin.
+        self._levels: list[tuple[int, list[Consumer]]] = []
+        self.consumers: dict[tuple[int, str], Consumer] = {}
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def stage(self, record: tuple[bytes, bytes, bytes, bytes], persistent: bool) -> None:
+        self._staged.append(record)
+        if persistent and self.durable:
+            self.staged_persistent = True
+
+    @property
+    def has_staged(self) -> bool:
+        return bool(self._staged)
+
+    def flush(self) -> None:
+        """Write the records staged so far (the tick does; so does a method that must see
+        them, such as basic.get after publishes on the same channel)."""
+        staged = self._staged
+        if not staged:
+            return
+        self._staged = []
+        step = self._batch_records_max
+        for start in range(0, len(staged), step):
+            self.engine.append(staged[start:start + step])
+        if self.staged_persistent:
+            self.staged_persistent = False
+            self.commit_wanted = True
+
+    def take_commit_wanted(self) -> bool:
+        """True once after persistent records were written: confirms wait for a commit."""
+        wanted = self.commit_wanted
+        self.commit_wanted = False
+        return wanted
+
+    async def commit(self) -> None:
+        """Make appends, acks and the delivered mark durable (group commit in the engine)."""
+        self.committing = True
+        try:
+            await self.engine.commit()
+        finally:
+            self.committing = False
+
+    @property
+    def needs_commit(self) -> bool:
+        return not self.deleted and self.engine.needs_commit
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        key = (id(consumer.channel), consumer.tag)
+        assert key not in self.consumers
+        self.consumers[key] = consumer
+        self.had_consumer = True
+        for priority, level in self._levels:
+            if priority == consumer.priority:
+                level.append(consumer)
+                return
+        self._levels.append((consumer.priority, [consumer]))
+        self._levels.sort(key=lambda item: -item[0])
+
+    def remove_consumer(self, consumer: Consumer) -> bool:
+        """Forget a consumer; True if this queue is now auto-delete-able (RabbitMQ's rule)."""
+        if self.consumers.pop((id(consumer.channel), consumer.tag), None) is None:
+            return False
+        for index, (_, level) in enumerate(self._levels):
+            if consumer in level:
+                level.remove(consumer)
+                if not level:
+                    del self._levels[index]
+                break
+        return self.auto_delete and self.had_consumer and not self.consumers
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    def exclusive_consumer(self) -> Consumer | None:
+        for consumer in self.consumers.values():
+            if consumer.exclusive:
+                return consumer
+        return None
+
+    def _next_consumer(self) -> Consumer | None:
+        for _, level in self._levels:
+            for _ in range(len(level)):
+                consumer = level[0]
+                if len(level) > 1:
+                    level.append(level.pop(0))
+                if consumer.has_credit():
+                    return consumer
+        return None
+
+    # -- delivery -------------------------------------------------------------------------
+
+    @property
+    def ready_count(self) -> int:
+        return self.engine.ready_count
+
+    def dispatch(self) -> bool:
+        """Deliver ready messages to consumers with credit; True if stopped by the bound."""
+        if self.deleted or not self._levels:
+            return False
+        engine = self.engine
+        for _ in range(DISPATCH_DELIVERIES_MAX):
+            if not engine.ready_count:
+                return False
+            consumer = self._next_consumer()
+            if consumer is None:
+                return False
+            message = engine.take()
+            if message is None:
+                return False
+            consumer.channel.deliver(consumer, message)
+        return True
+
+    def take(self) -> Any:
+        """basic.get: the next ready message, marked in flight, or None."""
+        return self.engine.take()
+
+    def ack(self, offsets: list[int]) -> None:
+        if self.deleted:
+            return
+        if len(offsets) == 1:
+            self.engine.ack(offsets[0])
+        else:
+            self.engine.ack_many(offsets)
+
+    def requeue(self, offsets: list[int]) -> None:
+        if not self.deleted:
+            self.engine.requeue(offsets)
+
+    def purge(self) -> int:
+        return self.engine.purge()

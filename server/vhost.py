@@ -1,0 +1,186 @@
+"""One virtual host: the queues it hosts, and the metadata commands that shape it.
+
+The metadata state machine (``server/metadata``) is the one authority for topology: it holds
+the vhost's Router (exchanges and bindings) and queue records, checks every declare, delete,
+bind and unbind as RabbitMQ does, and persists what is durable. This class turns channel
+methods into its commands and keeps the running side in step: a ``HostedQueue`` (engine plus
+consumers) for every queue record.
+
+Every topology change is awaited before the client gets its -ok, so a declare-ok for a
+durable entity means it survives a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from warrenmq.exchanges.binding import Destination
+from warrenmq.exchanges.router import Router
+from warrenmq.server.metadata import commands as mc
+
+from . import arguments as queue_arguments
+from .errors import from_routing, precondition_failed
+from .hosted_queue import HostedQueue
+
+REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+_DIRECTORY_NAME_CHARS_MAX = 200
+
+
+def generated_name(prefix: str) -> str:
+    """RabbitMQ's rabbit_guid style: a prefix + 22 url-safe base64 characters."""
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+def directory_name(name: str) -> str:
+    """A file-system-safe directory name for a vhost or queue name (any shortstr)."""
+    quoted = urllib.parse.quote(name, safe="") or "%"
+    if quoted in (".", "..") or len(quoted) > _DIRECTORY_NAME_CHARS_MAX:
+        return "h-" + hashlib.sha256(name.encode()).hexdigest()
+    return quoted
+
+
+def _metadata_error(error: Exception) -> Exception:
+    """Router and metadata errors both carry reply_code and reply_text."""
+    if hasattr(error, "reply_code") and hasattr(error, "reply_text"):
+        return from_routing(error)  # type: ignore[arg-type]
+    return error
+
+
+class VirtualHost:
+    def __init__(self, name: str, data_dir: Path, store: Any, *,
+                 open_engine: Callable[[Path, str, Mapping[str, Any]], Any],
+                 batch_records_max: int) -> None:
+        self.name = name
+        self.store = store
+        self.queues: dict[str, HostedQueue] = {}
+        self.directory = data_dir / "queues" / directory_name(name)
+        self._open_engine = open_engine
+        self._batch_records_max = batch_records_max
+
+    @property
+    def router(self) -> Router:
+        return self.store.state.router(self.name)
+
+    async def _apply(self, command: Any) -> Any:
+        try:
+            return await self.store.apply(command)
+        except Exception as error:
+            raise _metadata_error(error) from None
+
+    def _run(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as error:
+            raise _metadata_error(error) from None
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def queue_directory(self, name: str) -> Path:
+        return self.directory / directory_name(name)
+
+    def get_queue(self, name: str, owner: str) -> HostedQueue:
+        """The queue for passive declare, consume, get, bind, purge: 404, or 405 if locked."""
+        record = self._run(lambda: self.store.state.lookup_queue(self.name, name, owner))
+        queue = self.queues[record.name]
+        # Publishes staged earlier in this tick come first, as they would in RabbitMQ.
+        queue.flush()
+        return queue
+
+    async def declare_queue(self, name: str, *, durable: bool, exclusive: bool,
+                            auto_delete: bool, arguments: Mapping[str, Any], owner: str,
+                            server_named: bool) -> HostedQueue:
+        if self.store.state.queue(self.name, name) is None:
+            queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete,
+                                          arguments)
+        outcome = await self._apply(mc.DeclareQueue(
+            self.name, name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+            arguments=dict(arguments), owner=owner, server_named=server_named))
+        record = outcome.queue
+        hosted = self.queues.get(record.name)
+        if hosted is None:
+            hosted = self._host(record)
+        return hosted
+
+    def _host(self, record: Any) -> HostedQueue:
+        directory = self.queue_directory(record.name)
+        if not record.persisted and directory.exists():
+            # Left by a transient queue of an earlier run.
+            shutil.rmtree(directory)
+        engine = self._open_engine(directory, record.name, record.arguments)
+        arguments = record.arguments
+        queue_type = queue_arguments.queue_type(arguments)
+        queue = HostedQueue(self.name, record.name, engine, durable=record.durable,
+                            auto_delete=record.auto_delete,
+                            exclusive_owner=record.exclusive_owner, arguments=arguments,
+                            queue_type=queue_type, batch_records_max=self._batch_records_max)
+        self.queues[record.name] = queue
+        return queue
+
+    def recover(self) -> list[str]:
+        """Host every queue the metadata holds; returns their directory names."""
+        kept = []
+        for record in self.store.state.queues(self.name).values():
+            self._host(record)
+            kept.append(directory_name(record.name))
+        return kept
+
+    def check_delete(self, queue: HostedQueue, *, if_unused: bool, if_empty: bool) -> None:
+        rs = queue_arguments.resource("queue", queue.name, self.name)
+        if if_unused and queue.consumer_count:
+            raise precondition_failed(f"{rs} in use")
+        if if_empty and queue.ready_count:
+            raise precondition_failed(f"{rs} is not empty")
+
+    def take_queue(self, queue: HostedQueue) -> bool:
+        """Stop hosting a queue (its engine data is deleted); False if already gone."""
+        if self.queues.get(queue.name) is not queue:
+            return False
+        del self.queues[queue.name]
+        queue.deleted = True
+        queue.engine.delete()
+        return True
+
+    async def delete_queue(self, queue: HostedQueue) -> None:
+        """Remove the queue's record (and bindings); the caller took it with take_queue."""
+        await self._apply(mc.DeleteQueue(self.name, queue.name))
+
+    # -- exchanges ------------------------------------------------------------------------
+
+    def check_exchange(self, name: str) -> None:
+        """exchange.declare passive: 404 unless the exchange exists (403 for the default)."""
+        self._run(lambda: self.router.declare(name, passive=True))
+
+    async def declare_exchange(self, name: str, type_name: str, *, durable: bool,
+                               auto_delete: bool, internal: bool,
+                               arguments: Mapping[str, Any]) -> None:
+        await self._apply(mc.DeclareExchange(self.name, name, type_name, durable=durable,
+                                             auto_delete=auto_delete, internal=internal,
+                                             arguments=dict(arguments)))
+
+    async def delete_exchange(self, name: str, *, if_unused: bool) -> None:
+        await self._apply(mc.DeleteExchange(self.name, name, if_unused=if_unused))
+
+    # -- bindings -------------------------------------------------------------------------
+
+    async def bind(self, source: str, destination: Destination, routing_key: str,
+                   arguments: Mapping[str, Any]) -> None:
+        await self._apply(mc.Bind(self.name, source, destination.name, destination.kind,
+                                  routing_key, dict(arguments)))
+
+    async def unbind(self, source: str, destination: Destination, routing_key: str,
+                     arguments: Mapping[str, Any]) -> None:
+        await self._apply(mc.Unbind(self.name, source, destination.name, destination.kind,
+                                    routing_key, dict(arguments)))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for queue in self.queues.values():
+            queue.engine.close()
