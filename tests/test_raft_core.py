@@ -569,3 +569,15 @@ def test_voters_codec():
     assert decode_voters(encode_voters((3, 1, 2))) == (1, 2, 3)
     with pytest.raises(DecodeError):
         decode_voters(b"\x01\x00\x00\x00")
+
+
+def test_read_index_completes_on_a_later_heartbeat_when_its_round_was_lost():
+    net = Net()
+    leader = net.elect(1)
+    net.tick_all(1)
+    leader.read_index(b"r3")
+    net.process(1)
+    net.queue.clear()  # the read round's heartbeats are lost
+    assert net.read_states[1] == []
+    net.tick_all(1)
+    assert [r.context for r in net.read_states[1]] == [b"r3"]

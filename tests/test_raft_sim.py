@@ -90,8 +90,11 @@ class SendsBeforeFsync(Simulation):
             rd.messages = []
 
 
+@pytest.mark.slow
 def test_figure_8_commit_bug_is_caught():
-    found = first_failure(range(60), node_factory=CountsOldTermReplicas)
+    # The schedule needs three leaders in a row with divergent tails; about 1.5% of seeds
+    # produce it (see the issue note), so scan until one does.
+    found = first_failure(range(600), node_factory=CountsOldTermReplicas)
     assert found is not None
     assert "not safe" in found[1] or "leader completeness" in found[1]
 
@@ -128,6 +131,11 @@ def test_cli_reports_a_failing_seed_with_its_replay_command(monkeypatch, capsys)
 
 def test_cli_passes_a_few_seeds():
     assert sim.main(["--seeds", "3", "--nodes", "3"]) == 0
+
+
+def test_soak_runs_seeds_until_the_time_is_up(capsys):
+    assert sim.main(["--soak", "0.5", "--start", "500"]) == 0
+    assert "seeds (500.." in capsys.readouterr().out
 
 
 @pytest.mark.slow

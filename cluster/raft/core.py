@@ -860,7 +860,12 @@ class RaftNode:
             self._transferee = None
         if self._heartbeat_elapsed >= self._config.heartbeat_ticks:
             self._heartbeat_elapsed = 0
-            self._broadcast_heartbeat(b"")
+            # Carry the newest read round so that reads whose own round was lost still
+            # complete: a quorum acking any later round releases every earlier read.
+            context = b""
+            if self._pending_reads:
+                context = _ROUND_ID.pack(self._pending_reads[-1].round_id)
+            self._broadcast_heartbeat(context)
 
     def _commit_allowed(self, index: int) -> bool:
         """Raft's commit rule (§5.4.2): count replicas only for entries of the current term."""

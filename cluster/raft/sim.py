@@ -74,6 +74,7 @@ _EV_RESTART = 7
 _EV_HEAL_LINK = 8
 _EV_HEAL_ALL = 9
 _EV_JANITOR = 10
+_EV_STRIKE_LEADER = 11
 
 _READ_CONTEXT = struct.Struct("<QQQ")  # client, op id, attempt
 
@@ -100,6 +101,15 @@ class _Durable:
         if rd.hard_state is not None:
             self.hard_state = rd.hard_state
 
+    def term_at(self, index: int) -> int | None:
+        base = self.snapshot.index if self.snapshot is not None else 0
+        if index == base:
+            return self.snapshot.term if self.snapshot is not None else 0
+        offset = index - base - 1
+        if 0 <= offset < len(self.entries):
+            return self.entries[offset].term
+        return None
+
     def compact(self, snapshot) -> None:
         base = self.snapshot.index if self.snapshot is not None else 0
         del self.entries[: snapshot.index - base]
@@ -114,6 +124,7 @@ class _Host:
     incarnation: int = 0
     durable: _Durable = field(default_factory=_Durable)
     unsynced: Ready | None = None
+    sent_early: bool = False  # the unsynced Ready's messages already left (leader overlap)
     kv: KvStore = field(default_factory=KvStore)
     applied: int = 0
     tick_units: int = TICK_UNITS
@@ -169,6 +180,10 @@ class Simulation:
         self.dup = 0.0
         self.delay_max = 20
         self.slow_link_p = 0.0
+        # Probability that a newly elected leader is struck (isolated or crashed) before it
+        # has replicated much: the schedules behind Figure 8 and most lost-commit bugs.
+        self.strike_new_leader_p = self.rng.choice((0.0, 0.2, 0.5))
+        self.leader_sends_before_fsync = self.rng.random() < 0.5
         # Observations for the checks.
         self.leader_of_term: dict[int, int] = {}
         self.entry_ids: dict[tuple[int, int], tuple] = {}
@@ -178,7 +193,11 @@ class Simulation:
         self.applied_entries: dict[int, tuple] = {}
         self.history: list[Operation] = []
         self._hist_clock = 0
-        self.stats = {"events": 0, "messages": 0, "crashes": 0, "elections": 0, "ops": 0}
+        self.stats = dict.fromkeys(
+            ("events", "messages", "crashes", "elections", "ops", "snapshots_installed",
+             "compactions", "config_changes", "transfers"),
+            0,
+        )
 
     # ------------------------------------------------------------------ scheduling
 
@@ -213,10 +232,16 @@ class Simulation:
                 break
             self.now = when
             self.stats["events"] += 1
-            self._dispatch(kind, a, b)
+            try:
+                self._dispatch(kind, a, b)
+            except AssertionError as exc:
+                # The core asserts its own invariants (e.g. never truncate a committed
+                # entry); one firing is a finding like any other.
+                raise Violation(f"assertion failed inside the core: {exc!r}") from exc
             if self.healed and self._converged():
                 break
         self._check_liveness()
+        self.stats["ticks_to_converge"] = (self.now - self.heal_time) // TICK_UNITS
         self._check_history()
 
     def _dispatch(self, kind: int, a, b) -> None:
@@ -247,6 +272,8 @@ class Simulation:
             self._heal_all()
         elif kind == _EV_JANITOR:
             self._janitor()
+        elif kind == _EV_STRIKE_LEADER:
+            self._strike_leader(a, b)
 
     # ------------------------------------------------------------------ hosts
 
@@ -257,8 +284,8 @@ class Simulation:
             node_id=host.node_id,
             election_ticks=ELECTION_TICKS,
             heartbeat_ticks=HEARTBEAT_TICKS,
-            max_entries_per_append=self.rng.choice((1, 4, 64)),
-            max_inflight_appends=self.rng.choice((1, 4, 256)),
+            max_entries_per_append=self.rng.choice((1, 1, 2, 4, 64)),
+            max_inflight_appends=self.rng.choice((1, 2, 4, 256)),
         )
         node_rng = random.Random(self.rng.getrandbits(64))
         host.core = self.node_factory(
@@ -307,10 +334,27 @@ class Simulation:
         if rd.entries:
             self._check_log_matching(host, core, rd)
         host.unsynced = rd
+        host.sent_early = self.leader_sends_before_fsync and self._may_send_early(host, rd)
+        if host.sent_early:
+            for m in rd.messages:
+                self._send(m)
         delay = self.rng.randrange(1, 10)
         if self.now < host.disk_slow_until:
             delay += self.rng.randrange(50, 600)
         self._at(self.now + delay, _EV_FSYNC, host, host.incarnation)
+
+    @staticmethod
+    def _may_send_early(host: _Host, rd: Ready) -> bool:
+        """node.py's overlap of a leader's own fsync with its followers' (dissertation
+        §10.2.1): a leader whose term and vote are already durable may send before its
+        fsync. Simulated so that the argument for it is checked, not just made."""
+        if host.core.role != LEADER or rd.snapshot is not None:
+            return False
+        hs = rd.hard_state
+        if hs is None:
+            return True
+        durable = host.durable.hard_state
+        return durable is not None and (durable.term, durable.vote) == (hs.term, hs.vote)
 
     def _fsync_done(self, host: _Host, incarnation: int) -> None:
         if not host.up or host.incarnation != incarnation:
@@ -323,11 +367,13 @@ class Simulation:
             hs.term < hs_before.term or hs.commit < hs_before.commit
         ):
             raise Violation(f"n{host.node_id} durable hard state went back: {hs_before} -> {hs}")
-        for m in rd.messages:
-            self._send(m)
+        if not host.sent_early:
+            for m in rd.messages:
+                self._send(m)
         if rd.snapshot is not None:
             host.kv = KvStore.from_bytes(rd.snapshot.data)
             host.applied = rd.snapshot.index
+            self.stats["snapshots_installed"] += 1
             if self.trace:
                 self._log(f"n{host.node_id} installed snapshot @{rd.snapshot.index}")
         for e in rd.committed:
@@ -345,6 +391,7 @@ class Simulation:
         if host.applied - snap_index >= host.compact_every:
             snapshot = core.compact(host.applied, host.kv.to_bytes())
             host.durable.compact(snapshot)
+            self.stats["compactions"] += 1
             if self.trace:
                 self._log(f"n{host.node_id} compacted to {snapshot.index}")
         self._after_core(host)
@@ -393,8 +440,14 @@ class Simulation:
             if self.trace:
                 self._log(f"n{host.node_id} leads term {term} (last={core.last_index})")
             self._check_leader_completeness(host, core)
+            if not self.healed and self.rng.random() < self.strike_new_leader_p:
+                self._at(self.now + self.rng.randrange(0, 3 * self.delay_max + 20),
+                         _EV_STRIKE_LEADER, host, term)
         commit = core.commit_index
-        if commit > host.commit_recorded:
+        # A commit counts once the leader's own copy is durable: before that nobody has
+        # been told of it (the Ready that carries it waits for the fsync), and with the
+        # leader overlap a crash may still take the entry back.
+        if commit > host.commit_recorded and host.durable.term_at(commit) == core.term_at(commit):
             for index in range(host.commit_recorded + 1, commit + 1):
                 entry_term = core.term_at(index)
                 if entry_term is None:
@@ -770,6 +823,7 @@ class Simulation:
                 target = rng.choice(self.node_ids)
                 try:
                     core.transfer_leadership(target)
+                    self.stats["transfers"] += 1
                 except RaftError:
                     pass
                 if self.trace:
@@ -791,6 +845,23 @@ class Simulation:
                 self._log(f"isolate n{victim} for {duration}")
         self._at(self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_CHAOS)
 
+    def _strike_leader(self, host: _Host, term: int) -> None:
+        if self.healed or not host.up or host.core.role != LEADER or host.core.term != term:
+            return
+        rng = self.rng
+        if rng.random() < 0.5:
+            self._crash(host)
+            self._at(self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_RESTART, host)
+            return
+        duration = rng.randrange(2, 40) * TICK_UNITS
+        for other in self.node_ids:
+            if other != host.node_id:
+                for link in ((host.node_id, other), (other, host.node_id)):
+                    self.cut.add(link)
+                    self._at(self.now + duration, _EV_HEAL_LINK, link)
+        if self.trace:
+            self._log(f"isolate new leader n{host.node_id} for {duration}")
+
     def _reconfigure(self) -> bool:
         leaders = [h for h in self.hosts.values() if h.up and h.core.role == LEADER]
         if not leaders:
@@ -807,6 +878,7 @@ class Simulation:
                 return False
         except RaftError:
             return False
+        self.stats["config_changes"] += 1
         if self.trace:
             self._log(f"n{core.node_id} proposes voters change from {core.voters}")
         self._after_core(host)
