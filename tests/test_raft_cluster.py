@@ -206,6 +206,31 @@ def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_leader_that_stops_hands_over_its_leadership_first(tmp_path):
+    async def scenario():
+        configs = _configs(tmp_path, 3)
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        client = KVClient(_addresses(configs))
+        try:
+            leader = await _leader(servers)
+            await client.put(b"k", b"v")
+            await servers.pop(leader).stop()
+            # No election timeout had to pass: a successor leads the moment stop() returns.
+            assert [s.raft.role for s in servers.values()].count("leader") == 1
+            await client.close()
+            client = KVClient(_addresses(configs, list(servers)))
+            await client.put(b"k2", b"v2")
+            assert await client.get(b"k") == b"v"
+        finally:
+            await client.close()
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
+
+
 def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3, snapshot_entries=100)
