@@ -1,0 +1,239 @@
+"""The brokers the compat suite runs against: Warren as a subprocess, or a reference RabbitMQ.
+
+Each is a ``Broker``: where it listens, how to restart it (clients see every connection
+closed, transient entities gone, durable ones back) and how to seed the users and vhost that
+permission tests need.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import pika
+import pytest
+
+from rabbitmq_reference import ReferenceNode, ReferenceUnavailable, free_port, wait_for_port
+
+WARREN_READY_LINE = "Warren listening on"
+WARREN_BOOT_SECONDS_MAX = 30.0
+WARREN_STOP_SECONDS_MAX = 15.0
+
+# Entities that some tests need beyond guest on "/": created once per broker, on first use.
+SEED_VHOST = "warren-compat-vhost"
+LIMITED_USER = ("compat-limited", "compat-limited-pw")
+# compat-limited may configure cfg.* and limited.*, write limited.*, read limited.* and cfg.*.
+LIMITED_PERMISSIONS = ("^(cfg|limited)\\..*", "^limited\\..*", "^(cfg|limited)\\..*")
+NOPERM_USER = ("compat-noperm", "compat-noperm-pw")
+
+
+class Broker(abc.ABC):
+    """What a test sees: where the broker listens, and how to restart and seed it."""
+
+    name: str
+    host: str
+    port: int
+    can_restart: bool = True
+    can_seed: bool = True
+
+    def __init__(self) -> None:
+        self._seeded = False
+
+    @property
+    def url(self) -> str:
+        return self.url_for()
+
+    def url_for(self, user: str = "guest", password: str = "guest", vhost: str = "/", **query) -> str:
+        base = f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{self.host}:{self.port}/"
+        url = base + quote(vhost, safe="")
+        if query:
+            url += "?" + "&".join(f"{key}={value}" for key, value in query.items())
+        return url
+
+    def params(self, **kwargs) -> pika.ConnectionParameters:
+        """pika parameters for guest on "/", with any override (vhost, credentials, tuning)."""
+        kwargs.setdefault("credentials", pika.PlainCredentials("guest", "guest"))
+        kwargs.setdefault("connection_attempts", 1)
+        return pika.ConnectionParameters(host=self.host, port=self.port, **kwargs)
+
+    def seed(self) -> None:
+        """Create the seed vhost and users once (see the module constants)."""
+        if not self.can_seed:
+            pytest.skip(f"{self.name}: cannot create users and vhosts on an external broker")
+        if not self._seeded:
+            self._seed()
+            self._seeded = True
+
+    @abc.abstractmethod
+    def _seed(self) -> None:
+        """Create SEED_VHOST (guest may do anything there), LIMITED_USER and NOPERM_USER."""
+
+    @abc.abstractmethod
+    def restart(self) -> None:
+        """Restart the broker in place: same address, same data, every connection closed."""
+
+    @abc.abstractmethod
+    def destroy(self) -> None:
+        """Stop the broker for good and remove what it wrote."""
+
+
+class WarrenBroker(Broker):
+    name = "warren"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.data_dir = Path(tempfile.mkdtemp(prefix="warren-compat-"))
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
+        self.process: subprocess.Popen | None = None
+
+    @staticmethod
+    def _warren() -> list[str]:
+        script = Path(sys.executable).parent / "warren"
+        if script.exists():
+            return [str(script)]
+        return [sys.executable, "-m", "warrenmq.server.cli"]
+
+    def start(self) -> None:
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [*self._warren(), "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + WARREN_BOOT_SECONDS_MAX
+        while time.monotonic() < deadline:
+            output = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            if WARREN_READY_LINE in output:
+                wait_for_port(self.host, self.port, WARREN_BOOT_SECONDS_MAX)
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"warren serve exited with {self.process.returncode}:\n{output[-4000:]}"
+                )
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"warren serve printed no {WARREN_READY_LINE!r} line; see {self.log_path}")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(WARREN_STOP_SECONDS_MAX)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _admin(self, *args: str) -> None:
+        done = subprocess.run(
+            [*self._warren(), *args, "--data-dir", str(self.data_dir)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"warren {' '.join(args)} failed: {done.stdout}{done.stderr}")
+
+    def _seed(self) -> None:
+        # The admin commands write the data dir; the broker reads it when it starts.
+        self.stop()
+        try:
+            self._admin("vhosts", "add", SEED_VHOST)
+            self._admin("users", "set-permissions", "guest", *(".*",) * 3, "--vhost", SEED_VHOST)
+            self._admin("users", "add", *LIMITED_USER)
+            self._admin("users", "set-permissions", LIMITED_USER[0], *LIMITED_PERMISSIONS, "--vhost", "/")
+            self._admin("users", "add", *NOPERM_USER)
+        finally:
+            self.start()
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)
+
+
+class ManagedRabbitMQ(Broker):
+    """A private RabbitMQ node booted for this session."""
+
+    name = "rabbitmq"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.node = ReferenceNode.create()
+        self.host = "127.0.0.1"
+        self.port = self.node.amqp_port
+
+    def start(self) -> None:
+        self.node.start()
+
+    def restart(self) -> None:
+        self.node.restart_app()
+
+    def _seed(self) -> None:
+        ctl = self.node.ctl
+        ctl("add_vhost", SEED_VHOST)
+        ctl("set_permissions", "-p", SEED_VHOST, "guest", *(".*",) * 3)
+        ctl("add_user", *LIMITED_USER)
+        ctl("set_permissions", "-p", "/", LIMITED_USER[0], *LIMITED_PERMISSIONS)
+        ctl("add_user", *NOPERM_USER)
+
+    def destroy(self) -> None:
+        self.node.stop()
+
+
+class ExternalRabbitMQ(Broker):
+    """The broker at WARREN_REFERENCE_URL: used as it is, never restarted or seeded."""
+
+    name = "rabbitmq"
+    can_restart = False
+    can_seed = False
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 5672
+
+    def restart(self) -> None:
+        pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not restart")
+
+    def _seed(self) -> None:
+        pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not seed")
+
+    def destroy(self) -> None:
+        pass
+
+
+def start_reference() -> Broker:
+    url = os.environ.get("WARREN_REFERENCE_URL")
+    if url:
+        return ExternalRabbitMQ(url)
+    try:
+        broker = ManagedRabbitMQ()
+    except ReferenceUnavailable as why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true needs a reference RabbitMQ: {why}")
+        pytest.skip(f"no reference RabbitMQ: {why}")
+    broker.start()
+    return broker
+
+

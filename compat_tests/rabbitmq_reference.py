@@ -1,0 +1,245 @@
+"""A private reference RabbitMQ node for the compat suite: start, restart, seed, stop.
+
+The Debian package's node runs as user ``rabbitmq``, so everything it writes (Mnesia, logs,
+the Erlang cookie in its HOME) lives in one temporary directory owned by that user. Each node
+gets a unique name (``rabbit-warren-<pid>-<n>@localhost``), a free AMQP port and a free
+distribution port below 65536 (RabbitMQ's default, AMQP port + 20000, can overflow), and an
+empty plugin list so boot does not wait for plugins. The node runs in the foreground as a
+child process we own (not ``-detached``), so stopping it is certain: ``rabbitmqctl stop``
+first, then SIGKILL of its process group if it lingers.
+
+Used by ``compat_tests/conftest.py`` and, for scripts and CI, as a command line::
+
+    python compat_tests/rabbitmq_reference.py start --state FILE   # prints the AMQP URL
+    python compat_tests/rabbitmq_reference.py stop --state FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+RABBITMQ_BIN_DIR = Path("/usr/lib/rabbitmq/bin")
+RABBITMQ_USER = "rabbitmq"
+BOOT_SECONDS_MAX = 60.0
+STOP_SECONDS_MAX = 30.0
+CTL_SECONDS_MAX = 60.0
+
+_node_counter = itertools.count()
+
+
+class ReferenceUnavailable(RuntimeError):
+    """RabbitMQ cannot be started here (not installed, or we may not become its user)."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1 (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, seconds_max: float, alive=lambda: True) -> None:
+    """Return once ``host:port`` accepts TCP; raise if ``alive()`` turns false or time runs out."""
+    deadline = time.monotonic() + seconds_max
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"the process serving {host}:{port} exited during start-up")
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{host}:{port} did not accept connections within {seconds_max} s")
+
+
+def unavailable_reason() -> str | None:
+    """Why a private node cannot run on this machine, or None when it can."""
+    if not (RABBITMQ_BIN_DIR / "rabbitmq-server").exists():
+        return f"rabbitmq-server is not installed ({RABBITMQ_BIN_DIR} missing)"
+    try:
+        user = pwd.getpwnam(RABBITMQ_USER)
+    except KeyError:
+        return f"there is no user {RABBITMQ_USER!r}"
+    if os.geteuid() not in (0, user.pw_uid):
+        return f"only root or {RABBITMQ_USER!r} may start the Debian RabbitMQ node"
+    return None
+
+
+@dataclass
+class ReferenceNode:
+    """One private RabbitMQ node; ``state`` round-trips through JSON for the CLI."""
+
+    nodename: str
+    base_dir: str
+    amqp_port: int
+    dist_port: int
+    pid: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    def _env(self) -> dict[str, str]:
+        base = Path(self.base_dir)
+        return {
+            "PATH": f"{RABBITMQ_BIN_DIR}:/usr/bin:/bin:/usr/sbin:/sbin",
+            "HOME": str(base / "home"),
+            "LANG": "C.UTF-8",
+            "RABBITMQ_NODENAME": self.nodename,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.amqp_port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+        }
+
+    def _as_rabbitmq(self) -> dict:
+        """Popen arguments that run a RabbitMQ tool as its own user with this node's env."""
+        if os.geteuid() == 0:
+            return {"user": RABBITMQ_USER, "group": RABBITMQ_USER, "env": self._env()}
+        return {"env": self._env()}
+
+    @classmethod
+    def create(cls) -> "ReferenceNode":
+        reason = unavailable_reason()
+        if reason is not None:
+            raise ReferenceUnavailable(reason)
+        base = Path(tempfile.mkdtemp(prefix="warren-rabbitmq-"))
+        for sub in ("home", "mnesia", "log"):
+            (base / sub).mkdir()
+        (base / "enabled_plugins").write_text("[].\n")
+        (base / "rabbitmq-env.conf").write_text("")
+        (base / "rabbitmq.conf").write_text("")
+        (base / "advanced.config").write_text("[].\n")
+        user = pwd.getpwnam(RABBITMQ_USER)
+        os.chmod(base, 0o755)
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, user.pw_uid, user.pw_gid)
+        amqp_port = free_port()
+        dist_port = free_port()
+        while dist_port == amqp_port:
+            dist_port = free_port()
+        nodename = f"rabbit-warren-{os.getpid()}-{next(_node_counter)}@localhost"
+        return cls(nodename=nodename, base_dir=str(base), amqp_port=amqp_port, dist_port=dist_port)
+
+    def start(self) -> None:
+        """Boot the node in the foreground as our child and wait until AMQP is accepted."""
+        output = open(Path(self.base_dir) / "console.log", "ab")
+        process = subprocess.Popen(
+            [str(RABBITMQ_BIN_DIR / "rabbitmq-server")],
+            cwd=self.base_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **self._as_rabbitmq(),
+        )
+        output.close()
+        self.pid = process.pid
+        try:
+            wait_for_port("127.0.0.1", self.amqp_port, BOOT_SECONDS_MAX, lambda: process.poll() is None)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"RabbitMQ did not start; see {self.base_dir}/console.log") from None
+
+    def ctl(self, *args: str) -> str:
+        """Run ``rabbitmqctl -n NODE ARGS`` and return its output; raise on failure."""
+        done = subprocess.run(
+            [str(RABBITMQ_BIN_DIR / "rabbitmqctl"), "-n", self.nodename, *args],
+            cwd=self.base_dir,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CTL_SECONDS_MAX,
+            **self._as_rabbitmq(),
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def restart_app(self) -> None:
+        """Stop and start the RabbitMQ application inside the running node.
+
+        That is what a broker restart means to clients: every connection is closed, transient
+        and exclusive queues are gone, durable entities and persistent messages come back.
+        It costs about two seconds instead of a whole Erlang VM boot.
+        """
+        self.ctl("stop_app")
+        self.ctl("start_app")
+        wait_for_port("127.0.0.1", self.amqp_port, BOOT_SECONDS_MAX, self._alive)
+
+    def _alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def stop(self) -> None:
+        """Stop the node (politely, then by SIGKILL of its process group) and remove its files."""
+        if self.pid and self._alive():
+            try:
+                self.ctl("stop")
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass
+            deadline = time.monotonic() + STOP_SECONDS_MAX
+            while self._alive() and time.monotonic() < deadline:
+                _reap(self.pid)
+                time.sleep(0.1)
+            if self._alive():
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                _reap(self.pid)
+        shutil.rmtree(self.base_dir, ignore_errors=True)
+        self.pid = 0
+
+
+def _reap(pid: int) -> None:
+    """Collect our own exited child so that it does not linger as a zombie (and look alive)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("action", choices=["start", "stop"])
+    parser.add_argument("--state", required=True, help="JSON file that remembers the node")
+    args = parser.parse_args(argv)
+    state = Path(args.state)
+    if args.action == "start":
+        node = ReferenceNode.create()
+        node.start()
+        state.write_text(json.dumps(asdict(node)))
+        print(node.url)
+        return 0
+    node = ReferenceNode(**json.loads(state.read_text()))
+    node.stop()
+    state.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""A deliberately small AMQP 0-9-1 client over a plain socket, for what real clients refuse to do.
+
+pika and py-amqp check channel_max, frame_max and channel state on the client side, so they
+never send the frames whose server-side handling we must compare: a channel above
+channel_max, a frame above frame_max, a method on an unopened channel, a corrupt frame end.
+This client encodes with pamqp and sends whatever it is told, in order, and reads frames back.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+from pamqp import commands, frame, heartbeat
+from pamqp.exceptions import UnmarshalingException
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+FRAME_END = b"\xce"
+READ_BYTES_MAX = 1 << 20
+
+
+class Closed(Exception):
+    """The broker closed the TCP connection."""
+
+
+class RawClient:
+    def __init__(self, host: str, port: int, timeout_s: float = 5.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+        self.timeout_s = timeout_s
+        self.server_properties: dict = {}
+        self.tune: commands.Connection.Tune | None = None
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "RawClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, channel: int, value) -> None:
+        self.sock.sendall(frame.marshal(value, channel))
+
+    def _fill(self, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("no frame from the broker in time")
+        self.sock.settimeout(remaining)
+        data = self.sock.recv(READ_BYTES_MAX)
+        if not data:
+            raise Closed("the broker closed the connection")
+        self.buffer += data
+
+    def read_bytes(self, count: int, timeout_s: float | None = None) -> bytes:
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while len(self.buffer) < count:
+            self._fill(deadline)
+        data, self.buffer = self.buffer[:count], self.buffer[count:]
+        return data
+
+    def recv(self, timeout_s: float | None = None, skip_heartbeats: bool = True):
+        """The next (channel, frame) from the broker; heartbeats skipped unless asked for."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while True:
+            while True:
+                if len(self.buffer) >= 7:
+                    size = struct.unpack_from(">I", self.buffer, 3)[0]
+                    if len(self.buffer) >= size + 8:
+                        break
+                self._fill(deadline)
+            try:
+                consumed, channel, value = frame.unmarshal(self.buffer)
+            except UnmarshalingException as error:
+                raise AssertionError(f"undecodable frame from the broker: {error}") from None
+            self.buffer = self.buffer[consumed:]
+            if skip_heartbeats and isinstance(value, heartbeat.Heartbeat):
+                continue
+            return channel, value
+
+    def expect(self, kind, timeout_s: float | None = None):
+        channel, value = self.recv(timeout_s)
+        assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r} on channel {channel}"
+        return channel, value
+
+    def handshake(
+        self,
+        channel_max: int = 0,
+        frame_max: int = 131072,
+        heartbeat_s: int = 0,
+        user: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+        mechanism: str = "PLAIN",
+    ) -> None:
+        """Run start/tune/open, asking for the given limits (0 = take the server's)."""
+        self.send_bytes(PROTOCOL_HEADER)
+        _, start = self.expect(commands.Connection.Start)
+        self.server_properties = start.server_properties
+        response = f"\0{user}\0{password}"
+        self.send(0, commands.Connection.StartOk(
+            client_properties={"product": "warren-compat-raw"}, mechanism=mechanism, response=response
+        ))
+        _, self.tune = self.expect(commands.Connection.Tune)
+        self.send(0, commands.Connection.TuneOk(
+            channel_max=channel_max or self.tune.channel_max,
+            frame_max=frame_max,
+            heartbeat=heartbeat_s,
+        ))
+        self.send(0, commands.Connection.Open(virtual_host=vhost))
+        self.expect(commands.Connection.OpenOk)
+
+    def open_channel(self, channel: int) -> None:
+        self.send(channel, commands.Channel.Open())
+        self.expect(commands.Channel.OpenOk)
+
+    def expect_connection_close(self, timeout_s: float | None = None) -> commands.Connection.Close:
+        """Wait for connection.close (skipping other frames), answer close-ok, return it."""
+        while True:
+            channel, value = self.recv(timeout_s)
+            if isinstance(value, commands.Connection.Close):
+                assert channel == 0
+                self.send(0, commands.Connection.CloseOk())
+                return value
+
+    def expect_channel_close(self, channel: int) -> commands.Channel.Close:
+        got, value = self.expect(commands.Channel.Close)
+        assert got == channel
+        self.send(channel, commands.Channel.CloseOk())
+        return value
+
+    def wait_closed(self, timeout_s: float) -> None:
+        """Read (and drop) everything until the broker closes the socket; fail on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._fill(deadline)
+            except (Closed, ConnectionResetError):
+                return
+            self.buffer = b""
+
+
+def raw_frame(frame_type: int, channel: int, payload: bytes, end: bytes = FRAME_END) -> bytes:
+    """One frame with any type, channel, payload and end byte, valid or not."""
+    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + end

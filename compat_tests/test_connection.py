@@ -1,0 +1,342 @@
+"""Connection level: protocol header, capabilities, SASL, vhosts, tuning, heartbeats, framing."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import amqp
+import pika
+import pytest
+from pamqp import commands
+
+from raw_client import PROTOCOL_HEADER, Closed, RawClient, raw_frame
+
+CAPABILITIES = (
+    "publisher_confirms",
+    "exchange_exchange_bindings",
+    "basic.nack",
+    "consumer_cancel_notify",
+    "connection.blocked",
+    "consumer_priorities",
+    "authentication_failure_close",
+    "per_consumer_qos",
+    "direct_reply_to",
+)
+LOGIN_REFUSED = (
+    "ACCESS_REFUSED - Login was refused using authentication mechanism {}. "
+    "For details see the broker logfile."
+)
+
+
+def _py_amqp(broker, **kwargs) -> amqp.Connection:
+    kwargs.setdefault("userid", "guest")
+    kwargs.setdefault("password", "guest")
+    kwargs.setdefault("connect_timeout", 5)
+    conn = amqp.Connection(f"{broker.host}:{broker.port}", **kwargs)
+    conn.connect()
+    return conn
+
+
+def test_capabilities_announced(broker):
+    conn = _py_amqp(broker)
+    try:
+        capabilities = conn.server_properties["capabilities"]
+        for name in CAPABILITIES:
+            assert capabilities.get(name) is True, name
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"HTTP/1.1", b"AMQP\x00\x00\x08\x00", b"AMQP\x00\x00\x0a\x00", b"AMQP\x03\x01\x00\x00"],
+    ids=["http", "amqp-0-8-0", "amqp-0-10", "amqp-1.0-sasl"],
+)
+def test_unsupported_protocol_header_answered_with_ours(broker, header):
+    with socket.create_connection((broker.host, broker.port), timeout=5) as sock:
+        sock.sendall(header)
+        reply = b""
+        try:
+            while data := sock.recv(64):
+                reply += data
+        except ConnectionResetError:
+            # RabbitMQ closes with SO_LINGER 0 (an RST) once the header is out.
+            pass
+    assert reply == PROTOCOL_HEADER
+
+
+def test_garbage_after_header_does_not_hurt_other_connections(broker, channel):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.send_bytes(PROTOCOL_HEADER + b"\x08" * 64)
+        raw.wait_closed(5)
+    assert channel.queue_declare("", exclusive=True).method.queue
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "AMQPLAIN"])
+def test_login_with_each_mechanism(broker, mechanism):
+    conn = _py_amqp(broker, login_method=mechanism)
+    try:
+        ch = conn.channel()
+        queue, _, _ = ch.queue_declare("", exclusive=True)
+        assert queue.startswith("amq.gen-")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "AMQPLAIN"])
+@pytest.mark.parametrize("user,password", [("guest", "wrong"), ("nobody-here", "guest")])
+def test_login_refused_closes_with_403(broker, mechanism, user, password):
+    with pytest.raises(amqp.exceptions.AccessRefused) as refused:
+        _py_amqp(broker, userid=user, password=password, login_method=mechanism)
+    assert refused.value.reply_code == 403
+    assert refused.value.reply_text == LOGIN_REFUSED.format(mechanism)
+
+
+def test_login_refused_with_pika(broker):
+    params = broker.params(credentials=pika.PlainCredentials("guest", "not-the-password"))
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as refused:
+        pika.BlockingConnection(params)
+    assert LOGIN_REFUSED.format("PLAIN") in str(refused.value)
+
+
+def _expect_handshake_refused(raw: RawClient) -> None:
+    """Before connection.open RabbitMQ may close without a word (after a 3 s pause that slows
+    down guessing); a broker that does send connection.close must not let the client in."""
+    try:
+        channel, value = raw.recv(timeout_s=10)
+    except (Closed, ConnectionResetError):
+        return
+    assert isinstance(value, commands.Connection.Close), value
+    raw.wait_closed(10)
+
+
+@pytest.mark.slow
+def test_unknown_mechanism_refused(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.send_bytes(PROTOCOL_HEADER)
+        raw.expect(commands.Connection.Start)
+        raw.send(0, commands.Connection.StartOk(mechanism="CRAM-MD5", response="x"))
+        _expect_handshake_refused(raw)
+
+
+def test_unknown_vhost_refused_with_530(broker):
+    with pytest.raises(amqp.exceptions.NotAllowed) as refused:
+        _py_amqp(broker, virtual_host="no-such-vhost")
+    assert refused.value.reply_code == 530
+    assert refused.value.reply_text == "NOT_ALLOWED - vhost no-such-vhost not found"
+
+
+def test_vhost_without_permission_refused_with_530(seeded):
+    from compat_harness import NOPERM_USER
+
+    with pytest.raises(amqp.exceptions.NotAllowed) as refused:
+        _py_amqp(seeded, userid=NOPERM_USER[0], password=NOPERM_USER[1])
+    assert refused.value.reply_code == 530
+    assert refused.value.reply_text == (
+        f"NOT_ALLOWED - access to vhost '/' refused for user '{NOPERM_USER[0]}'"
+    )
+
+
+def test_second_vhost_isolates_entities(seeded, uid):
+    from compat_harness import SEED_VHOST
+
+    default = pika.BlockingConnection(seeded.params())
+    other = pika.BlockingConnection(seeded.params(virtual_host=SEED_VHOST))
+    try:
+        other.channel().queue_declare(f"{uid}-q", auto_delete=True, arguments={})
+        ch = default.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as missing:
+            ch.queue_declare(f"{uid}-q", passive=True)
+        assert missing.value.reply_code == 404
+        assert missing.value.reply_text == f"NOT_FOUND - no queue '{uid}-q' in vhost '/'"
+        other.channel().queue_delete(f"{uid}-q")
+    finally:
+        default.close()
+        other.close()
+
+
+def test_tune_negotiates_the_lower_limits(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(channel_max=0, frame_max=131072)
+        assert raw.tune.channel_max == 2047
+        assert raw.tune.frame_max == 131072
+        assert raw.tune.heartbeat == 60
+    conn = pika.BlockingConnection(broker.params(channel_max=7, frame_max=8192, heartbeat=0))
+    try:
+        assert (conn._impl.params.channel_max, conn._impl.params.frame_max) == (7, 8192)
+        channels = [conn.channel() for _ in range(7)]
+        channels[-1].basic_publish("", "nowhere", b"x" * 20000)
+        channels[-1].queue_declare("", exclusive=True)
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_frame_max_below_minimum_refused(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.send_bytes(PROTOCOL_HEADER)
+        raw.expect(commands.Connection.Start)
+        raw.send(0, commands.Connection.StartOk(response="\0guest\0guest"))
+        raw.expect(commands.Connection.Tune)
+        raw.send(0, commands.Connection.TuneOk(channel_max=10, frame_max=1024, heartbeat=0))
+        _expect_handshake_refused(raw)
+
+
+def test_channel_above_channel_max_closes_connection(broker):
+    # RabbitMQ counts open channels against channel_max, whatever their numbers.
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(channel_max=2)
+        raw.open_channel(1)
+        raw.open_channel(2)
+        raw.send(3, commands.Channel.Open())
+        close = raw.expect_connection_close()
+    assert close.reply_code == 530
+    assert close.reply_text == (
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+    )
+
+
+def test_frame_above_frame_max_closes_with_501(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(frame_max=4096)
+        raw.open_channel(1)
+        raw.send(1, commands.Basic.Publish(exchange="", routing_key="nowhere"))
+        raw.send_bytes(raw_frame(2, 1, b"\x00\x3c\x00\x00" + (5000).to_bytes(8, "big") + b"\x00\x00"))
+        raw.send_bytes(raw_frame(3, 1, b"x" * 5000))
+        close = raw.expect_connection_close()
+    assert close.reply_code == 501
+    assert close.reply_text == "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,5000,4088}"
+
+
+def test_bad_frame_end_closes_with_501(broker, channel):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.send_bytes(raw_frame(1, 1, b"\x00\x14\x00\x0a\x00", end=b"\x00"))
+        close = raw.expect_connection_close()
+    assert close.reply_code == 501
+    assert close.reply_text == (
+        "FRAME_ERROR - type 1, all octets = <<0,20,0,10,0>>: {invalid_frame_end_marker,0}"
+    )
+    assert channel.queue_declare("", exclusive=True).method.queue
+
+
+def test_unknown_frame_type_closes_with_501(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.send_bytes(raw_frame(9, 0, b""))
+        close = raw.expect_connection_close()
+    assert close.reply_code == 501
+    assert close.reply_text == "FRAME_ERROR - type 9, all octets = <<>>: unknown_frame"
+
+
+def test_method_on_unopened_channel_is_504(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.send(5, commands.Queue.Declare(queue="", exclusive=True))
+        close = raw.expect_connection_close()
+    assert close.reply_code == 504
+    assert close.reply_text == "CHANNEL_ERROR - expected 'channel.open'"
+    assert (close.class_id, close.method_id) == (50, 10)
+
+
+def test_second_channel_open_is_504(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Channel.Open())
+        close = raw.expect_connection_close()
+    assert close.reply_code == 504
+    assert close.reply_text == "CHANNEL_ERROR - second 'channel.open' seen"
+
+
+def test_content_without_method_is_505(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_bytes(raw_frame(3, 1, b"body"))
+        close = raw.expect_connection_close()
+    assert close.reply_code == 505
+    assert close.reply_text == "UNEXPECTED_FRAME - expected method frame, got non method frame instead"
+
+
+def test_unknown_method_ends_only_that_connection(broker, channel):
+    # RabbitMQ 3.10's reader crashes on an unknown method id and drops the socket without
+    # connection.close; a broker that does close politely must say 540 NOT_IMPLEMENTED.
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_bytes(raw_frame(1, 1, b"\x00\x3c\x03\xe7"))
+        try:
+            close = raw.expect_connection_close()
+        except (Closed, ConnectionResetError):
+            pass
+        else:
+            assert close.reply_code == 540
+    assert channel.queue_declare("", exclusive=True).method.queue
+
+
+def test_channel_flow_active_roundtrip(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Channel.Flow(active=True))
+        _, ok = raw.expect(commands.Channel.FlowOk)
+        assert ok.active is True
+
+
+def test_channel_flow_inactive_not_implemented(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Channel.Flow(active=False))
+        close = raw.expect_connection_close()
+    assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - active=false")
+    assert (close.class_id, close.method_id) == (20, 20)
+
+
+def test_client_close_handshake(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        raw.expect(commands.Channel.CloseOk)
+        raw.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        raw.expect(commands.Connection.CloseOk)
+
+
+def test_server_sends_heartbeats(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(heartbeat_s=1)
+        started = time.monotonic()
+        channel, value = raw.recv(timeout_s=4, skip_heartbeats=False)
+        assert channel == 0 and type(value).__name__ == "Heartbeat"
+        assert time.monotonic() - started < 3
+
+
+@pytest.mark.slow
+def test_silent_client_is_disconnected_after_missed_heartbeats(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(heartbeat_s=1)
+        started = time.monotonic()
+        raw.wait_closed(10)
+        assert time.monotonic() - started < 6
+
+
+def test_heartbeating_pika_client_stays_connected(broker):
+    conn = pika.BlockingConnection(broker.params(heartbeat=1))
+    try:
+        for _ in range(6):
+            conn.process_data_events(time_limit=0.5)
+        assert conn.is_open
+        conn.channel().queue_declare("", exclusive=True)
+    finally:
+        conn.close()
+
+
+def test_closed_socket_mid_frame_leaves_broker_serving(broker, channel):
+    raw = RawClient(broker.host, broker.port)
+    raw.handshake()
+    raw.send_bytes(raw_frame(1, 0, b"\x00\x0a")[:5])
+    raw.close()
+    assert channel.queue_declare("", exclusive=True).method.queue
