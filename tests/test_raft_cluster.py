@@ -231,6 +231,38 @@ def test_a_leader_that_stops_hands_over_its_leadership_first(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_leader_whose_disk_fails_halts_and_the_others_carry_on(tmp_path, capsys):
+    async def scenario():
+        configs = _configs(tmp_path, 3)
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        client = KVClient(_addresses(configs))
+        try:
+            leader = await _leader(servers)
+            await client.put(b"k", b"v")
+            failing = servers[leader]
+
+            def broken_save(*args):
+                raise OSError(5, "Input/output error")
+
+            failing.storage.save = broken_save
+            with pytest.raises(KVUnavailable):
+                await client.put(b"lost?", b"maybe")
+            assert isinstance(failing.fatal_error, OSError)
+            survivors = {i: s for i, s in servers.items() if i != leader}
+            await _leader(survivors)
+            await client.put(b"k2", b"v2")
+            assert await client.get(b"k") == b"v"
+        finally:
+            await client.close()
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
+    assert "Input/output error" in capsys.readouterr().err
+
+
 def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3, snapshot_entries=100)

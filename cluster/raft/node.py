@@ -33,6 +33,7 @@ import struct
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -209,6 +210,7 @@ class RaftServer:
         self._ticker: asyncio.TimerHandle | None = None
         self._next_tick_s = 0.0
         self._stopped = asyncio.Event()
+        self.fatal_error: BaseException | None = None
         self.ready_count = 0
         self.entries_persisted = 0
         self.persist_s_total = 0.0
@@ -231,6 +233,8 @@ class RaftServer:
     async def stop(self, transfer_timeout_s: float = 1.0) -> None:
         """Shut down; a leader first hands its leadership to a peer (Raft §3.10), so a
         planned restart costs the cluster a round trip instead of an election timeout."""
+        if self.fatal_error is not None:
+            return
         if self.raft.role == LEADER and transfer_timeout_s > 0:
             await self._transfer_leadership_away(transfer_timeout_s)
         if self._ticker is not None:
@@ -265,7 +269,11 @@ class RaftServer:
 
     def _on_tick(self) -> None:
         loop = asyncio.get_running_loop()
-        self.raft.tick()
+        try:
+            self.raft.tick()
+        except Exception as exc:
+            self._fail(exc)
+            return
         now_s = loop.time()
         # Keep the tick rate steady: a late tick does not push every later one back.
         self._next_tick_s = max(self._next_tick_s + self.config.tick_s, now_s)
@@ -274,13 +282,19 @@ class RaftServer:
         self._kick()
 
     def _on_peer_frame(self, frame: bytes) -> None:
+        if self.fatal_error is not None:
+            return
         try:
             message = decode_message(frame)
         except DecodeError as exc:
-            raise ValueError(str(exc)) from exc
+            raise ValueError(str(exc)) from exc  # the transport drops the connection
         if message.dst != self.config.node_id:
             raise ValueError(f"message for node {message.dst} reached node {self.config.node_id}")
-        self.raft.step(message)
+        try:
+            self.raft.step(message)
+        except Exception as exc:
+            self._fail(exc)
+            return
         self._kick()
 
     def _on_request(self, client: _ClientConnection, request_id: int, command: bytes) -> None:
@@ -309,6 +323,9 @@ class RaftServer:
             return
         except ProposalRefused as exc:
             client.respond(request_id, Status.BUSY, str(exc).encode())
+            return
+        except Exception as exc:
+            self._fail(exc)
             return
         superseded = self._proposals.get(index)
         if superseded is not None:
@@ -364,8 +381,16 @@ class RaftServer:
             asyncio.get_running_loop().call_soon(self._drive)
 
     def _drive(self) -> None:
-        """Step what is batched into the core, then handle its Ready until it has none."""
         self._kick_scheduled = False
+        if self.fatal_error is not None:
+            return
+        try:
+            self._drive_once()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _drive_once(self) -> None:
+        """Step what is batched into the core, then handle its Ready until it has none."""
         raft = self.raft
         if self._read_batch:
             batch, self._read_batch = self._read_batch, []
@@ -385,6 +410,25 @@ class RaftServer:
         # Everything this iteration had to say is queued: write it now rather than one
         # loop iteration later.
         self.transport.flush()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fail-stop: after a failed fsync or a broken invariant, our promises to the peers
+        (votes, acks) may no longer be true of the disk, so the node must not say another
+        word. It halts; a restart recovers from what storage really holds."""
+        if self.fatal_error is not None:
+            return
+        self.fatal_error = exc
+        traceback.print_exception(exc, file=sys.stderr)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self._client_server is not None:
+            self._client_server.close()
+        for client in list(self._clients):
+            if client.transport is not None:
+                client.transport.abort()
+        self.transport.drop_connections()
+        asyncio.ensure_future(self.transport.close())
+        self._stopped.set()
 
     def _handle_ready(self, ready: Ready) -> None:
         self.ready_count += 1
@@ -553,7 +597,7 @@ def _argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(config: ServerConfig) -> None:
+async def _serve(config: ServerConfig) -> int:
     server = RaftServer(config)
     await server.start()
     loop = asyncio.get_running_loop()
@@ -561,6 +605,7 @@ async def _serve(config: ServerConfig) -> None:
         loop.add_signal_handler(signum, lambda: asyncio.ensure_future(server.stop()))
     print(f"raft node {config.node_id} serving", flush=True)
     await server.wait_stopped()
+    return 70 if server.fatal_error is not None else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -587,10 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(config))
-    else:
-        uvloop.run(_serve(config))
-    return 0
+        return asyncio.run(_serve(config))
+    return uvloop.run(_serve(config))
 
 
 def free_port() -> int:
