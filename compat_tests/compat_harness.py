@@ -143,8 +143,10 @@ class WarrenBroker(Broker):
         self.start()
 
     def _admin(self, *args: str) -> None:
+        # `warren users|vhosts …` are the admin module's commands; running the module itself
+        # works whether or not the `warren` entry point lists it yet.
         done = subprocess.run(
-            [*self._warren(), *args, "--data-dir", str(self.data_dir)],
+            [sys.executable, "-m", "warrenmq.server.admin_cli", *args, "--data-dir", str(self.data_dir)],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,

@@ -1,0 +1,56 @@
+"""Small pika conveniences shared by the compat tests."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+
+GET_EMPTY_POLLS_MAX = 20
+
+
+def drain(channel, queue: str, settle_s: float = 0.0) -> list[bytes]:
+    """Every message body now in ``queue``, taken with basic.get and no-ack, in order.
+
+    ``settle_s`` waits first for messages still being routed (a publish is asynchronous).
+    """
+    if settle_s:
+        time.sleep(settle_s)
+    bodies = []
+    for _ in range(100_000):
+        method, _, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return bodies
+        bodies.append(body)
+    raise AssertionError(f"{queue} never ran empty")
+
+
+def wait_get(channel, queue: str, timeout_s: float = 5.0):
+    """basic.get until a message arrives: (method, properties, body); fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        method, properties, body = channel.basic_get(queue, auto_ack=False)
+        if method is not None:
+            return method, properties, body
+        time.sleep(0.02)
+    raise AssertionError(f"no message in {queue} within {timeout_s} s")
+
+
+def channel_error(call, *args, **kwargs) -> tuple[int, str]:
+    """Run a pika call that must close its channel; return (reply_code, reply_text)."""
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        call(*args, **kwargs)
+    return closed.value.reply_code, closed.value.reply_text
+
+
+def connection_error(call, *args, **kwargs) -> tuple[int, str]:
+    """Run a pika call that must close its connection; return (reply_code, reply_text)."""
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        call(*args, **kwargs)
+    return closed.value.reply_code, closed.value.reply_text
+
+
+def sync(channel) -> None:
+    """A round trip on ``channel``, so that earlier asynchronous publishes have been handled."""
+    channel.queue_declare("", exclusive=True, auto_delete=True)
