@@ -150,23 +150,12 @@ class Broker:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.abort()
-        await self._commit_all()
         for vhost in self.vhosts.values():
-            vhost.close()
+            await vhost.shutdown()
         if self.store is not None:
             await self.store.close()
         if self.server is not None:
             await self.server.wait_closed()
-
-    async def _commit_all(self) -> None:
-        for vhost in self.vhosts.values():
-            for queue in vhost.queues.values():
-                queue.flush()
-                try:
-                    await queue.commit()
-                except Exception as error:
-                    log.error("queue '%s' in vhost '%s': final commit failed: %r",
-                              queue.name, vhost.name, error)
 
     # -- connections ----------------------------------------------------------------------
 

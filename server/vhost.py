@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shutil
 import urllib.parse
@@ -28,6 +29,8 @@ from warrenmq.server.metadata import commands as mc
 from . import arguments as queue_arguments
 from .errors import from_routing, precondition_failed
 from .hosted_queue import HostedQueue
+
+log = logging.getLogger("warrenmq.server")
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
 _DIRECTORY_NAME_CHARS_MAX = 200
@@ -181,6 +184,13 @@ class VirtualHost:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def close(self) -> None:
+    async def shutdown(self) -> None:
+        """Flush, fsync and close every queue, recording exactly what was delivered."""
         for queue in self.queues.values():
-            queue.engine.close()
+            queue.flush()
+            try:
+                await queue.engine.shutdown()
+            except Exception as error:
+                log.error("queue '%s' in vhost '%s': clean shutdown failed: %r", queue.name,
+                          self.name, error)
+                queue.engine.close()

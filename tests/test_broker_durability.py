@@ -1,0 +1,225 @@
+"""Durability: `warren serve` killed with SIGKILL while publishers wait for confirms.
+
+After a restart every confirmed message is there exactly once (or was acknowledged before
+the crash), and every message that was delivered but not acknowledged comes back with
+redelivered=True. Also: a clean SIGTERM closes clients with 320 and keeps everything, and
+durable topology (exchanges, queues, bindings) survives while transient topology does not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pika
+import pika.exceptions
+import pytest
+
+QUEUE = "durable-work"
+LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
+
+
+class BrokerProcess:
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.process = None
+        self.port = None
+
+    def start(self, timeout_s=20.0):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", "0",
+             "--bind", "127.0.0.1", "--data-dir", str(self.data_dir), "--log-level", "warning"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            match = LISTENING.search(line)
+            if match:
+                self.port = int(match.group(1))
+                return self
+            if not line and self.process.poll() is not None:
+                break
+        self.kill()
+        raise RuntimeError("warren serve did not start")
+
+    def kill(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def connect(self):
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.port, connection_attempts=1, blocked_connection_timeout=5))
+
+
+@pytest.fixture
+def broker_process(tmp_path):
+    process = BrokerProcess(tmp_path / "data")
+    yield process
+    process.kill()
+
+
+def _publisher(port, prefix, confirmed, stop):
+    try:
+        connection = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, connection_attempts=1))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        properties = pika.BasicProperties(delivery_mode=2)
+        n = 0
+        while not stop.is_set():
+            body = f"{prefix}-{n}".encode()
+            channel.basic_publish("", QUEUE, body, properties)
+            # basic_publish in confirm mode returns once the broker confirmed the message.
+            confirmed.append(body)
+            n += 1
+    except (pika.exceptions.AMQPError, OSError):
+        return
+
+
+def _consumer(port, acked, unacked, stop):
+    """Acks every other message it gets; the rest stay unacked until the crash."""
+    try:
+        connection = pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", port, connection_attempts=1))
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=50)
+        for method, _, body in channel.consume(QUEUE, inactivity_timeout=0.05):
+            if stop.is_set():
+                break
+            if method is None:
+                continue
+            if method.delivery_tag % 2:
+                channel.basic_ack(method.delivery_tag)
+                acked.add(body)
+            else:
+                unacked.add(body)
+    except (pika.exceptions.AMQPError, OSError):
+        return
+
+
+def crash_cycle(broker_process, cycle, seconds=1.0):
+    """Publish and consume under load, SIGKILL the broker; returns what the clients saw."""
+    broker_process.start()
+    setup = broker_process.connect()
+    setup.channel().queue_declare(QUEUE, durable=True)
+    setup.close()
+    confirmed_lists = [[], []]
+    acked, unacked = set(), set()
+    stop = threading.Event()
+    threads = [threading.Thread(target=_publisher, args=(broker_process.port, f"c{cycle}p{i}",
+                                                          confirmed_lists[i], stop))
+               for i in range(2)]
+    threads.append(threading.Thread(target=_consumer, args=(broker_process.port, acked,
+                                                            unacked, stop)))
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    broker_process.kill()
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    confirmed = set(confirmed_lists[0]) | set(confirmed_lists[1])
+    return confirmed, acked, unacked
+
+
+def drain_all(broker_process):
+    connection = broker_process.connect()
+    channel = connection.channel()
+    got = []
+    while True:
+        method, _, body = channel.basic_get(QUEUE, auto_ack=False)
+        if method is None:
+            break
+        got.append((body, method.redelivered))
+    channel.basic_ack(0, multiple=True)
+    connection.close()
+    return got
+
+
+def check_recovered(confirmed, acked, unacked, recovered):
+    bodies = [body for body, _ in recovered]
+    assert len(bodies) == len(set(bodies)), "a message came back twice"
+    redelivered = {body for body, flag in recovered if flag}
+    missing = confirmed - set(bodies) - acked
+    assert not missing, f"{len(missing)} confirmed messages lost, e.g. {sorted(missing)[:3]}"
+    lost_unacked = unacked - set(bodies)
+    assert not lost_unacked, f"unacked messages lost: {sorted(lost_unacked)[:3]}"
+    not_flagged = unacked - redelivered
+    assert not not_flagged, f"unacked at the crash but not redelivered: {sorted(not_flagged)[:3]}"
+
+
+def test_sigkill_with_confirming_publishers_loses_no_confirmed_message(broker_process):
+    confirmed, acked, unacked = crash_cycle(broker_process, 0)
+    assert len(confirmed) > 50 and unacked
+    broker_process.start()
+    recovered = drain_all(broker_process)
+    check_recovered(confirmed, acked, unacked, recovered)
+
+
+@pytest.mark.slow
+def test_crash_loop(broker_process):
+    """Several SIGKILLs in a row on the same data; each restart checks the previous run."""
+    for cycle in range(6):
+        confirmed, acked, unacked = crash_cycle(broker_process, cycle, seconds=0.7)
+        broker_process.start()
+        recovered = drain_all(broker_process)
+        check_recovered(confirmed, acked, unacked, recovered)
+        broker_process.kill()
+
+
+def test_sigterm_closes_clients_with_320_and_keeps_everything(broker_process):
+    broker_process.start()
+    connection = broker_process.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.exchange_declare("keep-x", "topic", durable=True)
+    channel.exchange_declare("drop-x", "fanout", durable=False)
+    channel.queue_declare("keep-q", durable=True)
+    channel.queue_declare("drop-q", durable=False)
+    channel.queue_bind("keep-q", "keep-x", "a.#")
+    for i in range(100):
+        channel.basic_publish("keep-x", "a.b", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    broker_process.process.send_signal(signal.SIGTERM)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as excinfo:
+        connection.process_data_events(time_limit=5)
+    assert excinfo.value.args == (320, "CONNECTION_FORCED - broker forced connection closure")
+    assert broker_process.process.wait(15) == 0
+    broker_process.start()
+    connection = broker_process.connect()
+    channel = connection.channel()
+    assert channel.queue_declare("keep-q", passive=True).method.message_count == 100
+    channel.exchange_declare("keep-x", passive=True)
+    channel.basic_publish("keep-x", "a.c", b"after")
+    method, _, body = channel.basic_get("keep-q", auto_ack=True)
+    assert body == b"0" and not method.redelivered
+    for missing in (lambda: channel.queue_declare("drop-q", passive=True),
+                    lambda: channel.exchange_declare("drop-x", passive=True)):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+            missing()
+        assert excinfo.value.args[0] == 404
+        channel = connection.channel()
+    connection.close()
+
+
+def test_serve_reads_flags_over_environment(tmp_path):
+    env = dict(os.environ, WARREN_PORT="1", WARREN_LOG_LEVEL="warning")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", "0", "--bind",
+         "127.0.0.1", "--data-dir", str(tmp_path / "d")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        assert LISTENING.search(line) and not line.strip().endswith(":1")
+        assert (tmp_path / "d" / "metadata.sqlite3").exists()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
