@@ -106,6 +106,46 @@ def test_coalesce_merges_contiguous_appends_per_peer_and_keeps_order():
     assert [e.index for e in merged[0].entries] == [11, 12, 13]
 
 
+@st.composite
+def _outboxes(draw):
+    """A leader's outbox: per peer, appends that mostly continue each other, and heartbeats."""
+    next_index = {2: 1, 3: 1}
+    messages = []
+    for _ in range(draw(st.integers(0, 30))):
+        dst = draw(st.sampled_from([2, 3]))
+        if draw(st.booleans()):
+            messages.append(Message(MessageKind.HEARTBEAT, 1, dst, 2))
+            continue
+        prev = next_index[dst] - 1 - draw(st.sampled_from([0, 0, 0, 1, 3]))
+        count = draw(st.integers(1, 3))
+        messages.append(_append(dst, max(prev, 0), count, commit=draw(st.integers(0, 50))))
+        next_index[dst] = max(prev, 0) + count + 1
+    return messages
+
+
+def _per_peer_stream(messages):
+    stream = {}
+    for m in messages:
+        events = stream.setdefault(m.dst, [])
+        if m.kind is MessageKind.APPEND:
+            events.append(("check", m.index))
+            events.extend(("entry", e.index) for e in m.entries)
+        else:
+            events.append(("heartbeat",))
+    return stream
+
+
+@given(messages=_outboxes())
+def test_coalescing_changes_no_peer_stream_but_its_consistency_checks(messages):
+    merged = coalesce_appends(messages)
+    strip = lambda stream: {dst: [e for e in events if e[0] != "check"] for dst, events in stream.items()}
+    assert strip(_per_peer_stream(merged)) == strip(_per_peer_stream(messages))
+    for m in merged:
+        if m.kind is MessageKind.APPEND:
+            assert [e.index for e in m.entries] == list(range(m.index + 1, m.index + 1 + len(m.entries)))
+    assert len(merged) <= len(messages)
+
+
 # -- in-process clusters ------------------------------------------------------------------
 
 

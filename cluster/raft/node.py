@@ -59,6 +59,7 @@ from warrenmq.cluster.raft.kv import (
 )
 from warrenmq.cluster.raft.messages import (
     DecodeError,
+    Entry,
     EntryKind,
     Message,
     MessageKind,
@@ -103,22 +104,28 @@ def coalesce_appends(messages: Sequence[Message]) -> list[Message]:
     leader releases all in-flight appends at or below an acked index.
     """
     out: list[Message] = []
-    last_append_at: dict[int, int] = {}
+    open_run: dict[int, int] = {}  # peer -> position in `out` of its APPEND still open to merging
+    merged: dict[int, tuple[list[Entry], int]] = {}  # position -> (all entries, last commit)
     for m in messages:
         if m.kind is MessageKind.APPEND and m.entries:
-            position = last_append_at.get(m.dst)
+            position = open_run.get(m.dst)
             if position is not None:
-                previous = out[position]
-                if previous.term == m.term and previous.entries[-1].index == m.index:
-                    out[position] = replace(
-                        previous, entries=previous.entries + m.entries, commit=m.commit
-                    )
+                head = out[position]
+                run = merged.get(position)
+                last_index = run[0][-1].index if run is not None else head.entries[-1].index
+                if head.term == m.term and last_index == m.index:
+                    if run is None:
+                        run = merged[position] = (list(head.entries), head.commit)
+                    run[0].extend(m.entries)
+                    merged[position] = (run[0], m.commit)
                     continue
-            last_append_at[m.dst] = len(out)
+            open_run[m.dst] = len(out)
         else:
             # Anything else to this peer must stay after the appends sent before it.
-            last_append_at.pop(m.dst, None)
+            open_run.pop(m.dst, None)
         out.append(m)
+    for position, (entries, commit) in merged.items():
+        out[position] = replace(out[position], entries=tuple(entries), commit=commit)
     return out
 
 
