@@ -76,6 +76,18 @@ def test_conflicting_suffix_is_replaced(tmp_path):
     reopened.close()
 
 
+def test_a_large_append_is_split_into_batches_the_log_accepts(tmp_path):
+    config = LogConfig(segment_bytes_max=4096, index_interval_bytes=256, batch_records_max=7)
+    directory = tmp_path / "n"
+    storage = RaftStorage.open(directory, config)
+    written = [Entry(1, i, EntryKind.NORMAL, bytes([i % 251]) * 100) for i in range(1, 101)]
+    written += entries(101, 130, 2)
+    storage.save(HardState(2, 1, 0), written, None)
+    assert storage.entries() == written
+    storage.close()
+    assert RaftStorage.open(directory, config).entries() == written
+
+
 def test_appends_must_be_contiguous(tmp_path):
     storage = RaftStorage.open(tmp_path / "n")
     storage.save(None, entries(1, 3, 1), None)

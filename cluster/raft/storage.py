@@ -58,6 +58,7 @@ _SNAPSHOT_MAGIC = b"WRSN"
 _EMPTY = b""
 _KIND_BYTES = {kind: bytes([kind]) for kind in EntryKind}
 _READ_RECORDS_MAX = 10_000
+_RECORD_OVERHEAD_BYTES = 16  # the log's record header and the kind byte, rounded up
 
 
 class StorageError(Exception):
@@ -296,24 +297,34 @@ class RaftStorage:
             cut = bisect_right(self._term_runs, (first, -1))
             del self._term_runs[cut:]
             self._last_index = first - 1
-        log = self._log
+        config = self._log_config
+        records_max = config.batch_records_max
+        # Half the bound leaves room for the batch header and per-record framing.
+        bytes_max = min(config.batch_bytes_max, config.segment_bytes_max) // 2
         expected = first
-        run_start = 0
-        for position in range(1, len(entries) + 1):
-            if position == len(entries) or entries[position].term != entries[run_start].term:
-                run = entries[run_start:position]
-                term = run[0].term
+        records: list[tuple[bytes, bytes, bytes, bytes]] = []
+        batch_bytes = 0
+        batch_term = entries[0].term
+        for entry in entries:
+            if entry.index != expected:
+                raise StorageError(f"entries not contiguous at {entry.index}, expected {expected}")
+            if records and (entry.term != batch_term or len(records) >= records_max or batch_bytes + len(entry.data) > bytes_max):
+                self._append_batch(records, batch_term, expected - len(records))
                 records = []
-                for entry in run:
-                    if entry.index != expected:
-                        raise StorageError(f"entries not contiguous at {entry.index}, expected {expected}")
-                    expected += 1
-                    records.append((_EMPTY, _EMPTY, _KIND_BYTES[entry.kind], entry.data))
-                base_offset = log.append(records, timestamp_ms=0, term=term)
-                assert base_offset == run[0].index
-                self._note_term(run[0].index, term)
-                run_start = position
+                batch_bytes = 0
+            batch_term = entry.term
+            records.append((_EMPTY, _EMPTY, _KIND_BYTES[entry.kind], entry.data))
+            batch_bytes += len(entry.data) + _RECORD_OVERHEAD_BYTES
+            expected += 1
+        self._append_batch(records, batch_term, expected - len(records))
         self._last_index = entries[-1].index
+
+    def _append_batch(self, records: list[tuple[bytes, bytes, bytes, bytes]], term: int, first: int) -> None:
+        """One log batch of entries of one term, the first at index `first`."""
+        assert self._log is not None
+        base_offset = self._log.append(records, timestamp_ms=0, term=term)
+        assert base_offset == first, (base_offset, first)
+        self._note_term(first, term)
 
     def sync(self) -> None:
         assert self._log is not None
