@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from warrenmq.cluster.raft.kv import (
     encode_not_leader,
     encode_put,
 )
+from warrenmq.cluster.raft.linearizability import KvModel, Operation, check
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind
 from warrenmq.cluster.raft.node import LocalCluster, RaftServer, ServerConfig, coalesce_appends, free_port
 
@@ -515,3 +517,57 @@ def test_whole_cluster_sigkill_and_restart_keeps_every_acknowledged_write(cluste
         await client.close()
 
     asyncio.run(scenario_read())
+
+
+@pytest.mark.slow
+def test_history_across_a_leader_kill_is_linearizable(cluster):
+    """Concurrent clients put and get a few keys while the leader is SIGKILLed; the history
+    they observe must be linearizable (checked by linearizability.check)."""
+
+    async def scenario() -> list[Operation]:
+        history: list[Operation] = []
+        stop = asyncio.Event()
+        old_leader = await _wait_leader(cluster, timeout_s=10)
+
+        async def run_client(client_id: int) -> None:
+            rng = random.Random(client_id)
+            client = KVClient(cluster.client_addresses(), request_timeout_s=5.0)
+            sequence = 0
+            try:
+                while not stop.is_set():
+                    key = b"key-%d" % rng.randrange(4)
+                    call = time.monotonic_ns()
+                    if rng.random() < 0.5:
+                        sequence += 1
+                        value = b"%d-%d" % (client_id, sequence)
+                        try:
+                            await client.put(key, value)
+                        except KVUnavailable:
+                            history.append(Operation(client_id, ("put", key, value), call, None, None))
+                            # An unknown outcome ends this client's turn as a sequential process.
+                            client_id += 100
+                            continue
+                        history.append(Operation(client_id, ("put", key, value), call, None, time.monotonic_ns()))
+                    else:
+                        try:
+                            got = await client.get(key)
+                        except KVUnavailable:
+                            continue  # a read that failed observed nothing
+                        history.append(Operation(client_id, ("get", key), call, got, time.monotonic_ns()))
+            finally:
+                await client.close()
+
+        clients = [asyncio.ensure_future(run_client(i)) for i in range(1, 5)]
+        await asyncio.sleep(0.7)
+        cluster.kill(old_leader, signal.SIGKILL)
+        await _wait_leader(cluster, timeout_s=5, exclude=old_leader)
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.gather(*clients)
+        return history
+
+    history = asyncio.run(scenario())
+    completed = [op for op in history if op.ret is not None]
+    assert len(completed) > 200, "the clients made progress on both sides of the kill"
+    result = check(history, KvModel())
+    assert result.ok is True, result.failing_part
