@@ -1,0 +1,188 @@
+"""Publisher confirms, transactions and direct reply-to."""
+
+from __future__ import annotations
+
+import time
+
+import amqp
+import pika
+import pytest
+from pamqp import body as content_body
+from pamqp import commands, frame, header
+
+from pika_helpers import channel_error, drain, sync, wait_get
+from raw_client import RawClient
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def test_confirmed_publish_to_durable_queue(channel, uid):
+    channel.confirm_delivery()
+    channel.queue_declare(f"{uid}-q", durable=True)
+    for i in range(20):
+        channel.basic_publish("", f"{uid}-q", str(i).encode(), PERSISTENT)
+    assert drain(channel, f"{uid}-q") == [str(i).encode() for i in range(20)]
+    channel.queue_delete(f"{uid}-q")
+
+
+def test_confirmed_unroutable_mandatory_is_returned_then_acked(channel, uid):
+    channel.confirm_delivery()
+    with pytest.raises(pika.exceptions.UnroutableError) as unroutable:
+        channel.basic_publish("amq.direct", f"{uid}-nowhere", b"x", mandatory=True)
+    (returned,) = unroutable.value.messages
+    assert (returned.method.reply_code, returned.method.reply_text) == (312, "NO_ROUTE")
+    channel.basic_publish("amq.direct", f"{uid}-nowhere", b"x")
+
+
+def _publish_bytes(channel: int, exchange: str, key: str, payload: bytes, persistent: bool) -> bytes:
+    """basic.publish, its content header and body, encoded for one write."""
+    properties = commands.Basic.Properties(delivery_mode=2 if persistent else 1)
+    return b"".join([
+        frame.marshal(commands.Basic.Publish(exchange=exchange, routing_key=key), channel),
+        frame.marshal(header.ContentHeader(0, len(payload), properties), channel),
+        frame.marshal(content_body.ContentBody(payload), channel),
+    ])
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "transient"])
+def test_confirms_cover_every_publish_once_in_order(broker, uid, persistent):
+    count = 500
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Confirm.Select())
+        raw.expect(commands.Confirm.SelectOk)
+        raw.send(1, commands.Queue.Declare(queue=f"{uid}-q", durable=True))
+        raw.expect(commands.Queue.DeclareOk)
+        raw.send_bytes(b"".join(
+            _publish_bytes(1, "", f"{uid}-q", str(i).encode(), persistent) for i in range(count)
+        ))
+        confirmed: list[int] = []
+        highest = 0
+        while highest < count:
+            _, ack = raw.expect(commands.Basic.Ack)
+            assert ack.delivery_tag > highest
+            if ack.multiple:
+                confirmed.extend(range(highest + 1, ack.delivery_tag + 1))
+            else:
+                confirmed.append(ack.delivery_tag)
+            highest = ack.delivery_tag
+        assert confirmed == list(range(1, count + 1))
+        raw.send(1, commands.Queue.Delete(queue=f"{uid}-q"))
+        _, deleted = raw.expect(commands.Queue.DeleteOk)
+        assert deleted.message_count == count
+
+
+def test_confirms_with_py_amqp(broker, uid):
+    conn = amqp.Connection(f"{broker.host}:{broker.port}", confirm_publish=True)
+    conn.connect()
+    try:
+        ch = conn.channel()
+        ch.queue_declare(f"{uid}-q", exclusive=True)
+        for i in range(10):
+            ch.basic_publish(amqp.Message(str(i), delivery_mode=2), "", f"{uid}-q")
+        assert ch.queue_declare(f"{uid}-q", passive=True).message_count == 10
+    finally:
+        conn.close()
+
+
+def test_tx_commit_and_rollback_of_publishes(connection, uid):
+    observer = connection.channel()
+    observer.queue_declare(f"{uid}-q", exclusive=True)
+    tx = connection.channel()
+    tx.tx_select()
+    tx.basic_publish("", f"{uid}-q", b"rolled back")
+    sync(tx)
+    assert drain(observer, f"{uid}-q") == []
+    tx.tx_rollback()
+    tx.basic_publish("", f"{uid}-q", b"committed")
+    tx.tx_commit()
+    assert drain(observer, f"{uid}-q") == [b"committed"]
+
+
+def test_tx_commit_and_rollback_of_acks(connection, uid):
+    ch = connection.channel()
+    ch.queue_declare(f"{uid}-q", exclusive=True)
+    ch.basic_publish("", f"{uid}-q", b"m")
+    ch.tx_select()
+    method, _, _ = wait_get(ch, f"{uid}-q")
+    ch.basic_ack(method.delivery_tag)
+    ch.tx_rollback()
+    ch.basic_ack(method.delivery_tag)
+    ch.tx_commit()
+    ch.close()
+    assert connection.channel().queue_declare(f"{uid}-q", passive=True).method.message_count == 0
+
+
+def test_tx_commit_without_select_is_406(channel):
+    code, text = channel_error(channel.tx_commit)
+    assert (code, text) == (406, "PRECONDITION_FAILED - channel is not transactional")
+
+
+def test_tx_rollback_without_select_is_406(channel):
+    code, text = channel_error(channel.tx_rollback)
+    assert (code, text) == (406, "PRECONDITION_FAILED - channel is not transactional")
+
+
+def test_confirm_and_tx_exclude_each_other(connection):
+    ch = connection.channel()
+    ch.tx_select()
+    code, text = channel_error(ch.confirm_delivery)
+    assert (code, text) == (406, "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
+    ch = connection.channel()
+    ch.confirm_delivery()
+    code, text = channel_error(ch.tx_select)
+    assert (code, text) == (406, "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
+
+
+REPLY_TO = "amq.rabbitmq.reply-to"
+
+
+def test_direct_reply_to_rpc(connection, open_connection, uid):
+    server = open_connection()
+    server_ch = server.channel()
+    server_ch.queue_declare(f"{uid}-rpc", exclusive=True)
+
+    client = connection.channel()
+    replies = []
+    client.basic_consume(REPLY_TO, lambda ch, m, p, b: replies.append((p.correlation_id, b)),
+                         auto_ack=True)
+    client.basic_publish(
+        "", f"{uid}-rpc", b"ping", pika.BasicProperties(reply_to=REPLY_TO, correlation_id="c-7")
+    )
+    method, props, body = wait_get(server_ch, f"{uid}-rpc")
+    assert props.reply_to.startswith(REPLY_TO + ".") and props.reply_to != REPLY_TO + "."
+    server_ch.basic_publish(
+        "", props.reply_to, b"pong:" + body, pika.BasicProperties(correlation_id=props.correlation_id)
+    )
+    server_ch.basic_ack(method.delivery_tag)
+    deadline = time.monotonic() + 5
+    while not replies and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.05)
+    assert replies == [("c-7", b"pong:ping")]
+
+
+def test_direct_reply_to_requires_no_ack(channel):
+    code, text = channel_error(channel.basic_consume, REPLY_TO, lambda *a: None, auto_ack=False)
+    assert (code, text) == (406, "PRECONDITION_FAILED - reply consumer cannot acknowledge")
+
+
+def test_direct_reply_to_needs_a_consumer_first(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True)
+    channel.basic_publish("", f"{uid}-q", b"x", pika.BasicProperties(reply_to=REPLY_TO))
+    code, text = channel_error(sync, channel)
+    assert (code, text) == (406, "PRECONDITION_FAILED - fast reply consumer does not exist")
+
+
+def test_reply_to_a_gone_client_is_dropped(connection, open_connection, uid):
+    server_ch = connection.channel()
+    server_ch.queue_declare(f"{uid}-rpc", exclusive=True)
+    client = open_connection()
+    client_ch = client.channel()
+    client_ch.basic_consume(REPLY_TO, lambda *a: None, auto_ack=True)
+    client_ch.basic_publish("", f"{uid}-rpc", b"ping", pika.BasicProperties(reply_to=REPLY_TO))
+    _, props, _ = wait_get(server_ch, f"{uid}-rpc")
+    client.close()
+    server_ch.basic_publish("", props.reply_to, b"pong")
+    sync(server_ch)
+    assert server_ch.is_open
