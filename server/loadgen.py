@@ -1,0 +1,443 @@
+"""`warren bench publish|e2e|memory`: a load generator for any AMQP 0-9-1 broker, like PerfTest.
+
+Scenarios (each declares its own durable queue, ``x-queue-type`` classic or quorum, purges it,
+and deletes it at the end unless ``--keep-queue``):
+
+* ``publish`` — publishers with confirms, at most ``--window`` unconfirmed each, send
+  ``--messages`` persistent messages of ``--size`` bytes; reports msgs/s from the first
+  publish to the last confirm, and the publish-to-confirm latency.
+* ``e2e`` — the same publishers (optionally paced at ``--rate`` msgs/s in total) plus
+  consumers with prefetch ``--prefetch`` that ack with ``multiple`` every
+  ``--multi-ack-every`` deliveries; reports msgs/s received and the end-to-end latency from
+  the send timestamp carried in each body.
+* ``memory`` — fills the queue with ``--messages`` ready messages and reports how much the
+  broker's resident memory grew (``--pid``, read from /proc, so the broker must run on this
+  machine).
+
+``--compare URL`` runs the same scenario against a second broker right after the first, in the
+same process, and prints both reports and their ratio (first / second) for the headline
+figures. Output is one JSON document on stdout; on failure it has an ``error`` key and the
+exit status is 1.
+
+The client is built to stay out of the way: hand-built frames written in runs (one
+``transport.write`` per window refill), one clock read per socket read, no per-message
+objects; everything shares one uvloop event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pamqp import commands
+
+from . import loadgen_wire as wire
+from .loadgen_client import BenchError, ClientConnection, close_all
+from .loadgen_roles import Consumer, ConsumerTally, Publisher
+from .loadgen_stats import LatencyHistogram
+
+QUEUE_TYPES = ("classic", "quorum")
+WINDOW_MAX = 1_000_000
+CONNECTIONS_MAX = 64
+PREFETCH_MAX = 65_535  # basic.qos prefetch-count is a short
+BODY_BYTES_MAX = 128 << 20
+_MB = 1_000_000
+# The figures `--compare` divides, per scenario.
+HEADLINES = {
+    "publish": ("msgs_per_s", "confirm_latency_ms_p50", "confirm_latency_ms_p99"),
+    "e2e": ("msgs_per_s", "latency_ms_p50", "latency_ms_p99"),
+    "memory": ("rss_mb_growth",),
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """One scenario's parameters, the same for the broker under test and the compared one."""
+
+    scenario: str
+    queue: str
+    queue_type: str = "classic"
+    size_bytes: int = 64
+    messages: int = 100_000
+    window: int = 1000
+    publishers: int = 1
+    consumers: int = 1
+    prefetch: int = 1000
+    multi_ack_every: int = 500
+    rate_per_s: float | None = None
+    warmup: int = 0
+    settle_s: float = 2.0
+    keep_queue: bool = False
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.scenario not in HEADLINES:
+            raise ValueError(f"unknown scenario {self.scenario!r}")
+        if self.queue_type not in QUEUE_TYPES:
+            raise ValueError(f"queue type must be one of {QUEUE_TYPES}, got {self.queue_type!r}")
+        if not 0 <= self.size_bytes <= BODY_BYTES_MAX:
+            raise ValueError(f"size must be 0..{BODY_BYTES_MAX} bytes, got {self.size_bytes}")
+        if self.scenario == "e2e" and self.size_bytes < wire.TIMESTAMP_BYTES:
+            raise ValueError(f"e2e needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
+        if self.messages < 1 or not 1 <= self.window <= WINDOW_MAX:
+            raise ValueError(f"need messages >= 1 and window 1..{WINDOW_MAX}")
+        if not 1 <= self.publishers <= CONNECTIONS_MAX or not 1 <= self.consumers <= CONNECTIONS_MAX:
+            raise ValueError(f"publishers and consumers must be 1..{CONNECTIONS_MAX}")
+        if self.publishers > self.messages:
+            raise ValueError("more publishers than messages")
+        if not 0 <= self.prefetch <= PREFETCH_MAX:
+            raise ValueError(f"prefetch must be 0..{PREFETCH_MAX} (0: unlimited)")
+        if self.multi_ack_every < 1 or (self.prefetch and self.multi_ack_every > self.prefetch):
+            # Acking less often than the prefetch allows would stall the consumer for good.
+            raise ValueError("multi-ack-every must be 1..prefetch")
+        if self.rate_per_s is not None and self.rate_per_s <= 0:
+            raise ValueError("rate must be positive")
+        if self.warmup < 0 or self.warmup >= self.messages:
+            raise ValueError("warmup must be 0..messages-1")
+        if self.settle_s < 0 or self.timeout_s <= 0:
+            raise ValueError("settle must be >= 0 s and timeout > 0 s")
+
+
+def read_rss_bytes(pid: int) -> int:
+    """Resident set size of a local process, from /proc/PID/status."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    value, unit = line.split()[1:3]
+                    assert unit == "kB", line
+                    return int(value) * 1024
+    except OSError as error:
+        raise BenchError(f"cannot read the memory of pid {pid}: {error}") from error
+    raise BenchError(f"/proc/{pid}/status has no VmRSS (a kernel thread or a zombie?)")
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` near-equal positive shares."""
+    share, extra = divmod(total, parts)
+    return [share + (1 if index < extra else 0) for index in range(parts)]
+
+
+async def _declare(connection: ClientConnection, channel: int, options: Options) -> None:
+    await connection.call(channel, commands.Queue.Declare(
+        queue=options.queue, durable=True,
+        arguments={"x-queue-type": options.queue_type}), commands.Queue.DeclareOk)
+    await connection.call(channel, commands.Queue.Purge(queue=options.queue),
+                          commands.Queue.PurgeOk)
+
+
+async def _ready_count(connection: ClientConnection, channel: int, queue: str) -> int:
+    declare_ok = await connection.call(channel, commands.Queue.Declare(queue=queue, passive=True),
+                                       commands.Queue.DeclareOk)
+    return declare_ok.message_count
+
+
+async def _start_publishers(address: wire.BrokerAddress, options: Options, stamp: bool,
+                            connections: list[ClientConnection]) -> list[Publisher]:
+    publishers = []
+    rates = ([None] * options.publishers if options.rate_per_s is None
+             else [options.rate_per_s * share / options.messages
+                   for share in _split(options.messages, options.publishers)])
+    for share, rate in zip(_split(options.messages, options.publishers), rates, strict=True):
+        connection = await ClientConnection.open(address)
+        connections.append(connection)
+        channel = await connection.open_channel()
+        await connection.call(channel, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        template = wire.PublishTemplate(channel, "", options.queue, options.size_bytes,
+                                        connection.frame_max)
+        publishers.append(Publisher(connection, channel, template, share, options.window,
+                                    rate_per_s=rate, stamp=stamp))
+    return publishers
+
+
+def _publish_report(publishers: list[Publisher], connections: list[ClientConnection]) -> dict:
+    histogram = LatencyHistogram()
+    for publisher in publishers:
+        histogram.merge(publisher.histogram)
+    start_ns = min(publisher.start_ns for publisher in publishers)
+    end_ns = max(publisher.done.result() for publisher in publishers)
+    seconds = max((end_ns - start_ns) / 1e9, 1e-9)
+    published = sum(publisher.published for publisher in publishers)
+    confirm = {f"confirm_{key}" if key.startswith("latency") else "confirmed": value
+               for key, value in histogram.summary_ms().items()}
+    return {
+        "seconds": round(seconds, 3),
+        "published": published,
+        "nacked": sum(publisher.nacked for publisher in publishers),
+        "publish_msgs_per_s": round(published / seconds, 1),
+        **confirm,
+        "blocked": sum(connection.blocked_count for connection in connections),
+    }
+
+
+async def _run_publish(address: wire.BrokerAddress, options: Options,
+                       connections: list[ClientConnection]) -> dict[str, Any]:
+    publishers = await _start_publishers(address, options, False, connections)
+    for publisher in publishers:
+        publisher.start()
+    await asyncio.gather(*(publisher.done for publisher in publishers))
+    report = _publish_report(publishers, connections)
+    report["msgs_per_s"] = report["publish_msgs_per_s"]
+    report["mb_per_s"] = round(report["msgs_per_s"] * options.size_bytes / _MB, 3)
+    return report
+
+
+async def _run_e2e(address: wire.BrokerAddress, options: Options,
+                   connections: list[ClientConnection]) -> dict[str, Any]:
+    tally = ConsumerTally(options.messages)
+    consumers = []
+    for _ in range(options.consumers):
+        connection = await ClientConnection.open(address)
+        connections.append(connection)
+        channel = await connection.open_channel()
+        await connection.call(channel, commands.Basic.Qos(prefetch_count=options.prefetch),
+                              commands.Basic.QosOk)
+        consumer = Consumer(connection, channel, tally, options.multi_ack_every, options.warmup)
+        consumer.attach()
+        await connection.call(channel, commands.Basic.Consume(queue=options.queue),
+                              commands.Basic.ConsumeOk)
+        consumers.append(consumer)
+    publishers = await _start_publishers(address, options, True, connections)
+    for publisher in publishers:
+        publisher.start()
+    await asyncio.gather(tally.done, *(publisher.done for publisher in publishers))
+    for consumer in consumers:
+        consumer.flush_acks()
+    report = _publish_report(publishers, connections)
+    start_ns = min(publisher.start_ns for publisher in publishers)
+    seconds = max((tally.done.result() - start_ns) / 1e9, 1e-9)
+    report.update({
+        "seconds": round(seconds, 3),
+        "received": tally.received,
+        "redelivered": tally.redelivered,
+        "unstamped": tally.unstamped,
+        "msgs_per_s": round(tally.received / seconds, 1),
+        **{key: value for key, value in tally.histogram.summary_ms().items() if key != "count"},
+    })
+    return report
+
+
+async def _run_memory(address: wire.BrokerAddress, options: Options,
+                      connections: list[ClientConnection], admin: ClientConnection,
+                      channel: int, pid: int | None) -> dict[str, Any]:
+    await asyncio.sleep(options.settle_s)
+    rss_before = read_rss_bytes(pid) if pid is not None else None
+    publishers = await _start_publishers(address, options, False, connections)
+    for publisher in publishers:
+        publisher.start()
+    await asyncio.gather(*(publisher.done for publisher in publishers))
+    report = _publish_report(publishers, connections)
+    await asyncio.sleep(options.settle_s)
+    report["ready"] = await _ready_count(admin, channel, options.queue)
+    if rss_before is not None:
+        assert pid is not None
+        rss_after = read_rss_bytes(pid)
+        report.update({
+            "pid": pid,
+            "rss_mb_before": round(rss_before / _MB, 1),
+            "rss_mb_after": round(rss_after / _MB, 1),
+            "rss_mb_growth": round((rss_after - rss_before) / _MB, 1),
+            "rss_bytes_per_message": round((rss_after - rss_before) / options.messages, 1),
+        })
+    return report
+
+
+async def run_scenario(url: str, options: Options, pid: int | None = None) -> dict[str, Any]:
+    """Run one scenario against one broker; a report dict (raises BenchError on failure)."""
+    address = wire.parse_url(url)
+    connections: list[ClientConnection] = []
+    admin: ClientConnection | None = None
+    declared = False
+
+    async def body() -> dict[str, Any]:
+        nonlocal admin, declared
+        admin = await ClientConnection.open(address)
+        channel = await admin.open_channel()
+        await _declare(admin, channel, options)
+        declared = True
+        if options.scenario == "publish":
+            report = await _run_publish(address, options, connections)
+        elif options.scenario == "e2e":
+            report = await _run_e2e(address, options, connections)
+        else:
+            report = await _run_memory(address, options, connections, admin, channel, pid)
+        if not options.keep_queue:
+            await admin.call(channel, commands.Queue.Delete(queue=options.queue),
+                             commands.Queue.DeleteOk)
+            declared = False
+        return report
+
+    cpu_start_s, wall_start_s = time.process_time(), time.perf_counter()
+    try:
+        report = await asyncio.wait_for(body(), options.timeout_s)
+    except asyncio.TimeoutError:
+        raise BenchError(f"{options.scenario} against {address.display()} did not finish "
+                         f"within {options.timeout_s} s") from None
+    finally:
+        await close_all(connections)
+        if admin is not None:
+            if declared and not options.keep_queue and admin.error is None:
+                await _delete_quietly(admin, options.queue)
+            await admin.close()
+    # The client's own CPU share over the run: near 100 % means it, not the broker, set the pace.
+    report["client_cpu_percent"] = round(
+        100 * (time.process_time() - cpu_start_s) / (time.perf_counter() - wall_start_s), 1)
+    return {"url": address.display(), **_shown_options(options), **report}
+
+
+# Options that mean something for each scenario (the rest are left out of its report).
+_SCENARIO_OPTIONS = {
+    "publish": ("scenario", "queue", "queue_type", "size_bytes", "messages", "window",
+                "publishers"),
+    "e2e": ("scenario", "queue", "queue_type", "size_bytes", "messages", "window", "publishers",
+            "consumers", "prefetch", "multi_ack_every", "rate_per_s", "warmup"),
+    "memory": ("scenario", "queue", "queue_type", "size_bytes", "messages", "window",
+               "publishers", "settle_s"),
+}
+
+
+def _shown_options(options: Options) -> dict[str, Any]:
+    values = asdict(options)
+    return {key: values[key] for key in _SCENARIO_OPTIONS[options.scenario]}
+
+
+async def _delete_quietly(admin: ClientConnection, queue: str) -> None:
+    """Best-effort cleanup after a failed run: a fresh channel, a bounded wait."""
+    try:
+        channel = await admin.open_channel()
+        await asyncio.wait_for(admin.call(channel, commands.Queue.Delete(queue=queue),
+                                          commands.Queue.DeleteOk), 10)
+    except (BenchError, asyncio.TimeoutError):
+        pass
+
+
+def ratios(scenario: str, target: dict[str, Any], compared: dict[str, Any]) -> dict[str, float | None]:
+    """target / compared for the scenario's headline figures (None where undefined)."""
+    out: dict[str, float | None] = {}
+    for key in HEADLINES[scenario]:
+        mine, theirs = target.get(key), compared.get(key)
+        out[key] = (round(mine / theirs, 3)
+                    if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) and theirs
+                    else None)
+    return out
+
+
+async def run_bench(options: Options, url: str, compare_url: str | None = None,
+                    pid: int | None = None, compare_pid: int | None = None) -> dict[str, Any]:
+    """One scenario against ``url`` and, when given, the same against ``compare_url``."""
+    target = await run_scenario(url, options, pid)
+    if compare_url is None:
+        return target
+    compared = await run_scenario(compare_url, options, compare_pid)
+    return {"scenario": options.scenario, "target": target, "compare": compared,
+            "ratio": ratios(options.scenario, target, compared)}
+
+
+def _run_loop(main: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    try:
+        import uvloop
+    except ImportError:  # Windows: the default loop is slower but correct
+        return asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())
+
+
+def _options_from_args(args: argparse.Namespace) -> Options:
+    prefetch = getattr(args, "prefetch", 1000)
+    ack_every = getattr(args, "multi_ack_every", None)
+    if ack_every is None:
+        ack_every = max(1, prefetch // 2) if prefetch else 100
+    queue = args.queue or f"warren-bench-{args.scenario}-{os.getpid()}-{secrets.token_hex(3)}"
+    return Options(
+        scenario=args.scenario, queue=queue, queue_type=args.queue_type,
+        size_bytes=args.size, messages=args.messages, window=args.window,
+        publishers=args.publishers, consumers=getattr(args, "consumers", 1),
+        prefetch=prefetch, multi_ack_every=ack_every, rate_per_s=getattr(args, "rate", None),
+        warmup=getattr(args, "warmup", 0), settle_s=getattr(args, "settle", 2.0),
+        keep_queue=args.keep_queue, timeout_s=args.timeout,
+    )
+
+
+def _handle(args: argparse.Namespace) -> int:
+    try:
+        options = _options_from_args(args)
+        result = _run_loop(lambda: run_bench(options, args.url, args.compare,
+                                             getattr(args, "pid", None),
+                                             getattr(args, "compare_pid", None)))
+    except (BenchError, ValueError) as error:
+        print(json.dumps({"scenario": args.scenario, "error": str(error)}, indent=2))
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
+    parser.add_argument("--url", default=wire.DEFAULT_URL,
+                        help=f"broker to measure (default {wire.DEFAULT_URL})")
+    parser.add_argument("--compare", metavar="URL",
+                        help="run the same scenario against this broker too and print the ratio")
+    parser.add_argument("--queue", help="queue name (default: a fresh warren-bench-… name)")
+    parser.add_argument("--queue-type", choices=QUEUE_TYPES, default="classic",
+                        help="x-queue-type of the durable queue (default classic)")
+    parser.add_argument("--size", type=int, default=64, help="message body bytes (default 64)")
+    parser.add_argument("--messages", type=int, default=messages,
+                        help=f"messages to publish in total (default {messages})")
+    parser.add_argument("--window", type=int, default=1000,
+                        help="unconfirmed messages allowed per publisher (default 1000)")
+    parser.add_argument("--publishers", type=int, default=1,
+                        help="publisher connections (default 1)")
+    parser.add_argument("--keep-queue", action="store_true",
+                        help="leave the queue (and any messages) on the broker")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="give up on a broker after this many seconds (default 600)")
+
+
+def register(targets: Any) -> None:
+    """Add `publish`, `e2e` and `memory` to `warren bench`."""
+    publish = targets.add_parser(
+        "publish", help="confirmed publish throughput of persistent messages to a durable queue")
+    _common_arguments(publish, 100_000)
+    publish.set_defaults(handler=_handle, scenario="publish")
+
+    e2e = targets.add_parser(
+        "e2e", help="publish with confirms and consume with acks: msgs/s and end-to-end latency")
+    _common_arguments(e2e, 100_000)
+    e2e.add_argument("--consumers", type=int, default=1, help="consumer connections (default 1)")
+    e2e.add_argument("--prefetch", type=int, default=1000,
+                     help="basic.qos prefetch-count per consumer (default 1000, 0: unlimited)")
+    e2e.add_argument("--multi-ack-every", type=int,
+                     help="ack (multiple) every K deliveries (default: prefetch / 2)")
+    e2e.add_argument("--rate", type=float,
+                     help="publish at this steady total rate in msgs/s (default: as fast as possible)")
+    e2e.add_argument("--warmup", type=int, default=0,
+                     help="leave the first M deliveries out of the latency figures")
+    e2e.set_defaults(handler=_handle, scenario="e2e")
+
+    memory = targets.add_parser(
+        "memory", help="fill a queue with ready messages and report the broker's RSS growth")
+    _common_arguments(memory, 1_000_000)
+    memory.add_argument("--pid", type=int, help="the broker's process id (on this machine)")
+    memory.add_argument("--compare-pid", type=int, help="the compared broker's process id")
+    memory.add_argument("--settle", type=float, default=2.0,
+                        help="seconds to wait before each RSS reading (default 2)")
+    memory.set_defaults(handler=_handle, scenario="memory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m warrenmq.server.loadgen SCENARIO ...`, the same as `warren bench SCENARIO`."""
+    parser = argparse.ArgumentParser(prog="warren bench")
+    register(parser.add_subparsers(dest="target", metavar="SCENARIO", required=True))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
