@@ -717,6 +717,13 @@ class LocalCluster:
             process.send_signal(signum)
         process.wait(timeout=10)
 
+    def pause(self, node: int) -> None:
+        """Freeze a node (SIGSTOP): to its peers it looks like a partition, not a crash."""
+        self.processes[node].send_signal(signal.SIGSTOP)
+
+    def resume(self, node: int) -> None:
+        self.processes[node].send_signal(signal.SIGCONT)
+
     def log_tail(self, node: int, lines: int = 20) -> str:
         path = self.base_dir / f"node-{node}.log"
         if not path.exists():
@@ -726,6 +733,7 @@ class LocalCluster:
     def stop_all(self) -> None:
         for node, process in self.processes.items():
             if process.poll() is None:
+                process.send_signal(signal.SIGCONT)  # a paused node could not act on SIGTERM
                 process.terminate()
         for node, process in self.processes.items():
             try:
