@@ -6,6 +6,7 @@ import asyncio
 import random
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -340,22 +341,34 @@ def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
 
 def test_reads_on_a_node_that_lost_its_quorum_are_never_served_stale(tmp_path):
     async def scenario():
-        configs = _configs(tmp_path, 3)
+        # Without check-quorum a cut-off leader never steps down by itself, so it is still
+        # "leader" when the read arrives: only the ReadIndex round can catch it.
+        configs = {
+            i: replace(c, raft=replace(c.raft, check_quorum=False))
+            for i, c in _configs(tmp_path, 3).items()
+        }
         servers = {i: RaftServer(c) for i, c in configs.items()}
         for server in servers.values():
             await server.start()
         try:
             leader = await _leader(servers)
-            client = KVClient(_addresses(configs, [leader]), request_timeout_s=1.5)
-            await client.put(b"k", b"v")
-            for i in list(servers):
-                if i != leader:
-                    await servers.pop(i).stop()
-            # The old leader may still think it leads for a moment, but ReadIndex needs a
-            # quorum's heartbeat answers, so the read must fail rather than be answered.
+            stale = KVClient(_addresses(configs, [leader]), request_timeout_s=1.5)
+            await stale.put(b"k", b"old")
+            # Cut the leader off from its peers, both ways; its clients still reach it.
+            isolated = servers[leader]
+            isolated.transport.send = lambda dst, payload: False
+            isolated.transport.on_frame = lambda frame: None
+            majority = {i: s for i, s in servers.items() if i != leader}
+            await _leader(majority)
+            writer = KVClient(_addresses(configs, list(majority)))
+            await writer.put(b"k", b"new")
+            await writer.close()
+            assert isolated.raft.role == "leader"
+            # It believes it leads, but ReadIndex needs a quorum's heartbeat answers, so the
+            # read must fail rather than be answered "old".
             with pytest.raises(KVUnavailable):
-                await client.get(b"k")
-            await client.close()
+                await stale.get(b"k")
+            await stale.close()
         finally:
             for server in servers.values():
                 await server.stop()
