@@ -34,7 +34,7 @@ import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pamqp import commands
@@ -106,6 +106,23 @@ class Options:
             raise ValueError("settle must be >= 0 s and timeout > 0 s")
 
 
+@dataclass
+class _Run:
+    """What one scenario run has opened and started, for cleanup and for a timeout's report."""
+
+    connections: list[ClientConnection] = field(default_factory=list)
+    publishers: list[Publisher] = field(default_factory=list)
+    tally: ConsumerTally | None = None
+
+    def progress(self) -> str:
+        published = sum(publisher.published for publisher in self.publishers)
+        confirmed = sum(publisher.confirmed for publisher in self.publishers)
+        text = f"published {published}, confirmed {confirmed}"
+        if self.tally is not None:
+            text += f", received {self.tally.received}"
+        return text
+
+
 def read_rss_bytes(pid: int) -> int:
     """Resident set size of a local process, from /proc/PID/status."""
     try:
@@ -141,14 +158,14 @@ async def _ready_count(connection: ClientConnection, channel: int, queue: str) -
 
 
 async def _start_publishers(address: wire.BrokerAddress, options: Options, stamp: bool,
-                            connections: list[ClientConnection]) -> list[Publisher]:
-    publishers = []
+                            run: _Run) -> list[Publisher]:
+    publishers = run.publishers
     rates = ([None] * options.publishers if options.rate_per_s is None
              else [options.rate_per_s * share / options.messages
                    for share in _split(options.messages, options.publishers)])
     for share, rate in zip(_split(options.messages, options.publishers), rates, strict=True):
         connection = await ClientConnection.open(address)
-        connections.append(connection)
+        run.connections.append(connection)
         channel = await connection.open_channel()
         await connection.call(channel, commands.Confirm.Select(), commands.Confirm.SelectOk)
         template = wire.PublishTemplate(channel, "", options.queue, options.size_bytes,
@@ -158,7 +175,8 @@ async def _start_publishers(address: wire.BrokerAddress, options: Options, stamp
     return publishers
 
 
-def _publish_report(publishers: list[Publisher], connections: list[ClientConnection]) -> dict:
+def _publish_report(run: _Run) -> dict:
+    publishers = run.publishers
     histogram = LatencyHistogram()
     for publisher in publishers:
         histogram.merge(publisher.histogram)
@@ -174,29 +192,29 @@ def _publish_report(publishers: list[Publisher], connections: list[ClientConnect
         "nacked": sum(publisher.nacked for publisher in publishers),
         "publish_msgs_per_s": round(published / seconds, 1),
         **confirm,
-        "blocked": sum(connection.blocked_count for connection in connections),
+        "blocked": sum(connection.blocked_count for connection in run.connections),
     }
 
 
 async def _run_publish(address: wire.BrokerAddress, options: Options,
-                       connections: list[ClientConnection]) -> dict[str, Any]:
-    publishers = await _start_publishers(address, options, False, connections)
+                       run: _Run) -> dict[str, Any]:
+    publishers = await _start_publishers(address, options, False, run)
     for publisher in publishers:
         publisher.start()
     await asyncio.gather(*(publisher.done for publisher in publishers))
-    report = _publish_report(publishers, connections)
+    report = _publish_report(run)
     report["msgs_per_s"] = report["publish_msgs_per_s"]
     report["mb_per_s"] = round(report["msgs_per_s"] * options.size_bytes / _MB, 3)
     return report
 
 
 async def _run_e2e(address: wire.BrokerAddress, options: Options,
-                   connections: list[ClientConnection]) -> dict[str, Any]:
-    tally = ConsumerTally(options.messages)
+                   run: _Run) -> dict[str, Any]:
+    tally = run.tally = ConsumerTally(options.messages)
     consumers = []
     for _ in range(options.consumers):
         connection = await ClientConnection.open(address)
-        connections.append(connection)
+        run.connections.append(connection)
         channel = await connection.open_channel()
         await connection.call(channel, commands.Basic.Qos(prefetch_count=options.prefetch),
                               commands.Basic.QosOk)
@@ -205,13 +223,13 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options,
         await connection.call(channel, commands.Basic.Consume(queue=options.queue),
                               commands.Basic.ConsumeOk)
         consumers.append(consumer)
-    publishers = await _start_publishers(address, options, True, connections)
+    publishers = await _start_publishers(address, options, True, run)
     for publisher in publishers:
         publisher.start()
     await asyncio.gather(tally.done, *(publisher.done for publisher in publishers))
     for consumer in consumers:
         consumer.flush_acks()
-    report = _publish_report(publishers, connections)
+    report = _publish_report(run)
     start_ns = min(publisher.start_ns for publisher in publishers)
     seconds = max((tally.done.result() - start_ns) / 1e9, 1e-9)
     report.update({
@@ -226,15 +244,15 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options,
 
 
 async def _run_memory(address: wire.BrokerAddress, options: Options,
-                      connections: list[ClientConnection], admin: ClientConnection,
+                      run: _Run, admin: ClientConnection,
                       channel: int, pid: int | None) -> dict[str, Any]:
     await asyncio.sleep(options.settle_s)
     rss_before = read_rss_bytes(pid) if pid is not None else None
-    publishers = await _start_publishers(address, options, False, connections)
+    publishers = await _start_publishers(address, options, False, run)
     for publisher in publishers:
         publisher.start()
     await asyncio.gather(*(publisher.done for publisher in publishers))
-    report = _publish_report(publishers, connections)
+    report = _publish_report(run)
     await asyncio.sleep(options.settle_s)
     report["ready"] = await _ready_count(admin, channel, options.queue)
     if rss_before is not None:
@@ -253,7 +271,7 @@ async def _run_memory(address: wire.BrokerAddress, options: Options,
 async def run_scenario(url: str, options: Options, pid: int | None = None) -> dict[str, Any]:
     """Run one scenario against one broker; a report dict (raises BenchError on failure)."""
     address = wire.parse_url(url)
-    connections: list[ClientConnection] = []
+    run = _Run()
     admin: ClientConnection | None = None
     declared = False
 
@@ -264,11 +282,11 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
         await _declare(admin, channel, options)
         declared = True
         if options.scenario == "publish":
-            report = await _run_publish(address, options, connections)
+            report = await _run_publish(address, options, run)
         elif options.scenario == "e2e":
-            report = await _run_e2e(address, options, connections)
+            report = await _run_e2e(address, options, run)
         else:
-            report = await _run_memory(address, options, connections, admin, channel, pid)
+            report = await _run_memory(address, options, run, admin, channel, pid)
         if not options.keep_queue:
             await admin.call(channel, commands.Queue.Delete(queue=options.queue),
                              commands.Queue.DeleteOk)
@@ -280,9 +298,9 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
         report = await asyncio.wait_for(body(), options.timeout_s)
     except asyncio.TimeoutError:
         raise BenchError(f"{options.scenario} against {address.display()} did not finish "
-                         f"within {options.timeout_s} s") from None
+                         f"within {options.timeout_s} s ({run.progress()})") from None
     finally:
-        await close_all(connections)
+        await close_all(run.connections)
         if admin is not None:
             if declared and not options.keep_queue and admin.error is None:
                 await _delete_quietly(admin, options.queue)

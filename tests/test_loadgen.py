@@ -341,6 +341,7 @@ class ToyBroker:
         self.queues: dict[str, list[bytes]] = {}
         self.consumers: dict[str, list] = {}
         self.published = 0
+        self.confirming = True
         self.server = None
 
     async def start(self):
@@ -419,7 +420,8 @@ class ToyConnection(asyncio.Protocol):
             elif isinstance(event, events.MethodReceived):
                 self.method(event.channel, event.method)
         for channel, tag in confirms.items():
-            machine.confirm(channel, tag, multiple=True)
+            if self.broker.confirming:
+                machine.confirm(channel, tag, multiple=True)
         self.flush()
         for queue in touched:
             self.broker.dispatch(queue)
@@ -505,6 +507,25 @@ def test_an_unreachable_broker_is_a_bench_error():
 
     with pytest.raises(BenchError, match="cannot connect"):
         asyncio.run(scenario())
+
+
+def test_a_stalled_broker_times_out_with_progress_and_the_queue_is_deleted():
+    options = loadgen.Options(scenario="publish", queue="stalled", messages=500, window=100,
+                              timeout_s=0.5)
+
+    async def scenario():
+        broker = ToyBroker()
+        broker.confirming = False
+        url = await broker.start()
+        try:
+            with pytest.raises(BenchError, match="published 100, confirmed 0"):
+                await loadgen.run_scenario(url, options)
+            await asyncio.sleep(0.05)
+            assert broker.queues == {}
+        finally:
+            await broker.stop()
+
+    asyncio.run(scenario())
 
 
 def test_options_are_checked():
