@@ -22,8 +22,8 @@ event. Errors follow RabbitMQ's ``rabbit_command_assembler`` and ``rabbit_channe
   tx.select on a confirm channel: 406 "cannot switch from confirm to tx mode";
 * a method the client may not send (a server-to-client method, connection.* on a channel):
   503 COMMAND_INVALID "unimplemented method" (``rabbit_channel``'s last clause);
-* channel.flow active=false: RabbitMQ answers 540 NOT_IMPLEMENTED "active=false"; this
-  machine honours it instead (``FlowChanged`` event) because pausing deliveries is cheap here.
+* channel.flow active=false: 540 NOT_IMPLEMENTED "active=false" (a connection error, as in
+  RabbitMQ, which never pauses deliveries for a client); active=true is answered flow-ok.
 """
 
 import enum
@@ -113,7 +113,7 @@ class Channel:
 
     __slots__ = (
         "number", "state", "content_state", "send", "message_bytes_max", "last_method_ids",
-        "confirm_mode", "tx_mode", "publish_seq", "flow_active", "_exchange", "_routing_key",
+        "confirm_mode", "tx_mode", "publish_seq", "_exchange", "_routing_key",
         "_mandatory", "_properties", "_scan", "_remaining", "_parts",
     )
 
@@ -127,7 +127,6 @@ class Channel:
         self.confirm_mode = False
         self.tx_mode = False
         self.publish_seq = 0
-        self.flow_active = True
         self._reset_content()
 
     def _reset_content(self):
@@ -175,10 +174,11 @@ class Channel:
             raise replies.AMQPConnectionError(replies.COMMAND_INVALID, "unimplemented method",
                                               class_id, method_id)
         if key == CHANNEL_FLOW:
-            self.flow_active = bool(method.active)
-            self.send(frames.encode_method(self.number,
-                                           commands.Channel.FlowOk(active=self.flow_active)))
-            return events.FlowChanged(self.number, self.flow_active)
+            if not method.active:
+                raise replies.AMQPConnectionError(replies.NOT_IMPLEMENTED, "active=false",
+                                                  class_id, method_id)
+            self.send(frames.encode_method(self.number, commands.Channel.FlowOk(active=True)))
+            return events.FlowChanged(self.number, True)
         if key == CONFIRM_SELECT:
             if self.tx_mode:
                 raise replies.ChannelError(replies.PRECONDITION_FAILED,

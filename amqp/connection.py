@@ -670,10 +670,6 @@ class Connection:
         ch = self._channels.get(channel)
         return ch is not None and ch.state is ChannelState.OPEN
 
-    def channel_flow_active(self, channel):
-        ch = self._channels.get(channel)
-        return ch is not None and ch.state is ChannelState.OPEN and ch.flow_active
-
     def send_method(self, channel, method):
         """Queue a pamqp method. Returns False (and sends nothing) if the channel is not open."""
         assert not isinstance(method, (commands.Channel.Close, commands.Connection.Close)), \

@@ -55,9 +55,10 @@ class ChannelClosed:
 
 @dataclass(slots=True)
 class FlowChanged:
-    """channel.flow from the client: stop (active=False) or resume deliveries on the channel.
+    """channel.flow active=true from the client; flow-ok is already queued.
 
-    flow-ok is already queued.
+    ``active`` is always True: active=false is refused with 540 NOT_IMPLEMENTED, as RabbitMQ
+    refuses it, so deliveries are never paused by the client.
     """
 
     channel: int

@@ -125,15 +125,16 @@ def test_tx_and_confirm_do_not_mix():
     assert closed.reply_text == "PRECONDITION_FAILED - cannot switch from confirm to tx mode"
 
 
-def test_flow_is_acknowledged_and_reported():
+def test_flow_active_is_acknowledged_and_inactive_is_540_as_in_rabbitmq():
     conn = connected()
-    assert feed(conn, testing.marshal(1, commands.Channel.Flow(active=False))) == [
-        events.FlowChanged(1, False)]
+    assert feed(conn, testing.marshal(1, commands.Channel.Flow(active=True))) == [
+        events.FlowChanged(1, True)]
     [(_, flow_ok)] = sent(conn)
-    assert isinstance(flow_ok, commands.Channel.FlowOk) and flow_ok.active is False
-    assert not conn.channel_flow_active(1)
-    feed(conn, testing.marshal(1, commands.Channel.Flow(active=True)))
-    assert conn.channel_flow_active(1)
+    assert isinstance(flow_ok, commands.Channel.FlowOk) and flow_ok.active is True
+    [closed] = feed(conn, testing.marshal(1, commands.Channel.Flow(active=False)))
+    assert closed == events.ConnectionClosed(540, "NOT_IMPLEMENTED - active=false", False)
+    [(_, close)] = sent(conn)
+    assert (close.reply_code, close.class_id, close.method_id) == (540, 20, 20)
 
 
 def test_ack_nack_reject_events():

@@ -33,7 +33,7 @@ def valid_session():
         testing.marshal(2, commands.Basic.Consume(queue="jobs", consumer_tag="c1")),
         testing.marshal(2, commands.Basic.Ack(delivery_tag=1, multiple=True),
                         commands.Basic.Nack(delivery_tag=2), commands.Basic.Reject(delivery_tag=3)),
-        testing.marshal(2, commands.Channel.Flow(active=False)),
+        testing.marshal(2, commands.Channel.Flow(active=True)),
         testing.marshal(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0,
                                                   method_id=0)),
         testing.heartbeat(),
