@@ -585,7 +585,10 @@ def _format_addresses(addresses: dict[int, tuple[str, int]]) -> str:
 
 
 def _argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m warrenmq.cluster.raft.node", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m warrenmq.cluster.raft.node",
+        description="Run one Raft node of the replicated key-value service.",
+    )
     parser.add_argument("--id", type=int, required=True)
     parser.add_argument("--peers", required=True, help="id=host:port of every node's Raft transport")
     parser.add_argument("--clients", required=True, help="id=host:port of every node's client port")
@@ -599,7 +602,7 @@ def _argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-overlap-fsync",
         action="store_true",
-        help="a leader sends its appends only after its own fsync (slower; for comparison)",
+        help="a leader sends its appends only after its own fsync (the strict order; for comparison)",
     )
     return parser
 
