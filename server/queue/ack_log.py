@@ -1,0 +1,133 @@
+"""The ack log: a queue's acknowledgement state as records in a second partition log.
+
+Why a partition log rather than a file of our own: it already gives CRC-checked batches,
+crash recovery that keeps a prefix of what was written, group-commit fsync in a worker thread
+and whole-segment deletion, all tested; an ack record is just one more record. Each record's
+body is (little-endian):
+
+    kind    u8                        DELTA (1) or CLIP (2)
+    floor   u64                       DELTA: every offset below is acked; CLIP: the limit
+    mark    u64                       DELTA: offsets below may have been delivered; CLIP: 0
+    count   u32                       acked ranges that follow
+    ranges  count x (start u64, end u64)   acked half-open ranges, sorted, disjoint
+
+Replay applies the records in log order. A DELTA is a union (floor and mark take the maximum,
+ranges are added): acknowledgements only ever grow, so replaying a DELTA twice, or an old
+one after a newer one, changes nothing. A snapshot is therefore just a DELTA that holds the
+whole state: once it is durable, every record before it is redundant and whole segments
+below it may go, and a snapshot spread over several records is as good as one. A CLIP
+forgets everything at or above its limit; the queue writes one when it opens, so that a
+delivered mark written ahead of messages lost in a crash cannot mark the new messages that
+take their offsets as delivered.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from warrenmq.log import LogConfig, PartitionLog, RawRecord
+
+from .errors import QueueError
+from .ranges import coalesce
+
+DELTA = 1
+CLIP = 2
+HEAD = struct.Struct("<BQQI")
+RANGE_BYTES = 16
+# 16,384 ranges make a 256 KiB record: a snapshot of many holes spans several records.
+RANGES_PER_RECORD_MAX = 16_384
+# A batch of one record costs this much beyond its ranges (batch, record and DELTA headers).
+RECORD_OVERHEAD_BYTES = 80
+# Replay reads the ack log in slices of this many bytes.
+REPLAY_READ_BYTES = 1 << 20
+
+
+def _record(body: bytes) -> RawRecord:
+    return (b"", b"", b"", body)
+
+
+def ranges_per_record(config: LogConfig) -> int:
+    """Most ranges in one DELTA record that still fits the ack log's record, batch and segment."""
+    room = min(config.record_bytes_max, config.batch_bytes_max, config.segment_bytes_max)
+    return min(RANGES_PER_RECORD_MAX, (room - RECORD_OVERHEAD_BYTES) // RANGE_BYTES)
+
+
+def encode_delta(floor: int, mark: int, ranges: Sequence[tuple[int, int]], per_record: int = RANGES_PER_RECORD_MAX) -> list[RawRecord]:
+    """One DELTA record, or several of at most `per_record` ranges each."""
+    records: list[RawRecord] = []
+    position = 0
+    while True:
+        chunk = ranges[position : position + per_record]
+        flat = [bound for pair in chunk for bound in pair]
+        records.append(_record(HEAD.pack(DELTA, floor, mark, len(chunk)) + struct.pack(f"<{len(flat)}Q", *flat)))
+        position += len(chunk)
+        if position >= len(ranges):
+            return records
+
+
+def encode_clip(limit: int) -> RawRecord:
+    return _record(HEAD.pack(CLIP, limit, 0, 0))
+
+
+@dataclass
+class AckState:
+    """The durable acknowledgement state, as replay rebuilds it."""
+
+    floor: int = 0
+    mark: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    def apply(self, body: bytes) -> None:
+        if len(body) < HEAD.size:
+            raise QueueError(f"ack log record of {len(body)} bytes is shorter than its header")
+        kind, value, mark, count = HEAD.unpack_from(body)
+        if len(body) != HEAD.size + count * RANGE_BYTES:
+            raise QueueError(f"ack log record of {len(body)} bytes does not hold {count} ranges")
+        if kind == DELTA:
+            self.floor = max(self.floor, value)
+            self.mark = max(self.mark, mark)
+            flat = struct.unpack_from(f"<{2 * count}Q", body, HEAD.size)
+            self.ranges += zip(flat[0::2], flat[1::2])
+        elif kind == CLIP:
+            self.clip(value)
+        else:
+            raise QueueError(f"ack log record of unknown kind {kind}")
+
+    def clip(self, limit: int) -> None:
+        """Forget every acknowledgement and delivery at or above `limit`."""
+        self.floor = min(self.floor, limit)
+        self.mark = min(self.mark, limit)
+        self.ranges = [(start, min(end, limit)) for start, end in coalesce(self.ranges) if start < limit]
+
+    def normalise(self) -> None:
+        """Merge the ranges, drop what the floor covers, and lift the floor over touching ranges."""
+        ranges = coalesce(self.ranges)
+        floor = self.floor
+        kept: list[tuple[int, int]] = []
+        for start, end in ranges:
+            if end <= floor:
+                continue
+            if start <= floor:
+                floor = end
+            else:
+                kept.append((start, end))
+        self.floor = floor
+        self.ranges = kept
+
+
+def replay(log: PartitionLog) -> AckState:
+    """Apply every record of the ack log, oldest first."""
+    state = AckState()
+    offset = log.start_offset
+    while offset < log.end_offset:
+        records = log.read(offset, max_records=100_000, max_bytes=REPLAY_READ_BYTES)
+        for record in records:
+            state.apply(record.body)
+        offset = records[-1].offset + 1
+        # Many small deltas accumulate ranges; merging now and then bounds replay memory.
+        if len(state.ranges) > 4 * RANGES_PER_RECORD_MAX:
+            state.normalise()
+    state.normalise()
+    return state

@@ -1,0 +1,444 @@
+"""A durable queue: one partition log of messages plus an ack log of what was acknowledged.
+
+In memory the queue keeps only what the log cannot tell it (ARCHITECTURE.md, "Queues on a
+log"):
+
+* `floor` and the acked ranges above it (`AckedRanges`): every offset below the floor is
+  acknowledged; the ranges are the acks that arrived out of order;
+* `next`: the next offset never delivered; ready messages at or above it are read from the log;
+* the redelivery set: offsets below `next` that came back (requeued, or in flight at a crash),
+  delivered before new ones and in offset order, as RabbitMQ returns messages to their
+  original position;
+* the in-flight set (delivered, not yet acknowledged) and the delivery counts of offsets that
+  have been delivered more than once.
+
+None of these grows with queue depth: a million ready messages are two integers.
+
+Durability. `commit()` fsyncs the message log and, in parallel, writes and fsyncs an ack log
+record with the acknowledgements made since the last one (see `ack_log.py`). The two fsyncs
+are independent, so after a crash the ack log may name offsets whose messages were lost; on
+open the queue forgets every acknowledgement and delivery at or above the recovered end of
+the message log, durably (a CLIP record), before a new message can take such an offset.
+The ack log also carries the *delivered mark*: every offset the queue hands out lies below a
+mark that was durable before the handout, so a message in flight at a crash comes back with
+`redelivered=True`. The mark is written `delivered_mark_lead` offsets ahead, which costs one
+small ack log write per half-lead of deliveries instead of one per delivery; the price is that
+after a crash up to that many never-delivered messages are also flagged redelivered, which
+RabbitMQ's "may have been delivered before" allows. A clean `shutdown()` writes the exact
+mark, so a clean restart flags nothing it did not deliver.
+
+Guarantees after a crash (anything written after the last fsync lost, or any prefix of it kept):
+* every message appended before a `commit()` returned is there, exactly once, intact;
+* every ack made before a `commit()` began, once that commit has returned, is never undone:
+  the message is not delivered again;
+* any other ack may be undone and its message delivered again (at least once);
+* a message that had been delivered and not durably acknowledged comes back with
+  redelivered=True (its delivery count restarts at "delivered once before").
+
+Extension points for what this issue leaves out: message TTL and length limits act at the
+head of the ready sequence (`take()` and `append()` would ack expired or overflowing offsets
+the way `purge()` does); priorities are one ready sequence (`next` plus redelivery set) per
+level over the same log; dead-lettering reads the message before the broker acks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import shutil
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from warrenmq.log import LogConfig, PartitionLog, RawRecord, Record
+
+from . import ack_log
+from .errors import QueueError
+from .ranges import AckedRanges, coalesce
+
+MESSAGES_DIR = "messages"
+ACKS_DIR = "acks"
+# Out-of-order acks waiting for the next commit are merged into ranges beyond this many, so a
+# broker that commits rarely still holds them compactly.
+PENDING_RANGES_MAX = 65_536
+
+
+def _default_message_log() -> LogConfig:
+    # Smaller segments than a stream's: a queue frees disk a whole segment at a time once its
+    # messages are acknowledged. A modest tail cache serves consumers that keep up.
+    return LogConfig(segment_bytes_max=16 << 20, tail_cache_bytes_max=2 << 20)
+
+
+def _default_ack_log() -> LogConfig:
+    # Ack records are never read back except on open, so there is no tail cache; small
+    # segments let compaction delete old records soon after each snapshot.
+    return LogConfig(segment_bytes_max=1 << 20, tail_cache_bytes_max=0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    message_log: LogConfig = field(default_factory=_default_message_log)
+    ack_log: LogConfig = field(default_factory=_default_ack_log)
+    delivered_mark_lead: int = 4096
+    """Offsets the durable delivered mark is written ahead of the next new delivery."""
+    ack_log_compact_bytes: int = 1 << 20
+    """A snapshot replaces the ack log's records once this many bytes (and at least four
+    times the previous snapshot) have been written since the last one."""
+    read_ahead_records_max: int = 512
+    read_ahead_bytes_max: int = 256 << 10
+    """New messages are read from the log in slices of at most this size."""
+    deliver_uncommitted: bool = True
+    """Deliver messages before they are fsynced, as a RabbitMQ classic queue does; False
+    delivers only durable messages, as a quorum queue does (consumers then never see a
+    message that a crash could take back)."""
+
+    def __post_init__(self) -> None:
+        if ack_log.ranges_per_record(self.ack_log) < 1:
+            raise QueueError(f"ack log segments of {self.ack_log.segment_bytes_max} bytes cannot hold an ack record")
+        if self.delivered_mark_lead < 2:
+            raise QueueError(f"delivered_mark_lead must be at least 2, got {self.delivered_mark_lead}")
+        for name in ("ack_log_compact_bytes", "read_ahead_records_max", "read_ahead_bytes_max"):
+            if getattr(self, name) <= 0:
+                raise QueueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class Message(NamedTuple):
+    offset: int
+    timestamp_ms: int
+    exchange: bytes
+    routing_key: bytes
+    properties: bytes
+    """The content-header property bytes exactly as the publisher sent them."""
+    body: bytes
+    redelivered: bool
+    delivery_count: int
+    """Deliveries including this one: 1 the first time. After a crash, a message that may
+    have been delivered counts as delivered once before."""
+
+
+class _Flush(NamedTuple):
+    """What an ack log write vouches for once it is fsynced."""
+
+    mark: int
+    floor: int
+    snapshot_offset: int | None
+
+
+class DurableQueue:
+    """A queue stored in `directory`: `messages/` (the partition log) and `acks/` (the ack log).
+
+    Single-threaded: call it from the event loop. `append`, `take`, `ack`, `requeue` and
+    `purge` are synchronous and do no fsync; `commit()` makes their effects durable.
+    """
+
+    def __init__(self, directory: Path, config: QueueConfig, log: PartitionLog, acks: PartitionLog, state: ack_log.AckState) -> None:
+        self.directory = directory
+        self.config = config
+        self._log = log
+        self._acks = acks
+        end = log.end_offset
+        state.clip(end)
+        state.normalise()
+        floor = max(state.floor, log.start_offset)
+        self._acked = AckedRanges.from_ranges(floor, state.ranges)
+        floor = self._acked.floor
+        highest_acked = max((end_ for _, end_ in self._acked), default=floor)
+        self._next = max(floor, state.mark, highest_acked)
+        # Everything below `next` was delivered at least once; what is neither acked nor (now,
+        # after the restart) in flight comes back as a redelivery. Sorted, so already a heap.
+        self._redeliver: list[int] = list(self._acked.gaps(self._next))
+        self._in_flight: set[int] = set()
+        self._counts: dict[int, int] = {}
+        self._run_start = self._run_end = -1
+        self._pending: list[tuple[int, int]] = []
+        self._ahead: list[Record] = []
+        self._ahead_position = 0
+        self._closed = False
+        self._ranges_per_record = ack_log.ranges_per_record(config.ack_log)
+        # The restart's CLIP makes the exact mark durable before the new lead is granted.
+        self._mark_written = self._mark_durable = self._next + config.delivered_mark_lead
+        self._floor_written = self._durable_floor = floor
+        acks.append([ack_log.encode_clip(self._next), *ack_log.encode_delta(self._floor_written, self._mark_written, [])])
+        acks.sync()
+        self._bytes_since_snapshot = acks.size_bytes
+        self._snapshot_bytes = 0
+        log.delete_before(self._durable_floor)
+
+    # -- opening and closing ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: str | Path, config: QueueConfig | None = None, *, executor: Executor | None = None) -> DurableQueue:
+        """Open or create the queue in `directory`, recovering its state after any crash."""
+        config = config or QueueConfig()
+        path = Path(directory)
+        log = PartitionLog.open(path / MESSAGES_DIR, config.message_log, executor=executor)
+        try:
+            acks = PartitionLog.open(path / ACKS_DIR, config.ack_log, executor=executor)
+        except BaseException:
+            log.close()
+            raise
+        try:
+            return cls(path, config, log, acks, ack_log.replay(acks))
+        except BaseException:
+            log.close()
+            acks.close()
+            raise
+
+    def close(self) -> None:
+        """Close the files without syncing: what `commit()` has not covered may be lost."""
+        if self._closed:
+            return
+        self._closed = True
+        self._log.close()
+        self._acks.close()
+
+    async def shutdown(self) -> None:
+        """Make everything durable, record the exact delivered mark, and close.
+
+        The broker requeues (or acks) what is in flight first; a clean restart then marks as
+        redelivered only what was really delivered.
+        """
+        self._check_open()
+        await self._log.commit()
+        self._flush_acks()
+        self._acks.append([ack_log.encode_clip(self._next)])
+        await self._acks.commit()
+        self.close()
+
+    def delete(self) -> None:
+        """Close the queue and remove its directory."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueError(f"queue {self.directory} is closed")
+
+    # -- counts ----------------------------------------------------------------------------
+
+    @property
+    def ready_count(self) -> int:
+        """Messages waiting for delivery (queue.declare-ok and basic.get-ok message_count)."""
+        return len(self._redeliver) + self._log.end_offset - self._next
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended message will get."""
+        return self._log.end_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every message below this offset is fsynced (publisher confirms wait for it)."""
+        return self._log.durable_offset
+
+    @property
+    def floor(self) -> int:
+        """Every offset below this is acknowledged."""
+        return self._acked.floor
+
+    @property
+    def acked_range_count(self) -> int:
+        """Acked ranges above the floor: the holes that cost memory."""
+        return len(self._acked)
+
+    @property
+    def needs_commit(self) -> bool:
+        """True while appends or acks wait for an fsync, or deliveries near the durable mark.
+
+        The broker calls `commit()` whenever this is true after a tick; `take()` may return
+        None with messages ready until it has.
+        """
+        return (
+            self._log.durable_offset < self._log.end_offset
+            or self._run_end >= 0
+            or bool(self._pending)
+            or self._next + self.config.delivered_mark_lead // 2 >= self._mark_written
+        )
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None) -> int:
+        """Append one batch of (exchange, routing_key, properties, body); returns the first offset."""
+        self._check_open()
+        return self._log.append(records, timestamp_ms)
+
+    # -- delivering ------------------------------------------------------------------------
+
+    def take(self) -> Message | None:
+        """The next message to deliver, now in flight: redeliveries first, then new ones.
+
+        None when nothing is ready, or when the next new message lies beyond what may be
+        delivered until the next `commit()` (see `needs_commit`).
+        """
+        if self._closed:
+            raise QueueError(f"queue {self.directory} is closed")
+        if self._redeliver:
+            return self._take_redelivery()
+        offset = self._next
+        log = self._log
+        end = log.end_offset if self.config.deliver_uncommitted else log.durable_offset
+        if offset >= end or offset >= self._mark_durable:
+            return None
+        ahead = self._ahead
+        position = self._ahead_position
+        if position >= len(ahead):
+            ahead = self._ahead = log.read(offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max)
+            position = 0
+        record = ahead[position]
+        assert record.offset == offset, (record.offset, offset)
+        self._ahead_position = position + 1
+        self._next = offset + 1
+        self._in_flight.add(offset)
+        return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, False, 1)
+
+    def _take_redelivery(self) -> Message:
+        offset = heapq.heappop(self._redeliver)
+        count = self._counts.get(offset, 1) + 1
+        self._counts[offset] = count
+        self._in_flight.add(offset)
+        record = self._log.read(offset, 1)[0]
+        assert record.offset == offset, (record.offset, offset)
+        return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, True, count)
+
+    def take_many(self, count_max: int) -> list[Message]:
+        """Up to `count_max` messages, as `take()` would return them one by one."""
+        taken: list[Message] = []
+        while len(taken) < count_max:
+            message = self.take()
+            if message is None:
+                break
+            taken.append(message)
+        return taken
+
+    # -- settling --------------------------------------------------------------------------
+
+    def ack(self, offset: int) -> bool:
+        """Acknowledge an in-flight message; False (and no effect) when it is not in flight."""
+        try:
+            self._in_flight.remove(offset)
+        except KeyError:
+            return False
+        if self._counts:
+            self._counts.pop(offset, None)
+        self._acked.add(offset)
+        # Consecutive acks extend one pending run; anything else starts a new one.
+        if offset == self._run_end:
+            self._run_end = offset + 1
+        else:
+            if self._run_end >= 0:
+                self._pend(self._run_start, self._run_end)
+            self._run_start = offset
+            self._run_end = offset + 1
+        return True
+
+    def ack_many(self, offsets: Iterable[int]) -> int:
+        """Acknowledge each in-flight offset; returns how many were."""
+        ack = self.ack
+        return sum(1 for offset in offsets if ack(offset))
+
+    def requeue(self, offsets: Iterable[int]) -> int:
+        """Return in-flight messages to the queue, ahead of new ones; returns how many were."""
+        returned = 0
+        for offset in offsets:
+            if offset in self._in_flight:
+                self._in_flight.remove(offset)
+                heapq.heappush(self._redeliver, offset)
+                returned += 1
+        return returned
+
+    def purge(self) -> int:
+        """Acknowledge every ready message; returns how many. In-flight ones stay, as in RabbitMQ."""
+        self._check_open()
+        redeliver = self._redeliver
+        purged = len(redeliver)
+        for offset in sorted(redeliver):
+            self._counts.pop(offset, None)
+            self._acked.add(offset)
+            self._pend(offset, offset + 1)
+        redeliver.clear()
+        end = self._log.end_offset
+        if end > self._next:
+            purged += end - self._next
+            self._acked.add_range(self._next, end)
+            self._pend(self._next, end)
+            self._next = end
+            self._ahead = []
+            self._ahead_position = 0
+        return purged
+
+    def _pend(self, start: int, end: int) -> None:
+        pending = self._pending
+        pending.append((start, end))
+        if len(pending) > PENDING_RANGES_MAX:
+            self._pending = coalesce(pending)
+
+    # -- durability ------------------------------------------------------------------------
+
+    async def commit(self) -> int:
+        """Make every append and ack made so far durable; returns the durable message offset.
+
+        The message log and the ack log are fsynced in parallel, each by group commit, so
+        concurrent callers share fsyncs.
+        """
+        self._check_open()
+        flushed = self._flush_acks()
+        if flushed is None and self._acks.durable_offset >= self._acks.end_offset:
+            return await self._log.commit()
+        durable, _ = await asyncio.gather(self._log.commit(), self._acks.commit())
+        if flushed is not None and not self._closed:
+            self._flushed_durable(flushed)
+        return durable
+
+    def _flush_acks(self) -> _Flush | None:
+        """Append an ack log record for what changed since the last one; None if nothing did."""
+        if self._run_end >= 0:
+            self._pending.append((self._run_start, self._run_end))
+            self._run_start = self._run_end = -1
+        floor = self._acked.floor
+        writable = [(max(start, floor), end) for start, end in coalesce(self._pending) if end > floor]
+        self._pending = []
+        mark = self._mark_written
+        if self._next + self.config.delivered_mark_lead // 2 >= mark:
+            mark = self._next + self.config.delivered_mark_lead
+        snapshot = self._bytes_since_snapshot >= max(self.config.ack_log_compact_bytes, 4 * self._snapshot_bytes)
+        if snapshot:
+            records = ack_log.encode_delta(floor, mark, list(self._acked), self._ranges_per_record)
+        elif writable or mark != self._mark_written or floor != self._floor_written:
+            records = ack_log.encode_delta(floor, mark, writable, self._ranges_per_record)
+        else:
+            return None
+        size = sum(len(record[3]) for record in records)
+        first = self._append_acks(records)
+        self._mark_written = mark
+        self._floor_written = floor
+        if snapshot:
+            self._bytes_since_snapshot = 0
+            self._snapshot_bytes = size
+        else:
+            self._bytes_since_snapshot += size
+        return _Flush(mark, floor, first if snapshot else None)
+
+    def _append_acks(self, records: list[RawRecord]) -> int:
+        # Many ranges span several records; one batch each keeps every batch inside the ack
+        # log's segment size.
+        if len(records) == 1:
+            return self._acks.append(records)
+        first = self._acks.end_offset
+        for record in records:
+            self._acks.append([record])
+        return first
+
+    def _flushed_durable(self, flushed: _Flush) -> None:
+        """An ack log write is fsynced: deliver up to its mark, delete what it covers."""
+        self._mark_durable = max(self._mark_durable, flushed.mark)
+        if flushed.floor > self._durable_floor:
+            self._durable_floor = flushed.floor
+            self._log.delete_before(flushed.floor)
+        if flushed.snapshot_offset is not None:
+            self._acks.delete_before(flushed.snapshot_offset)
