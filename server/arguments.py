@@ -179,16 +179,17 @@ def check_declare(queue: str, vhost: str, durable: bool, exclusive: bool, auto_d
     _check(DECLARE_CHECKS, queue, vhost, arguments)
     declared_type = queue_type(arguments)
     if declared_type == "quorum":
+        # rabbit_quorum_queue:declare's order: arguments, auto-delete, exclusive, durable.
         name = resource("queue", queue, vhost)
-        if not durable:
-            raise precondition_failed(f"invalid property 'non-durable' for {name}")
-        if exclusive:
-            raise precondition_failed(f"invalid property 'exclusive-owner' for {name}")
-        if auto_delete:
-            raise precondition_failed(f"invalid property 'auto-delete' for {name}")
         for key in _QUORUM_REFUSED_ARGUMENTS:
             if key in arguments:
                 raise precondition_failed(f"invalid arg '{key}' for {name}")
+        if auto_delete:
+            raise precondition_failed(f"invalid property 'auto-delete' for {name}")
+        if exclusive:
+            raise precondition_failed(f"invalid property 'exclusive-owner' for {name}")
+        if not durable:
+            raise precondition_failed(f"invalid property 'non-durable' for {name}")
     return declared_type
 
 

@@ -283,7 +283,12 @@ class BrokerConnection(asyncio.Protocol):
 
     def _open_vhost(self, event: events.VhostAccessRequested) -> None:
         vhost = self.broker.vhosts.get(event.vhost)
-        if vhost is None or not self.broker.may_use_vhost(self.username, event.vhost):
+        if vhost is None:
+            # rabbit_reader's text for a vhost that does not exist.
+            log.error("connection %s: vhost '%s' not found", self.name, event.vhost)
+            self.amqp.refuse_vhost(f"vhost {event.vhost} not found")
+            return
+        if not self.broker.may_use_vhost(self.username, event.vhost):
             log.error("connection %s: access to vhost '%s' refused for user '%s'", self.name,
                       event.vhost, self.username)
             self.amqp.refuse_vhost()
@@ -298,9 +303,10 @@ class BrokerConnection(asyncio.Protocol):
 
     def check(self, access: str, kind: str, name: str) -> None:
         if not self.broker.permitted(self.username, self.vhost.name, access, kind, name):
+            # rabbit_access_control:check_resource_access names the resource, not the access.
             shown = "amq.default" if kind == EXCHANGE and name == "" else name
-            raise access_refused(f"{access} access to {kind} '{shown}' in vhost "
-                                 f"'{self.vhost.name}' refused for user '{self.username}'")
+            raise access_refused(f"access to {kind} '{shown}' in vhost '{self.vhost.name}' "
+                                 f"refused for user '{self.username}'")
 
     # -- publishing --------------------------------------------------------------------------
 

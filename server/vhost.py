@@ -139,7 +139,7 @@ class VirtualHost:
         if if_unused and queue.consumer_count:
             raise precondition_failed(f"{rs} in use")
         if if_empty and queue.ready_count:
-            raise precondition_failed(f"{rs} is not empty")
+            raise precondition_failed(f"{rs} not empty")
 
     def take_queue(self, queue: HostedQueue) -> bool:
         """Stop hosting a queue (its engine data is deleted); False if already gone."""
