@@ -581,3 +581,20 @@ def test_read_index_completes_on_a_later_heartbeat_when_its_round_was_lost():
     assert net.read_states[1] == []
     net.tick_all(1)
     assert [r.context for r in net.read_states[1]] == [b"r3"]
+
+
+def test_committed_entries_are_handed_out_in_bounded_batches():
+    entries = log_of([1] * 10)
+    node = RaftNode(
+        RaftConfig(node_id=1, max_committed_per_ready=4),
+        (1, 2, 3),
+        random.Random(0),
+        hard_state=HardState(1, None, 10),
+        entries=entries,
+    )
+    batches = []
+    while node.has_ready():
+        rd = node.ready()
+        batches.append([e.index for e in rd.committed])
+        node.advance(rd)
+    assert batches == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]

@@ -148,3 +148,15 @@ def test_thousand_seeds_in_a_subprocess():
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "1000 seeds" in result.stdout and "0 failed" in result.stdout
+
+
+class NeverCampaigns(RaftNode):
+    """Never starts an election: safe, but not live."""
+
+    def _promotable(self) -> bool:
+        return False
+
+
+def test_a_cluster_that_cannot_elect_a_leader_fails_liveness():
+    with pytest.raises(Violation, match="liveness"):
+        run_seed(0, node_factory=NeverCampaigns)

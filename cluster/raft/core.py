@@ -184,14 +184,16 @@ class RaftConfig:
     max_inflight_appends: int = 256
     max_pending_reads: int = 4096
     max_uncommitted_entries: int = 1 << 16
+    max_committed_per_ready: int = 4096
 
     def __post_init__(self) -> None:
         if self.node_id <= 0:
             raise ValueError("node_id must be positive (0 means 'none' on the wire)")
         if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
             raise ValueError("need 1 <= heartbeat_ticks < election_ticks")
-        if self.max_entries_per_append < 1 or self.max_inflight_appends < 1:
-            raise ValueError("append batch and pipeline bounds must be >= 1")
+        if min(self.max_entries_per_append, self.max_inflight_appends,
+               self.max_committed_per_ready, self.max_pending_reads) < 1:
+            raise ValueError("batch, pipeline and queue bounds must be >= 1")
 
 
 @dataclass(slots=True)
@@ -494,7 +496,9 @@ class RaftNode:
             or self._pending_snapshot is not None
             or self._unstable_from <= self.last_index
             or self._applied < self._commit
-            or self._hard_state() != self._handed_hard_state
+            or self._term != self._handed_hard_state.term
+            or self._vote != self._handed_hard_state.vote
+            or self._commit != self._handed_hard_state.commit
         )
 
     def ready(self) -> Ready:
@@ -502,7 +506,10 @@ class RaftNode:
             raise RuntimeError("ready() called again before advance()")
         hs = self._hard_state()
         entries = self.entries_between(self._unstable_from, self.last_index + 1)
-        committed = self.entries_between(self._applied + 1, self._commit + 1)
+        # Bounded so that a restart with a long committed tail does not build one huge
+        # batch; has_ready() stays true until the rest has been handed out.
+        apply_to = min(self._commit, self._applied + self._config.max_committed_per_ready)
+        committed = self.entries_between(self._applied + 1, apply_to + 1)
         rd = Ready(
             hard_state=hs if hs != self._handed_hard_state else None,
             entries=entries,
