@@ -2,8 +2,9 @@
 statistics against exact percentiles, its roles' bookkeeping, and whole runs against a broker.
 
 The whole-run tests use a small in-process broker built on Warren's sans-I/O protocol machine
-(``warrenmq.amqp.Connection``) with a toy queue, so they need nothing else running; one more
-runs against a real broker when ``WARREN_BENCH_URL`` (or ``WARREN_REFERENCE_URL``) names one.
+(``warrenmq.amqp.Connection``) with a toy queue, so they need nothing else running. One runs
+against a real `warren serve` started on a free port, and one against any broker that
+``WARREN_BENCH_URL`` (or ``WARREN_REFERENCE_URL``) names, RabbitMQ included.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import asyncio
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -556,6 +561,55 @@ def test_cli_prints_json(capsys):
         loop.close()
     report = json.loads(capsys.readouterr().out)
     assert status == 0 and report["confirmed"] == 200 and report["scenario"] == "publish"
+
+
+WARREN_READY_LINE = "Warren listening on "
+WARREN_BOOT_S_MAX = 30.0
+
+
+@pytest.fixture
+def warren_url(tmp_path):
+    """A `warren serve` on a free port (port 0) and a fresh data dir, stopped with SIGTERM."""
+    script = Path(sys.executable).parent / "warren"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "warrenmq.server.cli"]
+    process = subprocess.Popen(
+        [*command, "serve", "--port", "0", "--bind", "127.0.0.1", "--data-dir", str(tmp_path)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + WARREN_BOOT_S_MAX
+        line = ""
+        while time.monotonic() < deadline and WARREN_READY_LINE not in line:
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                pytest.fail(f"warren serve exited with {process.returncode} before listening")
+        assert WARREN_READY_LINE in line, "warren serve printed no ready line"
+        address = line.split(WARREN_READY_LINE)[1].strip()
+        yield f"amqp://guest:guest@{address}/%2F"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        process.stdout.close()
+
+
+def test_small_runs_against_warren(warren_url):
+    publish = loadgen.Options(scenario="publish", queue="bench-publish", messages=3000,
+                              window=300, timeout_s=60)
+    e2e = loadgen.Options(scenario="e2e", queue="bench-e2e", messages=3000, window=300,
+                          prefetch=100, multi_ack_every=50, timeout_s=60)
+
+    async def scenario():
+        return (await loadgen.run_scenario(warren_url, publish),
+                await loadgen.run_scenario(warren_url, e2e))
+
+    published, end_to_end = asyncio.run(scenario())
+    assert published["confirmed"] == 3000 and published["nacked"] == 0
+    assert end_to_end["received"] == 3000 and end_to_end["redelivered"] == 0
+    assert end_to_end["latency_ms_p99"] >= end_to_end["latency_ms_p50"] > 0
 
 
 REAL_BROKER_URL = os.environ.get("WARREN_BENCH_URL") or os.environ.get("WARREN_REFERENCE_URL")
