@@ -228,6 +228,40 @@ def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_follower_serves_linearizable_reads_itself(tmp_path):
+    async def scenario():
+        configs = _configs(tmp_path, 3)
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        try:
+            leader = await _leader(servers)
+            follower = next(i for i in servers if i != leader)
+            writer = KVClient(_addresses(configs, [leader]))
+            reader = KVClient(_addresses(configs, [follower]))
+            for i in range(30):
+                await writer.put(b"k", b"%d" % i)
+                # Linearizable: a read that starts after a write was acknowledged sees it,
+                # even on a replica that may not have heard of the commit yet.
+                assert await reader.get(b"k") == b"%d" % i
+            assert reader.address == _addresses(configs, [follower])[0], "served, not redirected"
+            # Cut the follower off: a read must now fail, not return what it last applied.
+            cut = servers[follower]
+            cut.transport.send = lambda dst, payload: False
+            cut.transport.on_frame = lambda frame: None
+            await writer.put(b"k", b"after")
+            reader.request_timeout_s = 1.0
+            with pytest.raises(KVUnavailable):
+                await reader.get(b"k")
+            await writer.close()
+            await reader.close()
+        finally:
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3, proposals_pending_max=16)

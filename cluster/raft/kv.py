@@ -380,7 +380,7 @@ class KVClient:
         self._expect_ok(status, payload)
 
     async def get(self, key: bytes) -> bytes | None:
-        status, payload = await self.request(encode_get(key))
+        status, payload = await self.request(encode_get(key), idempotent=True)
         if status is Status.NOT_FOUND:
             return None
         self._expect_ok(status, payload)
@@ -388,7 +388,7 @@ class KVClient:
 
     async def status(self) -> dict[str, object]:
         """The status of the node this client is connected to (no redirect)."""
-        status, payload = await self.request(encode_status())
+        status, payload = await self.request(encode_status(), idempotent=True)
         self._expect_ok(status, payload)
         return json.loads(payload)
 
@@ -399,8 +399,12 @@ class KVClient:
         if status is not Status.OK:
             raise KVError(f"unexpected {status.name}")
 
-    async def request(self, command: bytes) -> tuple[Status, bytes]:
-        """Send one command and return its final (status, payload), following redirects."""
+    async def request(self, command: bytes, *, idempotent: bool = False) -> tuple[Status, bytes]:
+        """Send one command and return its final (status, payload), following redirects.
+
+        An `idempotent` request (a read) is also resent after RETRY or a lost connection,
+        until the deadline: doing it twice is harmless.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s
         async with self._inflight:
@@ -428,7 +432,7 @@ class KVClient:
                 if status is _TIMED_OUT:
                     protocol.waiting.pop(request_id, None)
                     raise KVUnavailable("request timed out; outcome unknown")
-                if status is Status.BUSY:
+                if status is Status.BUSY or (idempotent and status is Status.RETRY):
                     await asyncio.sleep(self.redirect_pause_s)
                     continue
                 if status is not Status.NOT_LEADER:

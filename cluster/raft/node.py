@@ -214,6 +214,7 @@ class RaftServer:
         self._read_counter = itertools.count(1)
         self._kick_scheduled = False
         self._was_leader = False
+        self._leadership: tuple[int, int | None] = (0, None)
         self._ticker: asyncio.TimerHandle | None = None
         self._next_tick_s = 0.0
         self._stopped = asyncio.Event()
@@ -314,7 +315,7 @@ class RaftServer:
         if op is Op.PUT or op is Op.CAS:
             self._propose(client, request_id, command)
         elif op is Op.GET:
-            if self.raft.role != LEADER:
+            if self.raft.role != LEADER and self.raft.leader_id is None:
                 client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
                 return
             self._read_batch.append((client, request_id, parsed.key))
@@ -414,6 +415,10 @@ class RaftServer:
         if self._was_leader and not is_leader:
             self._on_leadership_lost()
         self._was_leader = is_leader
+        leadership = (raft.term, raft.leader_id)
+        if leadership != self._leadership:
+            self._leadership = leadership
+            self._retry_unconfirmed_reads()
         # Everything this iteration had to say is queued: write it now rather than one
         # loop iteration later.
         self.transport.flush()
@@ -527,7 +532,10 @@ class RaftServer:
     # -- linearizable reads (ReadIndex) -------------------------------------------------
 
     def _start_read(self, requests: list[tuple[_ClientConnection, int, bytes]]) -> None:
-        if self.raft.role != LEADER:
+        """One ReadIndex round for a batch of reads. A follower asks its leader for the
+        index (the core forwards it), then serves the reads itself once it has applied
+        that far: reads scale over the replicas and stay linearizable."""
+        if self.raft.role != LEADER and self.raft.leader_id is None:
             hint = self._leader_hint()
             for client, request_id, _ in requests:
                 client.respond(request_id, Status.NOT_LEADER, hint)
@@ -557,18 +565,32 @@ class RaftServer:
         proposals, self._proposals = self._proposals, {}
         for _, client, request_id in proposals.values():
             client.respond(request_id, Status.RETRY, b"leadership lost; outcome unknown")
-        # ReadIndex rounds of a deposed leader never complete; the reads are safe to redo.
-        hint = self._leader_hint()
+
+    def _retry_unconfirmed_reads(self) -> None:
+        # A ReadIndex round asked of a leader that is no longer ours may never be answered
+        # (a deposed leader's round cannot complete); reads are safe to redo, and the client
+        # redoes them on RETRY.
         batches, self._reads_by_context = self._reads_by_context, {}
         for batch in batches.values():
             for client, request_id, _ in batch.requests:
-                client.respond(request_id, Status.NOT_LEADER, hint)
+                client.respond(request_id, Status.RETRY, b"leader changed during the read")
 
     def _expire_reads(self, now_s: float) -> None:
         expired = [c for c, b in self._reads_by_context.items() if b.deadline_s <= now_s]
         for context in expired:
             for client, request_id, _ in self._reads_by_context.pop(context).requests:
                 client.respond(request_id, Status.RETRY, b"read index not confirmed in time")
+        # A follower cut off from its leader never applies up to a read's index.
+        if self._reads_waiting and any(b.deadline_s <= now_s for _, _, b in self._reads_waiting):
+            keep = []
+            for item in self._reads_waiting:
+                if item[2].deadline_s > now_s:
+                    keep.append(item)
+                    continue
+                for client, request_id, _ in item[2].requests:
+                    client.respond(request_id, Status.RETRY, b"not applied up to the read index in time")
+            heapq.heapify(keep)
+            self._reads_waiting = keep
 
 
 def _parse_addresses(text: str) -> dict[int, tuple[str, int]]:
