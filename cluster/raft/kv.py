@@ -18,12 +18,15 @@ the inter-node transport). A response is `request_id:u32 status:u8 payload`:
     NOT_LEADER  payload = leader_id:u32 (0 when unknown) then the leader's client address
                 "host:port" in UTF-8 (empty when unknown), so the client redirects
     RETRY       payload = a reason in UTF-8; the outcome of a write is unknown (the leader lost
-                its leadership before the entry was known committed), so it may or may not apply
+                its leadership before the entry was known committed), so it may or may not
+                apply; a read simply was not served (its ReadIndex round was lost) and is redone
     BUSY        payload = a reason in UTF-8; refused before proposing (too many uncommitted
                 entries, leadership transfer), so certainly not applied; clients retry
 
-Responses on one connection may come out of request order (a read waits for ReadIndex while
-later writes commit); the request id pairs them.
+Reads are linearizable on every node: the leader confirms its leadership with a ReadIndex
+round, a follower asks the leader for the read index and answers once it has applied that
+far. Responses on one connection may come out of request order (a read waits for ReadIndex
+while later writes commit); the request id pairs them.
 """
 
 from __future__ import annotations
