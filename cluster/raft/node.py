@@ -290,7 +290,7 @@ class RaftServer:
         self._kick()
 
     def _on_peer_frame(self, frame: bytes) -> None:
-        if self.fatal_error is not None:
+        if self.fatal_error is not None or self._stopped.is_set():
             return
         try:
             message = decode_message(frame)
@@ -390,7 +390,7 @@ class RaftServer:
 
     def _drive(self) -> None:
         self._kick_scheduled = False
-        if self.fatal_error is not None:
+        if self.fatal_error is not None or self._stopped.is_set():
             return
         try:
             self._drive_once()
