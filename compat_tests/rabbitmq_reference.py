@@ -230,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     state = Path(args.state)
     if args.action == "start":
+        if state.exists():
+            parser.error(f"{state} exists: a node may still run (stop it first)")
         node = ReferenceNode.create()
         node.start()
         state.write_text(json.dumps(asdict(node)))
