@@ -333,18 +333,11 @@ def test_deleting_a_queue_cancels_its_consumers(conn):
     assert cancelled == [tag]
 
 
-def test_channel_flow_pauses_deliveries(conn):
-    ch = conn.channel()
-    q = ch.queue_declare(name(), exclusive=True).method.queue
-    got = []
-    ch.flow(False)
-    ch.basic_consume(q, lambda c, m, p, b: got.append(b), auto_ack=True)
-    ch.basic_publish("", q, b"x")
-    conn.process_data_events(time_limit=0.3)
-    assert got == []
-    ch.flow(True)
-    pump(conn, lambda: got)
-    assert got == [b"x"]
+def test_channel_flow_active_false_is_540_as_in_rabbitmq(broker):
+    connection = broker.connect()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as excinfo:
+        connection.channel().flow(False)
+    assert excinfo.value.args == (540, "NOT_IMPLEMENTED - active=false")
 
 
 # -- queues ------------------------------------------------------------------------------------------
