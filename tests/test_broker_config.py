@@ -1,0 +1,76 @@
+"""Broker settings: defaults < TOML file < WARREN_* environment < flags; bad values refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from warrenmq.server.config import BrokerConfig, ConfigError, load
+
+
+def test_embedded_defaults_match_the_issue():
+    config = load(environ={})
+    assert (config.port, config.bind, config.data_dir, config.log_level) == (
+        5672, "0.0.0.0", Path("./data"), "info")
+    assert config.loopback_users == ("guest",)
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path):
+    toml = tmp_path / "warren.toml"
+    toml.write_text('port = 6000\nbind = "127.0.0.1"\ndata_dir = "/srv/warren"\n'
+                    'log_level = "debug"\nchannel_max = 16\n')
+    config = load(toml, environ={"WARREN_PORT": "6001", "WARREN_LOG_LEVEL": "WARNING"},
+                  overrides={"port": 6002, "bind": None})
+    assert config.port == 6002
+    assert config.bind == "127.0.0.1"
+    assert config.data_dir == Path("/srv/warren")
+    assert config.log_level == "warning"
+    assert config.channel_max == 16
+
+
+def test_config_file_named_by_environment(tmp_path):
+    toml = tmp_path / "w.toml"
+    toml.write_text("heartbeat_s = 5\n")
+    assert load(environ={"WARREN_CONFIG": str(toml)}).heartbeat_s == 5
+
+
+def test_unknown_environment_variables_are_ignored():
+    assert load(environ={"WARREN_NOT_A_SETTING": "1", "HOME": "/"}).port == 5672
+
+
+def test_list_settings_from_environment():
+    assert load(environ={"WARREN_LOOPBACK_USERS": "guest, admin"}).loopback_users == (
+        "guest", "admin")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nonsense = 1\n", "unknown setting"),
+    ("port = 70000\n", "port must be"),
+    ('port = "x"\n', "bad value for port"),
+    ('log_level = "loud"\n', "log_level must be"),
+    ("frame_bytes_max = 100\n", "frame_bytes_max must be"),
+    ("port = [\n", "cannot read config file"),
+])
+def test_bad_files_are_refused_with_the_reason(tmp_path, text, message):
+    toml = tmp_path / "bad.toml"
+    toml.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load(toml, environ={})
+
+
+def test_bad_environment_value_is_refused():
+    with pytest.raises(ConfigError, match="bad value for heartbeat_s"):
+        load(environ={"WARREN_HEARTBEAT_S": "soon"})
+
+
+def test_unknown_override_is_refused():
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load(environ={}, overrides={"colour": "blue"})
+
+
+def test_bounds_are_checked_on_construction():
+    with pytest.raises(ConfigError):
+        BrokerConfig(read_buffer_bytes_max=0)
+    with pytest.raises(ConfigError):
+        BrokerConfig(shutdown_timeout_s=-1)
