@@ -31,7 +31,8 @@ def test_users_and_vhosts_round_trip_through_the_cli(tmp_path):
     assert json.loads(listed.stdout) == [
         {"name": "guest", "tags": ["administrator"], "loopback_only": True}
     ]
-    assert admin(tmp_path, "users", "add", "bob", "pw", "--tags", "monitoring,management").returncode == 0
+    added = admin(tmp_path, "users", "add", "bob", "pw", "--tags", "monitoring,management")
+    assert added.returncode == 0, added.stderr
     assert admin(tmp_path, "users", "add", "carol", stdin="from-stdin\n").returncode == 0
     assert admin(tmp_path, "vhosts", "add", "v1", "--description", "first").returncode == 0
     granted = admin(tmp_path, "users", "set-permissions", "bob", "--vhost", "v1", "^bob", ".*", "")

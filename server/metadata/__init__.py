@@ -1,4 +1,4 @@
-"""Metadata: vhosts, users, permissions, exchanges, queues and bindings as a replicated state machine.
+"""Metadata (vhosts, users, permissions, exchanges, queues, bindings) as a replicated state machine.
 
 * `state.MetadataState` — the pure state machine: `apply(command) -> Outcome`, the read side
   (`vhosts`, `users`, `permissions`, `router(vhost)`, `queues(vhost)`, `bindings(vhost)`,

@@ -249,7 +249,9 @@ class MetadataStore:
             self._verified.popitem(last=False)
         # The user may have changed while the KDF ran; answer for the current record.
         current = self.state.users.get(username)
-        return current if current is not None and current.password_hash == user.password_hash else None
+        if current is None or current.password_hash != user.password_hash:
+            return None
+        return current
 
     # --- other writers ---------------------------------------------------------------------
 
