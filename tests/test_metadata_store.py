@@ -388,3 +388,22 @@ def test_reopen_restores_exactly_the_durable_projection(commands):
 
     with tempfile.TemporaryDirectory() as directory:
         run(scenario(Path(directory) / "m.sqlite3"))
+
+
+def test_concurrent_syncs_both_see_the_change(tmp_path):
+    path = tmp_path / "m.sqlite3"
+
+    async def scenario():
+        broker = await MetadataStore.open(path)
+        cli = await MetadataStore.open(path)
+        await cli.apply(c.AddUser("late", HASH))
+        await cli.close()
+
+        async def sync_then_look():
+            await broker.sync_external_changes()
+            return "late" in broker.state.users
+
+        assert await asyncio.gather(sync_then_look(), sync_then_look()) == [True, True]
+        await broker.close()
+
+    run(scenario())

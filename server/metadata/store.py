@@ -103,6 +103,7 @@ class MetadataStore:
         self._flusher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._data_version = 0
+        self._syncing = asyncio.Lock()
         self._verifications = asyncio.Semaphore(VERIFICATIONS_CONCURRENT_MAX)
         self._verified_key = os.urandom(32)
         self._verified: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -260,19 +261,22 @@ class MetadataStore:
         last look; returns the outcomes (a deleted vhost's queues are in `deleted_queues`)."""
         if self._failure is not None:
             raise StoreFailed("metadata store failed earlier") from self._failure
-        version = await self._read_data_version()
-        if version == self._data_version:
-            return []
-        # Recorded before reading: a commit that lands while we read is seen next time.
-        self._data_version = version
-        vhosts, users, permissions = await self._read_access_rows()
-        outcomes = []
-        for command in _reconcile(self.state, vhosts, users, permissions):
-            try:
-                outcomes.append(await self.apply(command))
-            except (MetadataError, RoutingError) as error:
-                logger.warning("ignoring external metadata change %r: %s", command, error)
-        return outcomes
+        # One sync at a time: a second caller waits for the first to finish applying, so no
+        # caller returns before a change already seen by another is in the state.
+        async with self._syncing:
+            version = await self._read_data_version()
+            if version == self._data_version:
+                return []
+            # Recorded before reading: a commit that lands while we read is seen next time.
+            self._data_version = version
+            vhosts, users, permissions = await self._read_access_rows()
+            outcomes = []
+            for command in _reconcile(self.state, vhosts, users, permissions):
+                try:
+                    outcomes.append(await self.apply(command))
+                except (MetadataError, RoutingError) as error:
+                    logger.warning("ignoring external metadata change %r: %s", command, error)
+            return outcomes
 
     async def _read_data_version(self) -> int:
         async with self._db.execute("PRAGMA data_version") as cursor:
