@@ -112,6 +112,8 @@ class Broker:
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
             kept = set(vhost.recover())
+            for queue in vhost.queues.values():
+                self.touch(queue)
             if vhost.directory.exists():
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:
@@ -261,6 +263,39 @@ class Broker:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("background metadata write failed: %r", task.exception())
+
+    def drop_queue(self, queue: HostedQueue) -> None:
+        """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""
+        vhost = self.vhosts.get(queue.vhost)
+        if vhost is None:
+            return
+        self.cancel_consumers(queue)
+        if vhost.take_queue(queue):
+            self.background(vhost.delete_queue(queue))
+
+    def touch(self, queue: HostedQueue) -> None:
+        """A use of the queue (declare, basic.get, last consumer gone) renews its x-expires."""
+        if queue.expires_ms is None:
+            return
+        assert self._loop is not None
+        queue.last_used_s = self._loop.time()
+        if queue.expiry_timer is None:
+            queue.expiry_timer = self._loop.call_at(
+                queue.last_used_s + queue.expires_ms / 1000, self._expire, queue)
+
+    def _expire(self, queue: HostedQueue) -> None:
+        assert self._loop is not None
+        queue.expiry_timer = None
+        if queue.deleted or queue.consumers:
+            # A consumer keeps it alive; the last one to go touches it again.
+            return
+        due_s = queue.last_used_s + queue.expires_ms / 1000
+        if self._loop.time() < due_s:
+            queue.expiry_timer = self._loop.call_at(due_s, self._expire, queue)
+            return
+        log.info("queue '%s' in vhost '%s' expired (x-expires %d ms)", queue.name, queue.vhost,
+                 queue.expires_ms)
+        self.drop_queue(queue)
 
     def cancel_consumers(self, queue: HostedQueue) -> None:
         """The queue is gone: its consumers get basic.cancel if their client asked for it."""

@@ -205,7 +205,7 @@ class BrokerConnection(asyncio.Protocol):
         for number in list(self.channels):
             self._drop_channel(number)
         for queue in list(self.exclusive_queues.values()):
-            self._delete_queue_now(queue)
+            self.broker.drop_queue(queue)
         self.exclusive_queues.clear()
         self.broker.forget(self)
         if self._open_logged:
@@ -413,18 +413,11 @@ class BrokerConnection(asyncio.Protocol):
         channel.consumers.pop(consumer.tag, None)
         queue = consumer.queue
         if queue.remove_consumer(consumer):
-            self._delete_queue_now(queue)
-        else:
-            self.broker.want_dispatch(queue)
-
-    def _delete_queue_now(self, queue: HostedQueue) -> None:
-        """Delete without a reply (auto-delete, exclusive owner gone); the record goes after."""
-        vhost = self.broker.vhosts.get(queue.vhost)
-        if vhost is None:
+            self.broker.drop_queue(queue)
             return
-        self.broker.cancel_consumers(queue)
-        if vhost.take_queue(queue):
-            self.broker.background(vhost.delete_queue(queue))
+        if not queue.consumers:
+            self.broker.touch(queue)
+        self.broker.want_dispatch(queue)
 
     # -- helpers for methods -------------------------------------------------------------------
 
@@ -529,6 +522,7 @@ async def _queue_declare_new(conn: BrokerConnection, channel: BrokerChannel,
         owner=conn.owner, server_named=server_named)
     if exclusive:
         conn.exclusive_queues[queue.name] = queue
+    conn.broker.touch(queue)
     channel.last_queue = queue.name
     if not method.nowait:
         conn.reply(channel, commands.Queue.DeclareOk(
@@ -654,6 +648,7 @@ def _basic_get(conn: BrokerConnection, channel: BrokerChannel,
     name = conn.queue_name(channel, method.queue)
     conn.check("read", QUEUE, name)
     queue = conn.vhost.get_queue(name, conn.owner)
+    conn.broker.touch(queue)
     message = queue.take()
     if message is None:
         conn.reply(channel, commands.Basic.GetEmpty())

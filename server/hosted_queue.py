@@ -11,6 +11,7 @@ every consumer above it is out of credit; within a level, round-robin.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,15 @@ if TYPE_CHECKING:
 # A dispatch pass stops after this many deliveries and is rescheduled, so one busy queue
 # cannot hold the event loop for long.
 DISPATCH_DELIVERIES_MAX = 1024
+
+
+def _int_argument(arguments: Mapping[str, Any], key: str) -> int | None:
+    value = arguments.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @dataclass(eq=False, slots=True)
@@ -66,6 +76,16 @@ class HostedQueue:
         self.had_consumer = False
         self._batch_records_max = batch_records_max
         self.committing = False
+        # Limits enforced at the head, as a RabbitMQ classic queue does: x-message-ttl drops
+        # a message when it reaches the head expired; x-max-length (overflow drop-head)
+        # drops from the head once more than that many are ready.
+        self.message_ttl_ms = _int_argument(self.arguments, "x-message-ttl")
+        self.length_max = _int_argument(self.arguments, "x-max-length")
+        # x-expires: the queue is deleted once unused (no consumers, no basic.get, no
+        # redeclare) for this long; `last_used_s` is the loop time of the last use.
+        self.expires_ms = _int_argument(self.arguments, "x-expires")
+        self.last_used_s = 0.0
+        self.expiry_timer: Any = None
         self._staged: list[tuple[bytes, bytes, bytes, bytes]] = []
         self.staged_persistent = False
         self.commit_wanted = False
@@ -97,6 +117,7 @@ class HostedQueue:
         if self.staged_persistent:
             self.staged_persistent = False
             self.commit_wanted = True
+        self.enforce_length()
 
     def take_commit_wanted(self) -> bool:
         """True once after persistent records were written: confirms wait for a commit."""
@@ -179,15 +200,39 @@ class HostedQueue:
             consumer = self._next_consumer()
             if consumer is None:
                 return False
-            message = engine.take()
+            message = self.take()
             if message is None:
                 return False
             consumer.channel.deliver(consumer, message)
         return True
 
     def take(self) -> Any:
-        """basic.get: the next ready message, marked in flight, or None."""
-        return self.engine.take()
+        """The next live ready message, marked in flight, or None; expired ones are dropped."""
+        engine = self.engine
+        ttl_ms = self.message_ttl_ms
+        message = engine.take()
+        if ttl_ms is None:
+            return message
+        now_ms = _now_ms()
+        while message is not None and message.timestamp_ms + ttl_ms <= now_ms:
+            engine.ack(message.offset)
+            message = engine.take()
+        return message
+
+    def enforce_length(self) -> int:
+        """Drop from the head beyond x-max-length; returns how many went."""
+        length_max = self.length_max
+        if length_max is None or self.deleted:
+            return 0
+        engine = self.engine
+        dropped = 0
+        while engine.ready_count > length_max:
+            message = engine.take()
+            if message is None:
+                break
+            engine.ack(message.offset)
+            dropped += 1
+        return dropped
 
     def ack(self, offsets: list[int]) -> None:
         if self.deleted:

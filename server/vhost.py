@@ -147,6 +147,9 @@ class VirtualHost:
             return False
         del self.queues[queue.name]
         queue.deleted = True
+        if queue.expiry_timer is not None:
+            queue.expiry_timer.cancel()
+            queue.expiry_timer = None
         queue.engine.delete()
         return True
 

@@ -457,6 +457,39 @@ def test_purge_and_delete_if_empty_and_if_unused(conn):
     assert conn.channel().queue_delete(q).method.message_count == 0
 
 
+def test_message_ttl_drops_expired_messages_at_the_head(conn):
+    ch = conn.channel()
+    q = ch.queue_declare(name(), exclusive=True, arguments={"x-message-ttl": 100}).method.queue
+    ch.basic_publish("", q, b"old")
+    time.sleep(0.25)
+    ch.basic_publish("", q, b"fresh")
+    method, _, body = ch.basic_get(q, auto_ack=True)
+    assert body == b"fresh"
+    assert ch.basic_get(q) == (None, None, None)
+
+
+def test_max_length_drops_from_the_head(conn):
+    ch = conn.channel()
+    q = ch.queue_declare(name(), exclusive=True, arguments={"x-max-length": 3}).method.queue
+    for i in range(10):
+        ch.basic_publish("", q, b"%d" % i)
+    assert ch.queue_declare(q, passive=True).method.message_count == 3
+    assert [ch.basic_get(q, auto_ack=True)[2] for _ in range(3)] == [b"7", b"8", b"9"]
+
+
+def test_x_expires_deletes_an_unused_queue(conn):
+    ch = conn.channel()
+    q = ch.queue_declare(name(), arguments={"x-expires": 300}).method.queue
+    tag = ch.basic_consume(q, lambda *args: None)
+    time.sleep(0.5)
+    assert ch.queue_declare(q, passive=True).method.consumer_count == 1
+    ch.basic_cancel(tag)
+    time.sleep(0.6)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+        ch.queue_declare(q, passive=True)
+    assert excinfo.value.args[0] == 404
+
+
 # -- exchanges and bindings ----------------------------------------------------------------------------
 
 def test_topic_fanout_headers_and_exchange_to_exchange_routing(conn):
