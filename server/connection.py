@@ -260,9 +260,9 @@ class BrokerConnection(asyncio.Protocol):
             self._open_vhost(event)
             return None
         if kind is events.ConnectionClosed:
-            if event.reply_code and not event.by_peer:
-                log.error("connection %s closed with %s %s", self.name, event.reply_code,
-                          event.reply_text)
+            if not event.by_peer:
+                log.error("connection %s closed: %s%s", self.name,
+                          f"{event.reply_code} " if event.reply_code else "", event.reply_text)
             for number in list(self.channels):
                 self._drop_channel(number)
             return None

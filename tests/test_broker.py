@@ -662,3 +662,31 @@ def test_a_hostile_frame_closes_only_its_connection(broker, conn):
             pass
     ch = conn.channel()
     assert ch.queue_declare(name(), exclusive=True).method.queue
+
+
+def test_a_silent_client_is_dropped_after_two_heartbeat_intervals(broker):
+    import socket
+
+    from pamqp import commands
+
+    from warrenmq.amqp import testing
+
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock:
+        sock.sendall(b"AMQP\x00\x00\x09\x01")
+        sock.recv(4096)
+        sock.sendall(testing.marshal(0, testing.start_ok()))
+        sock.recv(4096)
+        sock.sendall(testing.marshal(0, commands.Connection.TuneOk(
+            channel_max=10, frame_max=131072, heartbeat=1)))
+        sock.sendall(testing.marshal(0, commands.Connection.Open(virtual_host="/")))
+        started = time.monotonic()
+        received = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+        elapsed = time.monotonic() - started
+    assert 1.5 <= elapsed <= 4.0
+    # Our heartbeats went out meanwhile (every half interval), then no close frame: dropped.
+    assert testing.heartbeat() in received
