@@ -90,6 +90,8 @@ class ServerConfig:
     read_timeout_s: float = 5.0
     """A read whose ReadIndex round never completes (leader lost) is answered RETRY."""
     seed: int = 0
+    gc_freeze_entries: int = 10_000
+    """Move every live object to the permanent GC generation after this many applied entries."""
     overlap_leader_fsync: bool = True
     """Let a steady leader's appends leave before its own fsync (see _may_send_before_persisting)."""
 
@@ -224,6 +226,7 @@ class RaftServer:
         self.persist_s_total = 0.0
         self.persist_s_max = 0.0
         self.read_pauses = 0
+        self._frozen_at_index = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -520,6 +523,14 @@ class RaftServer:
                 if client.transport is not None:
                     client.transport.resume_reading()
         self._maybe_compact()
+        if kv.applied_index - self._frozen_at_index >= self.config.gc_freeze_entries:
+            # The log entries the core holds (until the next compaction) are long-lived and
+            # numerous; a full collection that rescans them all paused a node for up to
+            # ~100 ms under load. Frozen objects are still freed by reference counting;
+            # only reference cycles among them would outlive us, and the entries, messages
+            # and store values have none.
+            gc.freeze()
+            self._frozen_at_index = kv.applied_index
 
     def _maybe_compact(self) -> None:
         raft = self.raft
