@@ -378,6 +378,13 @@ def test_exclusive_queue_strict_on_declare_lax_on_use():
         state.lookup_queue("/", "missing", None)
     assert error.value.reply_text == "no queue 'missing' in vhost '/'"
     assert [q.name for q in state.queues_owned_by("c1")] == ["x"]
+    state.apply(c.DeclareVhost("v1"))
+    state.apply(c.DeclareQueue("v1", "y", exclusive=True, owner="c1"))
+    assert sorted(q.name for q in state.queues_owned_by("c1")) == ["x", "y"]
+    state.apply(c.DeleteQueue("/", "x"))
+    assert [q.name for q in state.queues_owned_by("c1")] == ["y"]
+    state.apply(c.DeleteVhost("v1"))
+    assert state.queues_owned_by("c1") == [] and state.queues_owned_by("c2") == []
 
 
 def test_delete_queue_drops_bindings_and_auto_delete_sources():
@@ -570,6 +577,12 @@ def test_random_commands_refusals_change_nothing_and_snapshots_round_trip(comman
     for command in commands:
         apply_quietly(replica, command)
     assert replica.snapshot() == snapshot
+    # The owner index agrees with a scan of every queue.
+    for owner in ("c1", "c2"):
+        scanned = sorted(
+            (q[0], q[1]) for q in json.loads(snapshot)["queues"] if q[5] == owner
+        )
+        assert sorted((q.vhost, q.name) for q in state.queues_owned_by(owner)) == scanned
     # Every binding the state holds has both ends present.
     document = json.loads(snapshot)
     queues = {(q[0], q[1]) for q in document["queues"]}

@@ -143,6 +143,9 @@ class MetadataState:
         self.permissions: dict[tuple[str, str], Permission] = {}
         self._routers: dict[str, Router] = {}
         self._queues: dict[str, dict[str, QueueRecord]] = {}
+        # Exclusive queues by owning connection, so a closing connection finds its own without
+        # a scan of every queue.
+        self._owned: dict[str, dict[tuple[str, str], QueueRecord]] = {}
         # Names of each vhost's durable user-declared exchanges, to know after a cascade which
         # deleted exchanges had rows, and how many exchanges each vhost has.
         self._durable_exchanges: dict[str, set[str]] = {}
@@ -216,12 +219,7 @@ class MetadataState:
 
     def queues_owned_by(self, owner: str) -> list[QueueRecord]:
         """The exclusive queues of a connection, to delete when it closes."""
-        return [
-            record
-            for queues in self._queues.values()
-            for record in queues.values()
-            if record.exclusive_owner == owner
-        ]
+        return list(self._owned.get(owner, {}).values())
 
     # --- access control --------------------------------------------------------------------
 
@@ -343,7 +341,10 @@ class MetadataState:
             raise PreconditionFailed(f"cannot delete the default vhost '{DEFAULT_VHOST}'")
         if name not in self.vhosts:
             raise NotFound(f"no vhost '{name}'")
-        deleted_queues = tuple(sorted(self._queues.pop(name)))
+        queues = self._queues.pop(name)
+        for record in queues.values():
+            self._disown(record)
+        deleted_queues = tuple(sorted(queues))
         router = self._routers.pop(name)
         deleted_exchanges = tuple(
             sorted(e.name for e in router.exchanges() if e.name not in _PREDECLARED_NAMES)
@@ -505,6 +506,8 @@ class MetadataState:
             vhost, name, command.durable, command.auto_delete, dict(command.arguments), owner
         )
         queues[name] = record
+        if owner is not None:
+            self._owned.setdefault(owner, {})[(vhost, name)] = record
         writes = (("put_queue", record),) if record.persisted else ()
         return Outcome(True, created=True, queue=record, writes=writes)
 
@@ -515,6 +518,7 @@ class MetadataState:
         record = queues.pop(name, None)
         if record is None:
             return Outcome(False)
+        self._disown(record)
         change = self._routers[vhost].queue_deleted(name)
         writes = self._forget_exchanges(vhost, change.deleted_exchanges)
         if record.persisted:
@@ -522,6 +526,15 @@ class MetadataState:
         return Outcome(
             True, queue=record, deleted_exchanges=change.deleted_exchanges, writes=writes
         )
+
+    def _disown(self, record: QueueRecord) -> None:
+        owner = record.exclusive_owner
+        if owner is None:
+            return
+        owned = self._owned[owner]
+        del owned[(record.vhost, record.name)]
+        if not owned:
+            del self._owned[owner]
 
     # --- bindings --------------------------------------------------------------------------
 
