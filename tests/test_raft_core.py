@@ -598,3 +598,22 @@ def test_committed_entries_are_handed_out_in_bounded_batches():
         batches.append([e.index for e in rd.committed])
         node.advance(rd)
     assert batches == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+
+
+def test_heartbeat_response_does_not_disturb_a_full_pipeline():
+    net = Net()
+    leader = net.elect(1)
+    net.tick_all(1)
+    for k in range(3):
+        leader.propose(b"%d" % k)
+    net.process(1)
+    net.queue.clear()  # appends in flight, not yet acked
+    net.sent.clear()
+    leader.step(Message(M.HEARTBEAT_RESP, 2, 1, leader.term))
+    net.process(1)
+    assert [m for m in net.sent if m.dst == 2] == []  # no empty append probing an in-flight entry
+    for _ in range(2):  # ...but a follower that stays stalled gets the entries again
+        leader.step(Message(M.HEARTBEAT_RESP, 2, 1, leader.term))
+        net.process(1)
+    resent = [m for m in net.sent if m.dst == 2 and m.kind == M.APPEND]
+    assert resent and resent[0].entries[0].index == leader.last_index - 2

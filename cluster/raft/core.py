@@ -61,9 +61,9 @@ Design choices
   max_entries_per_append entries / max_append_bytes bytes each. Rejections carry a hint
   (follower's largest index <= the rejected one whose term is <= the leader's term there),
   so a follower's divergent tail is skipped one term per round trip, not one entry. A
-  follower whose match has not moved across two heartbeat responses goes back to probe,
-  which re-sends lost appends (the simulator loses messages; TCP would not help after a
-  reconnect either).
+  follower whose match has not moved across append_stall_heartbeats_max heartbeat responses
+  goes back to probe, which re-sends lost appends (the simulator loses messages; TCP would
+  not help after a reconnect either).
 * Commit: the leader advances commit to the quorum-replicated index only if that entry is of
   its current term (Figure 8); every new leader appends a NOOP to get there.
 * Membership: single-server changes (Ongaro's dissertation §4.1). The CONFIG entry takes
@@ -124,9 +124,6 @@ LEADER = "leader"
 
 _TRANSFER_CONTEXT = b"transfer"
 _ROUND_ID = struct.Struct("<Q")
-# A follower in replicate state whose match index stays put across this many heartbeat
-# responses is assumed to have lost appends (or a snapshot) and is probed again.
-_STALLED_HEARTBEATS_MAX = 2
 
 _PROBE = 0
 _REPLICATE = 1
@@ -185,6 +182,9 @@ class RaftConfig:
     max_pending_reads: int = 4096
     max_uncommitted_entries: int = 1 << 16
     max_committed_per_ready: int = 4096
+    # A follower whose match index stays put across this many heartbeat responses while it
+    # lags is assumed to have lost appends (or a snapshot) and is probed again.
+    append_stall_heartbeats_max: int = 2
 
     def __post_init__(self) -> None:
         if self.node_id <= 0:
@@ -1039,11 +1039,16 @@ class RaftNode:
             else:
                 pr.stalled_heartbeats = 0
             pr.match_at_heartbeat = pr.match
-            if pr.stalled_heartbeats >= _STALLED_HEARTBEATS_MAX and pr.state != _PROBE:
+            if (
+                pr.stalled_heartbeats >= self._config.append_stall_heartbeats_max
+                and pr.state != _PROBE
+            ):
                 pr.become_probe()
             if pr.state == _PROBE:
                 pr.probe_sent = False
-            self._send_append(peer)
+            # In replicate state an empty append would name a previous entry that may still
+            # be in flight, draw a rejection and needlessly drop the pipeline back to probe.
+            self._send_append(peer, send_empty=pr.state == _PROBE)
         elif peer == self._transferee:
             # The TIMEOUT_NOW may have been lost; the target is up to date, so repeat it.
             self._send(Message(MessageKind.TIMEOUT_NOW, self._id, peer, self._term))

@@ -10,16 +10,22 @@ restart rebuilds everything from the durable part.
 
 Faults during the fault phase: message loss, duplication, delay and reordering (per-link
 random delays with a slow tail); symmetric partitions, one-way link cuts and isolated
-nodes; crashes and restarts; slow disks; clock drift (each node's tick period changes
+nodes; crashes and restarts; process pauses (everything that arrives meanwhile is handled
+on resume, as after a GC pause or SIGSTOP); slow disks; clock drift (each node's tick period changes
 independently, up to 4x apart); membership changes (a voter removed, and added back) and
-leadership transfers. Clients issue puts and reads (ReadIndex, to leaders and followers)
+leadership transfers; per seed, the leader may send its appends before its own fsync, as
+`node.py` does. Clients issue puts and reads (ReadIndex, to leaders and followers)
 with retries and timeouts; their history is checked for linearizability at the end.
 
 Checked at every step: election safety (one leader per term), log matching (an (index,
 term) pair names one entry content and one predecessor term, on every node, at every
 append), leader completeness (a new leader holds every entry committed in an earlier term),
 state-machine safety (no two nodes apply different entries at one index, and the commit
-point never moves to a different entry). After the fault phase every fault is healed, and
+point never moves to a different entry), and, stronger than leader completeness, that no
+node lacking the highest committed entry could collect the votes to be elected with any
+log its voters may hold in memory or on disk (this catches a lost commit as soon as it
+becomes possible, not only once a schedule happens to exploit it). Committed-and-answered
+client writes surviving every crash follows from these and the history check. After the fault phase every fault is healed, and
 within `liveness_ticks` ticks a leader must be elected, the full membership restored, every
 client must complete an operation and every node must converge on the same applied state.
 
@@ -75,6 +81,7 @@ _EV_HEAL_LINK = 8
 _EV_HEAL_ALL = 9
 _EV_JANITOR = 10
 _EV_STRIKE_LEADER = 11
+_HOST_EVENTS = frozenset((_EV_TICK, _EV_DELIVER, _EV_FSYNC, _EV_CLIENT_REQUEST))
 
 _READ_CONTEXT = struct.Struct("<QQQ")  # client, op id, attempt
 
@@ -129,6 +136,7 @@ class _Host:
     applied: int = 0
     tick_units: int = TICK_UNITS
     disk_slow_until: int = 0
+    paused_until: int = 0
     pending_writes: dict = field(default_factory=dict)  # log index -> request
     pending_reads: dict = field(default_factory=dict)  # read context -> request
     read_states: list = field(default_factory=list)
@@ -174,12 +182,12 @@ class Simulation:
         self.healed = False
         self.heal_time = 0
         self.heal_mark = 0
-        self.stopped = False
         # Network weather, re-drawn by chaos events; calm values after healing.
         self.loss = 0.0
         self.dup = 0.0
         self.delay_max = 20
         self.slow_link_p = 0.0
+        self.paused_until_max = 0
         # Probability that a newly elected leader is struck (isolated or crashed) before it
         # has replicated much: the schedules behind Figure 8 and most lost-commit bugs.
         self.strike_new_leader_p = self.rng.choice((0.0, 0.2, 0.5))
@@ -245,6 +253,14 @@ class Simulation:
         self._check_history()
 
     def _dispatch(self, kind: int, a, b) -> None:
+        if self.now < self.paused_until_max and kind in _HOST_EVENTS:
+            host = self._event_host(kind, a)
+            if self.now < host.paused_until:
+                # A paused process (GC pause, SIGSTOP, a VM migrating) does nothing; what
+                # arrived meanwhile waits in its socket buffers and is handled, in order,
+                # the moment it resumes.
+                self._at(host.paused_until, kind, a, b)
+                return
         if kind == _EV_DELIVER:
             self._deliver(a)
         elif kind == _EV_TICK:
@@ -274,6 +290,13 @@ class Simulation:
             self._janitor()
         elif kind == _EV_STRIKE_LEADER:
             self._strike_leader(a, b)
+
+    def _event_host(self, kind: int, a) -> _Host:
+        if kind == _EV_DELIVER:
+            return self.hosts[a.dst]
+        if kind == _EV_CLIENT_REQUEST:
+            return self.hosts[a]
+        return a
 
     # ------------------------------------------------------------------ hosts
 
@@ -660,8 +683,6 @@ class Simulation:
         self._attempt(client)
 
     def _next_op(self, client: _Client) -> None:
-        if self.stopped:
-            return
         rng = self.rng
         op_id = client.next_op_id
         client.next_op_id += 1
@@ -779,7 +800,7 @@ class Simulation:
         rng = self.rng
         hosts = list(self.hosts.values())
         leaders = [h for h in hosts if h.up and h.core.role == LEADER]
-        action = rng.randrange(9)
+        action = rng.randrange(10)
         if action == 0:
             # Leaders are the interesting victims: they hold entries nobody else has yet.
             host = rng.choice(leaders if leaders and rng.random() < 0.7 else hosts)
@@ -829,6 +850,12 @@ class Simulation:
                 if self.trace:
                     self._log(f"transfer n{core.node_id} -> n{target}")
                 self._after_core(leaders[0])
+        elif action == 8:
+            host = rng.choice(leaders if leaders and rng.random() < 0.5 else hosts)
+            host.paused_until = self.now + rng.randrange(2, 40) * TICK_UNITS
+            self.paused_until_max = max(self.paused_until_max, host.paused_until)
+            if self.trace:
+                self._log(f"pause n{host.node_id} until {host.paused_until}")
         else:
             # Isolate one node both ways.
             if leaders and rng.random() < 0.5:
@@ -946,8 +973,10 @@ def main(argv: list[str] | None = None) -> int:
         elif ran >= args.seeds:
             break
         try:
-            run_seed(seed, args.nodes, trace=trace)
-        except Exception as exc:  # noqa: BLE001 - an assertion inside the core is a finding too
+            sim = run_seed(seed, args.nodes, trace=trace)
+            if trace:
+                print(f"seed {seed} passed: {sim.stats}")
+        except Exception as exc:  # noqa: BLE001 - a crash of the simulator is a finding too
             failures += 1
             print(f"seed {seed} FAILED: {type(exc).__name__}: {exc}", flush=True)
             print(
