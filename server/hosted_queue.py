@@ -84,6 +84,9 @@ class HostedQueue:
         # x-expires: the queue is deleted once unused (no consumers, no basic.get, no
         # redeclare) for this long; `last_used_s` is the loop time of the last use.
         self.expires_ms = _int_argument(self.arguments, "x-expires")
+        # x-single-active-consumer: only the longest-registered consumer gets messages; the
+        # next one takes over when it goes (RabbitMQ 3.10, without priorities).
+        self.single_active = self.arguments.get("x-single-active-consumer") is True
         self.last_used_s = 0.0
         self.expiry_timer: Any = None
         self._staged: list[tuple[bytes, bytes, bytes, bytes]] = []
@@ -174,6 +177,9 @@ class HostedQueue:
         return None
 
     def _next_consumer(self) -> Consumer | None:
+        if self.single_active:
+            active = next(iter(self.consumers.values()))
+            return active if active.has_credit() else None
         for _, level in self._levels:
             for _ in range(len(level)):
                 consumer = level[0]

@@ -297,6 +297,23 @@ def test_round_robin_between_equal_consumers(conn):
     assert len(a) == 5 and len(b) == 5
 
 
+def test_single_active_consumer_gets_everything_until_it_goes(conn):
+    ch = conn.channel()
+    q = ch.queue_declare(name(), exclusive=True,
+                         arguments={"x-single-active-consumer": True}).method.queue
+    first, second = [], []
+    tag = ch.basic_consume(q, lambda c, m, p, b: first.append(b), auto_ack=True)
+    ch.basic_consume(q, lambda c, m, p, b: second.append(b), auto_ack=True)
+    for i in range(6):
+        ch.basic_publish("", q, b"%d" % i)
+    pump(conn, lambda: len(first) >= 6)
+    assert len(first) == 6 and not second
+    ch.basic_cancel(tag)
+    ch.basic_publish("", q, b"next")
+    pump(conn, lambda: second)
+    assert second == [b"next"]
+
+
 def test_exclusive_consumer_refuses_others_with_403(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), exclusive=True).method.queue
