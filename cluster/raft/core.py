@@ -40,6 +40,23 @@ entries after it.
 entries <= index itself (it is not repeated in a Ready, whose `snapshot` field is only for
 snapshots received from a leader, which the host must install).
 
+Public API (beyond the issue's contract, all optional to use):
+
+* `RaftNode` read-only: node_id, term, vote, leader_id, role ('follower' | 'pre_candidate' |
+  'candidate' | 'leader', also the constants FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER),
+  commit_index, applied_index (last committed index handed out in a Ready), first_index,
+  last_index, snapshot, voters, lead_transferee; term_at(index) and
+  entries_between(lo, hi) for inspection.
+* Methods: tick, step, propose, propose_membership(add= | remove=), transfer_leadership,
+  read_index, compact (returns the Snapshot), has_ready, ready, advance.
+* `RaftConfig` bounds: max_entries_per_append, max_append_bytes, max_inflight_appends,
+  max_pending_reads, max_uncommitted_entries (propose raises ProposalRefused beyond it),
+  max_committed_per_ready, append_stall_heartbeats_max.
+* Leader-side overlap: a host may send a leader's Ready messages before its own fsync if
+  the Ready carries no snapshot and no unsynced term/vote change (node.py does; sim.py
+  simulates it), because commits computed from the acks that answer them are only handed
+  out in a later Ready, after this one is durable.
+
 Messages (`messages.py`): PRE_VOTE(_RESP), VOTE(_RESP), APPEND(_RESP), HEARTBEAT(_RESP),
 SNAPSHOT (answered by APPEND_RESP), TIMEOUT_NOW, READ_INDEX(_RESP).
 
@@ -102,6 +119,10 @@ from warrenmq.cluster.raft.messages import (
 )
 
 __all__ = [
+    "CANDIDATE",
+    "FOLLOWER",
+    "LEADER",
+    "PRE_CANDIDATE",
     "Entry",
     "EntryKind",
     "HardState",
