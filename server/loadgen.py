@@ -352,16 +352,18 @@ def ratios(scenario: str, target: dict[str, Any], compared: dict[str, Any]) -> d
 RUNS_MAX = 99
 
 
-def median_report(scenario: str, reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run whose first headline figure is the median (the lower one of an even count).
+def median_report(scenario: str, reports: list[dict[str, Any]],
+                  key: str | None = None) -> dict[str, Any]:
+    """The run whose ``key`` figure (default: the first headline) is the median.
 
-    A whole run is kept rather than a median per figure, so the figures of the report stay
-    consistent with each other; every run's headline figures are listed beside it.
+    The lower of the two middle runs is taken for an even count. A whole run is kept rather
+    than a median per figure, so the figures of the report stay consistent with each other;
+    every run's headline figures are listed beside it.
     """
     assert reports
     if len(reports) == 1:
         return reports[0]
-    key = HEADLINES[scenario][0]
+    key = key or HEADLINES[scenario][0]
     ordered = sorted(reports, key=lambda report: report.get(key) or 0)
     chosen = dict(ordered[(len(ordered) - 1) // 2])
     chosen["runs"] = [{name: report.get(name) for name in HEADLINES[scenario]}
@@ -384,10 +386,12 @@ async def run_bench(options: Options, url: str, compare_url: str | None = None,
         targets.append(await run_scenario(url, options, pid))
         if compare_url is not None:
             compared.append(await run_scenario(compare_url, options, compare_pid))
-    target = median_report(options.scenario, targets)
+    # At a set rate every run has the same throughput: the latency is what varies.
+    key = "latency_ms_p99" if options.rate_per_s is not None else None
+    target = median_report(options.scenario, targets, key)
     if compare_url is None:
         return target
-    other = median_report(options.scenario, compared)
+    other = median_report(options.scenario, compared, key)
     return {"scenario": options.scenario, "target": target, "compare": other,
             "ratio": ratios(options.scenario, target, other)}
 

@@ -488,6 +488,8 @@ def test_median_report_keeps_the_median_run_whole():
     assert chosen["msgs_per_s"] == 20 and chosen["seconds"] == 5  # lower median, its own figures
     assert [run["msgs_per_s"] for run in chosen["runs"]] == [30, 10, 20, 40]
     assert loadgen.median_report("publish", reports[:1]) == reports[0]
+    by_latency = loadgen.median_report("publish", reports, key="confirm_latency_ms_p50")
+    assert by_latency["confirm_latency_ms_p50"] == 2.0
 
 
 def test_runs_alternate_and_report_medians():
