@@ -5,7 +5,7 @@ A batch on disk (little-endian):
     base_offset       u64   offset of its first record; records are dense from there
     length            u32   bytes that follow this field
     magic             u8    format version, 1
-    crc               u32   CRC32C of everything after this field
+    crc               u32   CRC32C of every other byte of the batch, offset and length included
     term              u64   leader term/epoch that wrote it (replication)
     record_count      u32
     max_timestamp_ms  i64   every record of the batch carries this timestamp (as a RabbitMQ
@@ -31,15 +31,16 @@ from .errors import CorruptBatchError, LogError
 MAGIC = 1
 HEADER = struct.Struct("<QIBIQIqH")
 HEADER_BYTES = HEADER.size
-# The length field counts from `magic` on; the CRC covers from `term` on.
+# The length field counts from `magic` on. The CRC covers the bytes before its own field and
+# everything after it: unlike Kafka we never rewrite a stored offset, so the offset is covered too.
 LENGTH_END = 12
+CRC_AT = 13
 CRC_START = 17
 HEADER_AFTER_LENGTH = HEADER_BYTES - LENGTH_END
 RECORD_HEADER = struct.Struct("<BBII")
 RECORD_HEADER_BYTES = RECORD_HEADER.size
-# term, record_count, max_timestamp_ms, attributes: the checksummed part of the header.
+_HEADER_HEAD = struct.Struct("<QIB")
 _HEADER_TAIL = struct.Struct("<QIqH")
-_LENGTH_FIELD = struct.Struct("<QI")
 
 RawRecord = tuple[bytes, bytes, bytes, bytes]
 """(exchange, routing_key, properties, body) as appended."""
@@ -105,11 +106,11 @@ def encode_records(records: Sequence[RawRecord], record_bytes_max: int) -> bytes
 
 
 def encode_header(base_offset: int, term: int, record_count: int, timestamp_ms: int, payload: bytes) -> bytes:
+    length = HEADER_AFTER_LENGTH + len(payload)
+    head = _HEADER_HEAD.pack(base_offset, length, MAGIC)
     tail = _HEADER_TAIL.pack(term, record_count, timestamp_ms, 0)
-    crc = crc32c(payload, crc32c(tail))
-    return HEADER.pack(
-        base_offset, HEADER_AFTER_LENGTH + len(payload), MAGIC, crc, term, record_count, timestamp_ms, 0
-    )
+    crc = crc32c(payload, crc32c(tail, crc32c(head)))
+    return HEADER.pack(base_offset, length, MAGIC, crc, term, record_count, timestamp_ms, 0)
 
 
 def read_header(buf: bytes | memoryview, position: int) -> BatchHeader | None:
@@ -129,7 +130,7 @@ def read_header(buf: bytes | memoryview, position: int) -> BatchHeader | None:
 
 def verify_crc(buf: bytes | memoryview, position: int, header: BatchHeader) -> None:
     end = position + header.total_bytes
-    if crc32c(buf[position + CRC_START : end]) != header.crc:
+    if crc32c(buf[position + CRC_START : end], crc32c(buf[position : position + CRC_AT])) != header.crc:
         raise CorruptBatchError(f"CRC mismatch in batch at offset {header.base_offset}")
 
 

@@ -307,10 +307,14 @@ class Segment:
         """
         records: list[Record] = []
         budget = max_bytes
+        expected: int | None = None
         for _, header, buf, at in self._batches(self._floor_position(offset), self.size, verify=True):
+            if expected is not None and header.base_offset != expected:
+                raise CorruptBatchError(f"offsets in {self.log_path} jump from {expected} to {header.base_offset}")
+            expected = header.next_offset
             if header.next_offset <= offset:
                 continue
-            if header.base_offset > offset and not records:
+            if header.base_offset > offset:
                 raise CorruptBatchError(f"index of {self.log_path} skips offset {offset}")
             for record in batch_codec.decode_records(buf, at, header, offset):
                 size = batch_codec.record_size(record)
@@ -319,6 +323,8 @@ class Segment:
                 records.append(record)
                 budget -= size
             offset = header.next_offset
+            if len(records) >= max_records or budget <= 0:
+                break
         return records
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:

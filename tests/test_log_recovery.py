@@ -106,6 +106,21 @@ def test_corruption_below_the_recovery_point_is_caught_by_the_reader(tmp_path):
         assert raw(log.read(int(files[1].stem), max_records=10**6, max_bytes=1 << 30)) == appended[int(files[1].stem) :]
 
 
+def test_a_damaged_batch_offset_is_caught_not_skipped(tmp_path):
+    """Regression: a flipped bit in a stored base offset once made a reader skip a record."""
+    appended = fill(tmp_path, [[(b"", b"", b"", b"")] for _ in range(200)])
+    first = log_files(tmp_path)[0]
+    data = bytearray(first.read_bytes())
+    data[49] ^= 1  # the low byte of the second batch's base offset (a batch here is 49 bytes)
+    first.write_bytes(bytes(data))
+    with PartitionLog.open(tmp_path, LogConfig(**{**CONFIG_FIELDS, "tail_cache_bytes_max": 0})) as log:
+        assert raw(log.read(0, max_records=1)) == appended[:1]
+        with pytest.raises(CorruptBatchError):
+            log.read(0, max_records=10)
+        with pytest.raises(CorruptBatchError):
+            log.read(1)
+
+
 def test_stray_index_without_a_log_is_removed(tmp_path):
     fill(tmp_path, sample_batches(3))
     stray = tmp_path / f"{999:020d}.index"
