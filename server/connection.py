@@ -330,10 +330,21 @@ class BrokerConnection(asyncio.Protocol):
                 targets = None
         else:
             headers = None
+            routing_keys = None
             if properties and properties[0] & _HEADERS_FLAG_BYTE0:
-                headers = frames.decode_properties(properties).headers
+                decoded = frames.decode_properties(properties)
+                headers = decoded.headers
+                if headers and ("CC" in headers or "BCC" in headers):
+                    routing_keys = _sender_selected_keys(routing_key, headers)
+                    if "BCC" in headers:
+                        # RabbitMQ removes BCC before storing; CC stays visible.
+                        decoded.headers = {k: v for k, v in headers.items() if k != "BCC"}
+                        properties = frames.encode_properties(decoded)
             try:
-                targets = self.vhost.router.route(exchange, routing_key, headers)
+                if routing_keys is None:
+                    targets = self.vhost.router.route(exchange, routing_key, headers)
+                else:
+                    targets = self.vhost.router.route_keys(exchange, routing_keys, headers)
             except RoutingError as error:
                 raise from_routing(error) from None
         if channel.tx:
@@ -431,6 +442,21 @@ class BrokerConnection(asyncio.Protocol):
 
     def reply(self, channel: BrokerChannel, method: Any) -> None:
         self.amqp.send_method(channel.number, method)
+
+
+def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
+    """The routing key plus the CC and BCC headers' strings (RabbitMQ's sender-selected
+    distribution: arrays of long strings; anything else in them is ignored)."""
+    keys = [routing_key]
+    for header in ("CC", "BCC"):
+        values = headers.get(header)
+        if isinstance(values, list):
+            for value in values:
+                if isinstance(value, bytes):
+                    value = value.decode("utf-8", "replace")
+                if isinstance(value, str) and value not in keys:
+                    keys.append(value)
+    return keys
 
 
 # -- channel methods ---------------------------------------------------------------------------

@@ -538,6 +538,18 @@ def test_topic_fanout_headers_and_exchange_to_exchange_routing(conn):
     ch.exchange_delete(topic)
 
 
+def test_cc_and_bcc_headers_add_routing_keys_and_bcc_is_removed(conn):
+    ch = conn.channel()
+    qa = ch.queue_declare(name(), exclusive=True).method.queue
+    qb = ch.queue_declare(name(), exclusive=True).method.queue
+    qc = ch.queue_declare(name(), exclusive=True).method.queue
+    ch.basic_publish("", qa, b"x", pika.BasicProperties(headers={"CC": [qb], "BCC": [qc]}))
+    for queue in (qa, qb, qc):
+        method, properties, body = ch.basic_get(queue, auto_ack=True)
+        assert body == b"x"
+        assert properties.headers == {"CC": [qb]}
+
+
 def test_alternate_exchange_takes_unroutable_messages(conn):
     ch = conn.channel()
     main, alternate = name("main"), name("ae")
