@@ -58,11 +58,12 @@ def test_refusal_texts():
     refused = permissions.resource_refused("write", "exchange", "", "/", "bob")
     assert refused.reply_code == 403 and not refused.connection_level
     assert refused.reply_text == (
-        "write access to exchange 'amq.default' in vhost '/' refused for user 'bob'"
+        "access to exchange 'amq.default' in vhost '/' refused for user 'bob'"
     )
     vhost = permissions.vhost_refused("v", "bob")
     assert vhost.reply_code == 530 and vhost.connection_level
     assert vhost.reply_text == "access to vhost 'v' refused for user 'bob'"
+    assert permissions.vhost_not_found("v").reply_text == "vhost v not found"
     assert permissions.login_refused_text("PLAIN") == (
         "Login was refused using authentication mechanism PLAIN. "
         "For details see the broker logfile."

@@ -158,10 +158,12 @@ def test_vhost_access_needs_vhost_and_permission_entry():
     with pytest.raises(NotAllowed) as error:
         state.check_vhost_access("guest", "nope")
     assert error.value.reply_code == 530 and error.value.connection_level
-    assert error.value.reply_text == "access to vhost 'nope' refused for user 'guest'"
+    # Texts of RabbitMQ 3.10.8, observed: a missing vhost and a refused one differ.
+    assert error.value.reply_text == "vhost nope not found"
     state.apply(c.DeclareVhost("v1"))
-    with pytest.raises(NotAllowed):
+    with pytest.raises(NotAllowed) as error:
         state.check_vhost_access("guest", "v1")
+    assert error.value.reply_text == "access to vhost 'v1' refused for user 'guest'"
     # An entry that grants nothing still opens the vhost, as RabbitMQ.
     state.apply(c.SetPermissions("guest", "v1", "", "", ""))
     state.check_vhost_access("guest", "v1")
@@ -177,9 +179,9 @@ def test_resource_access_texts():
         state.check_resource_access("bob", "/", "configure", "queue", "q")
     assert error.value.reply_code == 403
     assert error.value.reply_text == (
-        "configure access to queue 'q' in vhost '/' refused for user 'bob'"
+        "access to queue 'q' in vhost '/' refused for user 'bob'"
     )
-    with pytest.raises(AccessRefused, match="read access to exchange 'amq.default'"):
+    with pytest.raises(AccessRefused, match="^access to exchange 'amq.default'"):
         state.check_resource_access("bob", "/", "read", "exchange", "")
     # No entry at all for the vhost: nothing is allowed.
     assert not state.can_access("bob", "v1", "read", "queue", "bob-1")

@@ -5,15 +5,16 @@ rabbit_misc.erl, rabbit_reader.erl):
 
 * A user may use a vhost (connection.open) when the vhost exists and the user has a permission
   entry for it, whatever its regexes: otherwise 530 NOT_ALLOWED "access to vhost 'v' refused for
-  user 'u'" (the same text for a vhost that does not exist).
+  user 'u'", or "vhost v not found" when it does not exist (checked against RabbitMQ 3.10.8).
 * A resource check takes the regex for the kind of access and runs `re:run(Name, Regex)`: an
   unanchored search, so "foo" allows "a-foo-b" and anchors must be written ("^foo$"). An empty
   regex is replaced by "^$", which matches only the empty name, so "" grants nothing that can
   be named. Python's `re.search` has the same semantics for the syntax both engines share;
   PCRE-only syntax (\\Q...\\E, recursion) is refused when the permission is set.
 * The default exchange is checked under the name "amq.default".
-* A refusal is 403 ACCESS_REFUSED "<perm> access to <kind> 'name' in vhost 'v' refused for user
-  'u'".
+* A refusal is 403 ACCESS_REFUSED "access to <kind> 'name' in vhost 'v' refused for user 'u'":
+  3.10 does not name the kind of access (later versions prefix "configure "/"write "/"read ";
+  the texts here were checked against a running 3.10.8).
 * The user has no permission entry for the vhost at all: every resource check fails.
 
 What is deliberately not here: topic permissions (rabbit's per-exchange routing-key regexes)
@@ -90,14 +91,17 @@ def allows(permission: Permission | None, access: Access, kind: str, name: str) 
 
 
 def resource_refused(access: Access, kind: str, name: str, vhost: str, user: str) -> AccessRefused:
+    assert access in ACCESSES, access
     shown = resource_name(kind, name)
-    return AccessRefused(
-        f"{access} access to {kind} '{shown}' in vhost '{vhost}' refused for user '{user}'"
-    )
+    return AccessRefused(f"access to {kind} '{shown}' in vhost '{vhost}' refused for user '{user}'")
 
 
 def vhost_refused(vhost: str, user: str) -> NotAllowed:
     return NotAllowed(f"access to vhost '{vhost}' refused for user '{user}'")
+
+
+def vhost_not_found(vhost: str) -> NotAllowed:
+    return NotAllowed(f"vhost {vhost} not found")
 
 
 def login_refused_text(mechanism: str) -> str:

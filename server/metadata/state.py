@@ -229,7 +229,9 @@ class MetadataState:
     def check_vhost_access(self, user: str, vhost: str) -> None:
         """connection.open: raise NotAllowed (530) unless the vhost exists and the user has a
         permission entry on it."""
-        if vhost not in self.vhosts or (user, vhost) not in self.permissions:
+        if vhost not in self.vhosts:
+            raise permissions.vhost_not_found(vhost)
+        if (user, vhost) not in self.permissions:
             raise permissions.vhost_refused(vhost, user)
 
     def can_access(self, user: str, vhost: str, access: Access, kind: str, name: str) -> bool:
