@@ -113,6 +113,13 @@ class BrokerConnection(asyncio.Protocol):
             except replies.ProtocolError as error:
                 self._fail(error, getattr(event, "channel", 0))
                 continue
+            except Exception as error:
+                # A bug or a storage failure: this connection ends, the broker carries on.
+                log.exception("connection %s: internal error handling %s", self.name,
+                              type(event).__name__)
+                self._fail(replies.AMQPConnectionError(
+                    replies.INTERNAL_ERROR, f"internal error: {type(error).__name__}"), 0)
+                continue
             if pending is not None:
                 self._wait(pending, getattr(event, "channel", 0))
         self.flush()
@@ -139,8 +146,8 @@ class BrokerConnection(asyncio.Protocol):
             elif error is not None:
                 log.error("connection %s: internal error: %r", self.name, error,
                           exc_info=error)
-                self._fail(replies.AMQPConnectionError(replies.INTERNAL_ERROR,
-                                                       "internal error"), 0)
+                self._fail(replies.AMQPConnectionError(
+                    replies.INTERNAL_ERROR, f"internal error: {type(error).__name__}"), 0)
         self._process()
 
     def _fail(self, error: replies.ProtocolError, channel: int) -> None:
