@@ -14,6 +14,7 @@ A command that raises changes nothing.
 
 Queue declaration follows RabbitMQ 3.10 (rabbit_channel, rabbit_amqqueue, rabbit_misc):
 * a client-chosen name starting "amq." is refused (403) before anything else;
+* an exclusive queue is never durable, whatever the declare says;
 * redeclaring checks exclusive ownership strictly (405), then `durable`, then `auto_delete`,
   then each declarable argument in `QUEUE_DECLARABLE_ARGUMENTS` order (406): two present values
   are equal when their types are in the same class (all ints, all floats) and Erlang's `==`
@@ -493,10 +494,13 @@ class MetadataState:
         if command.exclusive and command.owner is None:
             raise ValueError("an exclusive queue needs its owning connection")
         owner = command.owner if command.exclusive else None
+        # rabbit_channel: `Durable = DurableDeclare andalso not ExclusiveDeclare`; an exclusive
+        # queue is never durable, so its redeclaration with either flag is equivalent.
+        durable = command.durable and not command.exclusive
         existing = queues.get(name)
         if existing is not None:
             _assert_queue_equivalence(
-                existing, command.durable, command.auto_delete, command.arguments, owner
+                existing, durable, command.auto_delete, command.arguments, owner
             )
             return Outcome(False, queue=existing)
         if len(queues) >= self.limits.queues_per_vhost_max:
@@ -504,9 +508,7 @@ class MetadataState:
                 f"cannot declare queue '{name}' in vhost '{vhost}': queue limit in vhost "
                 f"'{vhost}' ({self.limits.queues_per_vhost_max}) is reached"
             )
-        record = QueueRecord(
-            vhost, name, command.durable, command.auto_delete, dict(command.arguments), owner
-        )
+        record = QueueRecord(vhost, name, durable, command.auto_delete, dict(command.arguments), owner)
         queues[name] = record
         if owner is not None:
             self._owned.setdefault(owner, {})[(vhost, name)] = record
