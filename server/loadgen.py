@@ -187,7 +187,7 @@ def _publish_report(run: _Run) -> dict:
     published = sum(publisher.published for publisher in publishers)
     confirm = {f"confirm_{key}" if key.startswith("latency") else "confirmed": value
                for key, value in histogram.summary_ms().items()}
-    return {
+    report = {
         "seconds": round(seconds, 3),
         "published": published,
         "nacked": sum(publisher.nacked for publisher in publishers),
@@ -195,6 +195,10 @@ def _publish_report(run: _Run) -> dict:
         **confirm,
         "blocked": sum(connection.blocked_count for connection in run.connections),
     }
+    if publishers[0].rate_per_s is not None:
+        report["publisher_behind_ms_max"] = round(max(
+            1000 * publisher.behind_max / publisher.rate_per_s for publisher in publishers), 3)
+    return report
 
 
 async def _run_publish(address: wire.BrokerAddress, options: Options,

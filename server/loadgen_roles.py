@@ -53,6 +53,10 @@ class Publisher:
         self.histogram = LatencyHistogram()
         self.published = 0
         self.nacked = 0
+        # With a rate: the furthest the publisher fell behind its schedule (window full or
+        # writes paused), in messages. Stamps carry the actual send time, so a broker that
+        # holds confirms back shows here rather than in the latency figures.
+        self.behind_max = 0
         self.start_ns = 0
         self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._template = template
@@ -89,8 +93,9 @@ class Publisher:
         if self.connection.writing_paused or self.connection.error is not None:
             return
         count = min(self.window - (self.published - self.confirmed), self.messages - self.published)
+        due = 0
         if self.rate_per_s is not None:
-            due = int((now_ns - self.start_ns) * self.rate_per_s / 1e9) + 1
+            due = min(int((now_ns - self.start_ns) * self.rate_per_s / 1e9) + 1, self.messages)
             count = min(count, due - self.published)
         while count > 0:
             batch = min(count, WRITE_MESSAGES_MAX)
@@ -103,7 +108,9 @@ class Publisher:
             self.published += batch
             count -= batch
             if self.connection.writing_paused:
-                return
+                break
+        if due - self.published > self.behind_max:
+            self.behind_max = due - self.published
 
     def frame(self, frame_type: int, payload: bytes) -> bool:
         if frame_type != frames.FRAME_METHOD:

@@ -298,7 +298,16 @@ def test_publisher_paces_itself_at_its_rate():
         assert 100 <= sent <= 260, sent
         stamps = [wire.body_timestamp_ns(bytes(chunk[-17:-1])) for chunk in connection.written]
         assert stamps == sorted(stamps) and stamps[0] > 0
+        assert publisher.behind_max <= 1  # never held back: no window or paused writes here
         publisher.fail(BenchError("stop"))
+
+        # A window that confirms never reopen holds the schedule back, and that shows.
+        held = Publisher(FakeConnection(), 1, template, messages=1000, window=10,
+                         rate_per_s=10_000, stamp=True)
+        held.start()
+        await asyncio.sleep(0.05)
+        assert held.published == 10 and held.behind_max >= 200, held.behind_max
+        held.fail(BenchError("stop"))
 
     asyncio.run(scenario())
 
@@ -518,6 +527,7 @@ def test_e2e_scenario_against_the_toy_broker():
     assert report["unstamped"] == 0 and report["redelivered"] == 0
     assert 0 <= report["latency_ms_p50"] <= report["latency_ms_p99"] < 1000
     assert report["rate_per_s"] == 20_000 and report["seconds"] >= 0.05
+    assert report["publisher_behind_ms_max"] >= 0
 
 
 def test_memory_scenario_reports_rss_growth():
