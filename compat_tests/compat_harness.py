@@ -21,7 +21,13 @@ from urllib.parse import quote, urlsplit
 import pika
 import pytest
 
-from rabbitmq_reference import ReferenceNode, ReferenceUnavailable, free_port, wait_for_port
+from rabbitmq_reference import (
+    ReferenceNode,
+    ReferenceUnavailable,
+    free_port,
+    non_loopback_address,
+    wait_for_port,
+)
 
 WARREN_READY_LINE = "Warren listening on"
 WARREN_BOOT_SECONDS_MAX = 30.0
@@ -41,6 +47,9 @@ class Broker(abc.ABC):
     name: str
     host: str
     port: int
+    # A non-loopback address the broker also listens on (None: not reachable that way), to
+    # check what a remote client sees, e.g. guest refused outside loopback.
+    external_host: str | None = None
     can_restart: bool = True
     can_seed: bool = True
 
@@ -92,6 +101,8 @@ class WarrenBroker(Broker):
         super().__init__()
         self.host = "127.0.0.1"
         self.port = free_port()
+        # `warren serve` binds 0.0.0.0 by default, so every local address reaches it.
+        self.external_host = non_loopback_address()
         self.data_dir = Path(tempfile.mkdtemp(prefix="warren-compat-"))
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.process: subprocess.Popen | None = None
@@ -183,6 +194,7 @@ class ManagedRabbitMQ(Broker):
         self.node = ReferenceNode.create()
         self.host = "127.0.0.1"
         self.port = self.node.amqp_port
+        self.external_host = self.node.external_host
 
     def start(self) -> None:
         self.node.start()

@@ -65,6 +65,26 @@ def wait_for_port(host: str, port: int, seconds_max: float, alive=lambda: True) 
     raise TimeoutError(f"{host}:{port} did not accept connections within {seconds_max} s")
 
 
+def non_loopback_address() -> str | None:
+    """An IPv4 address of this machine outside 127/8, to reach a broker as a remote client."""
+    candidates = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            # A UDP connect sends nothing; it only makes the kernel pick the outgoing address.
+            probe.connect(("198.51.100.1", 9))
+            candidates.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    try:
+        candidates.extend(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    for address in candidates:
+        if not address.startswith("127.") and address != "0.0.0.0":
+            return address
+    return None
+
+
 def unavailable_reason() -> str | None:
     """Why a private node cannot run on this machine, or None when it can."""
     if not (RABBITMQ_BIN_DIR / "rabbitmq-server").exists():
@@ -87,6 +107,8 @@ class ReferenceNode:
     amqp_port: int
     dist_port: int
     pid: int = 0
+    # Also listen here (not only on loopback), so a test can connect as a non-local client.
+    external_host: str | None = None
 
     @property
     def url(self) -> str:
@@ -99,8 +121,6 @@ class ReferenceNode:
             "HOME": str(base / "home"),
             "LANG": "C.UTF-8",
             "RABBITMQ_NODENAME": self.nodename,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.amqp_port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
             "RABBITMQ_LOG_BASE": str(base / "log"),
@@ -126,7 +146,6 @@ class ReferenceNode:
             (base / sub).mkdir()
         (base / "enabled_plugins").write_text("[].\n")
         (base / "rabbitmq-env.conf").write_text("")
-        (base / "rabbitmq.conf").write_text("")
         (base / "advanced.config").write_text("[].\n")
         user = pwd.getpwnam(RABBITMQ_USER)
         os.chmod(base, 0o755)
@@ -137,7 +156,25 @@ class ReferenceNode:
         while dist_port == amqp_port:
             dist_port = free_port()
         nodename = f"rabbit-warren-{os.getpid()}-{next(_node_counter)}@localhost"
-        return cls(nodename=nodename, base_dir=str(base), amqp_port=amqp_port, dist_port=dist_port)
+        node = cls(
+            nodename=nodename,
+            base_dir=str(base),
+            amqp_port=amqp_port,
+            dist_port=dist_port,
+            external_host=non_loopback_address(),
+        )
+        node.write_config()
+        return node
+
+    def write_config(self) -> None:
+        """rabbitmq.conf: the AMQP listeners (loopback, and the external address if any)."""
+        lines = [f"listeners.tcp.loopback = 127.0.0.1:{self.amqp_port}"]
+        if self.external_host:
+            lines.append(f"listeners.tcp.external = {self.external_host}:{self.amqp_port}")
+        config = Path(self.base_dir) / "rabbitmq.conf"
+        config.write_text("\n".join(lines) + "\n")
+        user = pwd.getpwnam(RABBITMQ_USER)
+        os.chown(config, user.pw_uid, user.pw_gid)
 
     def start(self) -> None:
         """Boot the node in the foreground as our child and wait until AMQP is accepted."""

@@ -8,7 +8,7 @@ import time
 import amqp
 import pika
 import pytest
-from pamqp import commands
+from pamqp import body, commands, header
 
 from raw_client import PROTOCOL_HEADER, Closed, RawClient, raw_frame
 
@@ -118,6 +118,29 @@ def test_unknown_mechanism_refused(broker):
         raw.expect(commands.Connection.Start)
         raw.send(0, commands.Connection.StartOk(mechanism="CRAM-MD5", response="x"))
         _expect_handshake_refused(raw)
+
+
+def test_guest_refused_from_a_remote_address(broker):
+    # RabbitMQ's loopback_users default: guest may log in over loopback only.
+    if broker.external_host is None:
+        pytest.skip("the broker is not reachable on a non-loopback address here")
+    with pytest.raises(amqp.exceptions.AccessRefused) as refused:
+        conn = amqp.Connection(f"{broker.external_host}:{broker.port}", userid="guest",
+                               password="guest", login_method="PLAIN", connect_timeout=5)
+        conn.connect()
+    assert refused.value.reply_code == 403
+    assert refused.value.reply_text == LOGIN_REFUSED.format("PLAIN")
+
+
+def test_other_users_may_log_in_remotely(seeded):
+    from compat_harness import LIMITED_USER
+
+    if seeded.external_host is None:
+        pytest.skip("the broker is not reachable on a non-loopback address here")
+    conn = amqp.Connection(f"{seeded.external_host}:{seeded.port}", userid=LIMITED_USER[0],
+                           password=LIMITED_USER[1], connect_timeout=5)
+    conn.connect()
+    conn.close()
 
 
 def test_unknown_vhost_refused_with_530(broker):
@@ -293,6 +316,18 @@ def test_channel_flow_inactive_not_implemented(broker):
         close = raw.expect_connection_close()
     assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - active=false")
     assert (close.class_id, close.method_id) == (20, 20)
+
+
+def test_immediate_publish_not_implemented(broker):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Basic.Publish(exchange="", routing_key="q", immediate=True))
+        raw.send(1, header.ContentHeader(0, 1, commands.Basic.Properties()))
+        raw.send(1, body.ContentBody(b"x"))
+        close = raw.expect_connection_close()
+    assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - immediate=true")
+    assert (close.class_id, close.method_id) == (60, 40)
 
 
 def test_client_close_handshake(broker):
