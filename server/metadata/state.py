@@ -508,7 +508,9 @@ class MetadataState:
                 f"cannot declare queue '{name}' in vhost '{vhost}': queue limit in vhost "
                 f"'{vhost}' ({self.limits.queues_per_vhost_max}) is reached"
             )
-        record = QueueRecord(vhost, name, durable, command.auto_delete, dict(command.arguments), owner)
+        record = QueueRecord(
+            vhost, name, durable, command.auto_delete, dict(command.arguments), owner
+        )
         queues[name] = record
         if owner is not None:
             self._owned.setdefault(owner, {})[(vhost, name)] = record
