@@ -44,11 +44,13 @@ METADATA_FILE = "metadata.sqlite3"
 class _Tick:
     """The confirms and tx waiters of one tick, released once its commit is done."""
 
-    __slots__ = ("confirms", "waiters", "ready", "failed")
+    __slots__ = ("confirms", "nacks", "waiters", "ready", "failed")
 
     def __init__(self, confirms: dict[BrokerChannel, int],
+                 nacks: dict[BrokerChannel, list[int]],
                  waiters: list[asyncio.Future[None]]) -> None:
         self.confirms = confirms
+        self.nacks = nacks
         self.waiters = waiters
         self.ready = False
         self.failed = False
@@ -73,6 +75,7 @@ class Broker:
         self._dispatch: dict[HostedQueue, None] = {}
         self._output: dict[BrokerConnection, None] = {}
         self._confirms: dict[BrokerChannel, int] = {}
+        self._nacks: dict[BrokerChannel, list[int]] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._ticks: collections.deque[_Tick] = collections.deque()
         self._background: set[asyncio.Future[Any]] = set()
@@ -233,8 +236,10 @@ class Broker:
         self._staged[queue] = None
         self._schedule()
 
-    def stage_confirm(self, channel: BrokerChannel, tag: int) -> None:
+    def stage_confirm(self, channel: BrokerChannel, tag: int, refused: bool = False) -> None:
         self._confirms[channel] = tag
+        if refused:
+            self._nacks.setdefault(channel, []).append(tag)
         self._schedule()
 
     def want_dispatch(self, queue: HostedQueue) -> None:
@@ -327,9 +332,10 @@ class Broker:
         if self._dispatch:
             self._schedule()
         confirms, self._confirms = self._confirms, {}
+        nacks, self._nacks = self._nacks, {}
         waiters, self._waiters = self._waiters, []
         if confirms or waiters:
-            tick = _Tick(confirms, waiters)
+            tick = _Tick(confirms, nacks, waiters)
             self._ticks.append(tick)
             if needs_commit:
                 self._track(self._commit(tick, needs_commit))
@@ -374,6 +380,22 @@ class Broker:
         for queue in queues:
             self.want_dispatch(queue)
 
+    @staticmethod
+    def _send_confirms(channel: BrokerChannel, tag: int, nacked: Any, failed: bool) -> None:
+        """Confirm everything up to `tag`: runs of acks with multiple=true, a single nack for
+        each refused message (x-overflow reject-publish), all nacks if the commit failed."""
+        amqp = channel.connection.amqp
+        number = channel.number
+        done = channel.confirmed_through
+        for refused in nacked:
+            if refused - 1 > done:
+                amqp.confirm(number, refused - 1, multiple=True, nack=failed)
+            amqp.confirm(number, refused, multiple=False, nack=True)
+            done = refused
+        if tag > done:
+            amqp.confirm(number, tag, multiple=True, nack=failed)
+        channel.confirmed_through = tag
+
     def _release(self) -> None:
         ticks = self._ticks
         while ticks and ticks[0].ready:
@@ -381,8 +403,7 @@ class Broker:
             for channel, tag in tick.confirms.items():
                 connection = channel.connection
                 if connection.channels.get(channel.number) is channel:
-                    connection.amqp.confirm(channel.number, tag, multiple=True,
-                                            nack=tick.failed)
+                    self._send_confirms(channel, tag, tick.nacks.get(channel, ()), tick.failed)
                     self.want_flush(connection)
             for waiter in tick.waiters:
                 if not waiter.done():

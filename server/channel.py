@@ -53,6 +53,8 @@ class BrokerChannel:
         self.last_queue = ""
         self.reply_consumer: str | None = None
         self.reply_to_name = ""
+        # The highest publisher-confirm tag already answered on this channel.
+        self.confirmed_through = 0
         self.tx = False
         self.tx_publishes: list[Any] = []
         self.tx_settles: list[tuple[list[Unacked], bool | None]] = []

@@ -363,6 +363,7 @@ class BrokerConnection(asyncio.Protocol):
     def _deliver_published(self, channel: BrokerChannel, event: events.MessagePublished,
                            properties: bytes, targets: Any) -> None:
         broker = self.broker
+        refused = False
         if targets:
             record = (event.exchange.encode(), event.routing_key.encode(), properties,
                       event.body)
@@ -371,13 +372,15 @@ class BrokerConnection(asyncio.Protocol):
             for name in targets:
                 queue = queues.get(name)
                 if queue is not None:
-                    queue.stage(record, persistent)
-                    broker.staged(queue)
+                    if queue.stage(record, persistent):
+                        broker.staged(queue)
+                    else:
+                        refused = True
         elif targets is not None and event.mandatory:
             self.amqp.basic_return(event.channel, replies.NO_ROUTE, "", event.exchange,
                                    event.routing_key, properties, event.body)
         if event.confirm_tag:
-            broker.stage_confirm(channel, event.confirm_tag)
+            broker.stage_confirm(channel, event.confirm_tag, refused)
 
     def _rewrite_reply_to(self, channel: BrokerChannel, properties: bytes) -> bytes:
         decoded = frames.decode_properties(properties)

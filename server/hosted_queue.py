@@ -81,6 +81,12 @@ class HostedQueue:
         # drops from the head once more than that many are ready.
         self.message_ttl_ms = _int_argument(self.arguments, "x-message-ttl")
         self.length_max = _int_argument(self.arguments, "x-max-length")
+        overflow = self.arguments.get("x-overflow")
+        if isinstance(overflow, bytes):
+            overflow = overflow.decode()
+        # reject-publish-dlx also refuses; dead-lettering the refused message is the DLX
+        # issue's part.
+        self.reject_when_full = overflow in ("reject-publish", "reject-publish-dlx")
         # x-expires: the queue is deleted once unused (no consumers, no basic.get, no
         # redeclare) for this long; `last_used_s` is the loop time of the last use.
         self.expires_ms = _int_argument(self.arguments, "x-expires")
@@ -98,10 +104,16 @@ class HostedQueue:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def stage(self, record: tuple[bytes, bytes, bytes, bytes], persistent: bool) -> None:
+    def stage(self, record: tuple[bytes, bytes, bytes, bytes], persistent: bool) -> bool:
+        """Buffer a record for this tick's append; False if x-overflow reject-publish
+        refuses it because the queue is full."""
+        if (self.reject_when_full and self.length_max is not None
+                and self.engine.ready_count + len(self._staged) >= self.length_max):
+            return False
         self._staged.append(record)
         if persistent and self.durable:
             self.staged_persistent = True
+        return True
 
     @property
     def has_staged(self) -> bool:
@@ -228,7 +240,7 @@ class HostedQueue:
     def enforce_length(self) -> int:
         """Drop from the head beyond x-max-length; returns how many went."""
         length_max = self.length_max
-        if length_max is None or self.deleted:
+        if length_max is None or self.deleted or self.reject_when_full:
             return 0
         engine = self.engine
         dropped = 0

@@ -494,6 +494,21 @@ def test_max_length_drops_from_the_head(conn):
     assert [ch.basic_get(q, auto_ack=True)[2] for _ in range(3)] == [b"7", b"8", b"9"]
 
 
+def test_reject_publish_overflow_nacks_the_refused_messages(conn):
+    ch = conn.channel()
+    ch.confirm_delivery()
+    q = ch.queue_declare(name(), exclusive=True, arguments={
+        "x-max-length": 2, "x-overflow": "reject-publish"}).method.queue
+    ch.basic_publish("", q, b"1")
+    ch.basic_publish("", q, b"2")
+    with pytest.raises(pika.exceptions.NackError):
+        ch.basic_publish("", q, b"3")
+    assert ch.queue_declare(q, passive=True).method.message_count == 2
+    ch.basic_get(q, auto_ack=True)
+    ch.basic_publish("", q, b"4")
+    assert [ch.basic_get(q, auto_ack=True)[2] for _ in range(2)] == [b"2", b"4"]
+
+
 def test_x_expires_deletes_an_unused_queue(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), arguments={"x-expires": 300}).method.queue
