@@ -53,17 +53,29 @@ def test_wait_for_port_returns_once_listening():
         rabbitmq_reference.wait_for_port("127.0.0.1", server.getsockname()[1], 2)
 
 
-def test_reference_node_environment():
+def test_reference_node_environment(tmp_path):
     node = rabbitmq_reference.ReferenceNode(
-        nodename="rabbit-warren-1-0@localhost", base_dir="/tmp/x", amqp_port=40000, dist_port=50000
+        nodename="rabbit-warren-1-0@localhost", base_dir=str(tmp_path), amqp_port=40000,
+        dist_port=50000, external_host="192.0.2.7",
     )
     env = node._env()
-    assert env["RABBITMQ_NODE_PORT"] == "40000"
     assert env["RABBITMQ_DIST_PORT"] == "50000"
     assert env["RABBITMQ_NODENAME"] == "rabbit-warren-1-0@localhost"
-    assert env["RABBITMQ_ENABLED_PLUGINS_FILE"] == "/tmp/x/enabled_plugins"
-    assert env["HOME"] == "/tmp/x/home"
+    assert env["RABBITMQ_ENABLED_PLUGINS_FILE"] == f"{tmp_path}/enabled_plugins"
+    assert env["RABBITMQ_CONFIG_FILE"] == f"{tmp_path}/rabbitmq.conf"
+    assert env["HOME"] == f"{tmp_path}/home"
     assert node.url == "amqp://guest:guest@127.0.0.1:40000/%2F"
+    if rabbitmq_reference.unavailable_reason() is None:
+        node.write_config()
+        assert (tmp_path / "rabbitmq.conf").read_text().splitlines() == [
+            "listeners.tcp.loopback = 127.0.0.1:40000",
+            "listeners.tcp.external = 192.0.2.7:40000",
+        ]
+
+
+def test_non_loopback_address_is_not_loopback():
+    address = rabbitmq_reference.non_loopback_address()
+    assert address is None or not address.startswith("127.")
 
 
 @given(
