@@ -27,6 +27,7 @@ from warrenmq.exchanges.errors import RoutingError
 from warrenmq.exchanges.router import EXCHANGE_TYPES
 
 from . import arguments as queue_arguments
+from .arguments import EXPIRY_MS_MAX
 from .channel import BrokerChannel
 from .errors import (access_refused, command_invalid, from_routing, not_allowed, not_found,
                      not_implemented, precondition_failed)
@@ -323,6 +324,8 @@ class BrokerConnection(asyncio.Protocol):
         if exchange not in channel.writable_exchanges:
             self.check("write", EXCHANGE, exchange)
             channel.writable_exchanges.add(exchange)
+        if event.expiration is not None:
+            _check_expiration(event.expiration)
         if event.user_id is not None and event.user_id != self.username:
             raise precondition_failed(f"user_id property set to '{event.user_id}' but "
                                       f"authenticated user was '{self.username}'")
@@ -368,11 +371,12 @@ class BrokerConnection(asyncio.Protocol):
             record = (event.exchange.encode(), event.routing_key.encode(), properties,
                       event.body)
             persistent = event.delivery_mode == 2
+            expiring = event.expiration is not None
             queues = self.vhost.queues
             for name in targets:
                 queue = queues.get(name)
                 if queue is not None:
-                    if queue.stage(record, persistent):
+                    if queue.stage(record, persistent, expiring):
                         broker.staged(queue)
                     else:
                         refused = True
@@ -452,6 +456,23 @@ class BrokerConnection(asyncio.Protocol):
 
     def reply(self, channel: BrokerChannel, method: Any) -> None:
         self.amqp.send_method(channel.number, method)
+
+
+def _check_expiration(expiration: str) -> None:
+    """rabbit_basic:parse_expiration: a whole non-negative number of milliseconds."""
+    digits = expiration.lstrip("-")
+    count = len(digits) - len(digits.lstrip("0123456789"))
+    if count == 0:
+        reason = "no_integer"
+    elif count < len(digits):
+        reason = f'{{leftover_string,"{digits[count:]}"}}'
+    elif expiration.startswith("-"):
+        reason = f"{{value_negative,{int(expiration)}}}"
+    elif int(expiration) > EXPIRY_MS_MAX:
+        reason = f"{{value_too_large,{int(expiration)},{EXPIRY_MS_MAX}}}"
+    else:
+        return
+    raise precondition_failed(f"invalid expiration '{expiration}': {reason}")
 
 
 def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:

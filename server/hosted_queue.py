@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from warrenmq.amqp import fastpath
+
 if TYPE_CHECKING:
     from .channel import BrokerChannel
 
@@ -90,6 +92,10 @@ class HostedQueue:
         # x-expires: the queue is deleted once unused (no consumers, no basic.get, no
         # redeclare) for this long; `last_used_s` is the loop time of the last use.
         self.expires_ms = _int_argument(self.arguments, "x-expires")
+        # Set once a message with its own expiration arrives; from then on take() reads
+        # each message's properties (after a restart, until one such message comes again,
+        # per-message expirations are not checked).
+        self.has_expiring = False
         # x-single-active-consumer: only the longest-registered consumer gets messages; the
         # next one takes over when it goes (RabbitMQ 3.10, without priorities).
         self.single_active = self.arguments.get("x-single-active-consumer") is True
@@ -104,13 +110,16 @@ class HostedQueue:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def stage(self, record: tuple[bytes, bytes, bytes, bytes], persistent: bool) -> bool:
+    def stage(self, record: tuple[bytes, bytes, bytes, bytes], persistent: bool,
+              expiring: bool = False) -> bool:
         """Buffer a record for this tick's append; False if x-overflow reject-publish
         refuses it because the queue is full."""
         if (self.reject_when_full and self.length_max is not None
                 and self.engine.ready_count + len(self._staged) >= self.length_max):
             return False
         self._staged.append(record)
+        if expiring:
+            self.has_expiring = True
         if persistent and self.durable:
             self.staged_persistent = True
         return True
@@ -227,15 +236,24 @@ class HostedQueue:
     def take(self) -> Any:
         """The next live ready message, marked in flight, or None; expired ones are dropped."""
         engine = self.engine
-        ttl_ms = self.message_ttl_ms
         message = engine.take()
-        if ttl_ms is None:
+        if self.message_ttl_ms is None and not self.has_expiring:
             return message
         now_ms = _now_ms()
-        while message is not None and message.timestamp_ms + ttl_ms <= now_ms:
+        while message is not None and self._expired(message, now_ms):
             engine.ack(message.offset)
             message = engine.take()
         return message
+
+    def _expired(self, message: Any, now_ms: int) -> bool:
+        ttl_ms = self.message_ttl_ms
+        if self.has_expiring:
+            expiration = fastpath.scan_properties(message.properties)[2]
+            if expiration is not None:
+                # Validated at publish: a non-negative integer of milliseconds.
+                own_ms = int(expiration)
+                ttl_ms = own_ms if ttl_ms is None else min(ttl_ms, own_ms)
+        return ttl_ms is not None and message.timestamp_ms + ttl_ms <= now_ms
 
     def enforce_length(self) -> int:
         """Drop from the head beyond x-max-length; returns how many went."""

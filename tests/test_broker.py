@@ -485,6 +485,20 @@ def test_message_ttl_drops_expired_messages_at_the_head(conn):
     assert ch.basic_get(q) == (None, None, None)
 
 
+def test_per_message_expiration(conn):
+    ch = conn.channel()
+    q = ch.queue_declare(name(), exclusive=True).method.queue
+    ch.basic_publish("", q, b"short", pika.BasicProperties(expiration="50"))
+    ch.basic_publish("", q, b"long", pika.BasicProperties(expiration="60000"))
+    time.sleep(0.2)
+    assert ch.basic_get(q, auto_ack=True)[2] == b"long"
+    ch.basic_publish("", q, b"x", pika.BasicProperties(expiration="soon"))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+        ch.queue_declare(q, passive=True)
+    assert closed_with(excinfo) == (
+        406, "PRECONDITION_FAILED - invalid expiration 'soon': no_integer")
+
+
 def test_max_length_drops_from_the_head(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), exclusive=True, arguments={"x-max-length": 3}).method.queue
