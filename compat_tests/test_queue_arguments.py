@@ -1,0 +1,85 @@
+"""Queue arguments with visible effects: TTLs, length limits and overflow, expiry, priorities."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pytest
+
+from pika_helpers import channel_error, drain, sync
+
+
+def test_queue_message_ttl(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-message-ttl": 100})
+    channel.basic_publish("", f"{uid}-q", b"expires")
+    sync(channel)
+    time.sleep(0.4)
+    assert drain(channel, f"{uid}-q") == []
+
+
+def test_per_message_expiration(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True)
+    channel.basic_publish("", f"{uid}-q", b"short", pika.BasicProperties(expiration="100"))
+    channel.basic_publish("", f"{uid}-q", b"long", pika.BasicProperties(expiration="60000"))
+    sync(channel)
+    time.sleep(0.4)
+    assert drain(channel, f"{uid}-q") == [b"long"]
+
+
+def test_zero_ttl_delivers_only_to_waiting_consumers(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-message-ttl": 0})
+    channel.basic_publish("", f"{uid}-q", b"nobody waiting")
+    sync(channel)
+    assert drain(channel, f"{uid}-q") == []
+
+
+def test_invalid_expiration_is_406(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True)
+    channel.basic_publish("", f"{uid}-q", b"x", pika.BasicProperties(expiration="soon"))
+    code, text = channel_error(sync, channel)
+    assert (code, text) == (406, "PRECONDITION_FAILED - invalid expiration 'soon': no_integer")
+
+
+def test_max_length_drops_head(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-max-length": 2})
+    for body in (b"1", b"2", b"3"):
+        channel.basic_publish("", f"{uid}-q", body)
+    sync(channel)
+    assert drain(channel, f"{uid}-q") == [b"2", b"3"]
+
+
+def test_max_length_bytes_drops_head(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-max-length-bytes": 10})
+    for body in (b"aaaa", b"bbbb", b"cccc"):
+        channel.basic_publish("", f"{uid}-q", body)
+    sync(channel)
+    assert drain(channel, f"{uid}-q") == [b"bbbb", b"cccc"]
+
+
+def test_reject_publish_overflow_nacks(channel, uid):
+    channel.confirm_delivery()
+    channel.queue_declare(
+        f"{uid}-q", exclusive=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+    )
+    channel.basic_publish("", f"{uid}-q", b"fits")
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish("", f"{uid}-q", b"rejected")
+    assert drain(channel, f"{uid}-q") == [b"fits"]
+
+
+def test_unused_queue_expires(connection, uid):
+    ch = connection.channel()
+    ch.queue_declare(f"{uid}-q", arguments={"x-expires": 200})
+    time.sleep(1.0)
+    code, _ = channel_error(ch.queue_declare, f"{uid}-q", passive=True)
+    assert code == 404
+
+
+def test_priority_queue_delivers_highest_first(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-max-priority": 5})
+    for body, priority in [(b"low", 1), (b"none", None), (b"high", 5), (b"mid", 3), (b"over", 9)]:
+        channel.basic_publish("", f"{uid}-q", body, pika.BasicProperties(priority=priority))
+    sync(channel)
+    # Priorities above x-max-priority count as the maximum; no priority counts as 0.
+    assert drain(channel, f"{uid}-q") == [b"high", b"over", b"mid", b"low", b"none"]
