@@ -240,6 +240,19 @@ async def run(directory, config, data):
                 model.bodies += [r[3] for r in records]
             elif op == "take":
                 await take_checked(harness)
+            elif op == "take_many":
+                count = data.draw(st.integers(1, 6), label="count")
+                messages = queue.take_many(count)
+                assert len(messages) <= count
+                for message in messages:
+                    expected = model.expected_take()
+                    assert (message.offset, message.redelivered, message.delivery_count) == expected
+                    assert message.body == model.bodies[message.offset]
+                    model.took(message.offset)
+                if len(messages) < count and model.expected_take() is not None:
+                    # Stopped early: only at new messages waiting for a commit.
+                    assert not model.expected_take()[1]
+                    assert queue.needs_commit or harness.in_flight_commit is not None
             elif op in ("ack", "ack_many", "requeue") and model.in_flight:
                 chosen = data.draw(st.lists(st.sampled_from(sorted(model.in_flight)), min_size=1, max_size=4, unique=True), label="offsets")
                 if op == "ack":
@@ -331,7 +344,7 @@ def test_queue_matches_the_model_across_crashes(tmp_path_factory, config, data):
 
 
 @pytest.mark.slow
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=600, **SETTINGS)
 @given(config=config_strategy(), data=st.data())
 def test_queue_matches_the_model_across_many_crashes(tmp_path_factory, config, data):
     asyncio.run(run(tmp_path_factory.mktemp("queue"), config, data))
