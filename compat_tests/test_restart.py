@@ -86,6 +86,31 @@ def _closed_by_restart(conn: pika.BlockingConnection) -> bool:
 
 
 @pytest.mark.slow
+def test_shutdown_closes_connections_with_320(broker):
+    closed: list[tuple[int, str]] = []
+
+    def on_closed(connection, reason):
+        closed.append((getattr(reason, "reply_code", None), getattr(reason, "reply_text", "")))
+        connection.ioloop.stop()
+
+    connection = pika.SelectConnection(
+        broker.params(),
+        on_open_callback=lambda conn: conn.ioloop.stop(),
+        on_close_callback=on_closed,
+    )
+    connection.ioloop.start()
+    broker.restart()
+    timer = connection.ioloop.call_later(10, connection.ioloop.stop)
+    connection.ioloop.start()
+    connection.ioloop.remove_timeout(timer)
+    assert len(closed) == 1
+    code, text = closed[0]
+    assert code == 320
+    # RabbitMQ adds " with reason 'shutdown'"; what clients key on is the code and this text.
+    assert text.startswith("CONNECTION_FORCED - broker forced connection closure")
+
+
+@pytest.mark.slow
 def test_restart_closes_exclusive_queues(broker, uid):
     conn = pika.BlockingConnection(broker.params())
     conn.channel().queue_declare(f"{uid}-ex", exclusive=True)
