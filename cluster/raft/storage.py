@@ -47,6 +47,11 @@ from warrenmq.cluster.raft.messages import (
 )
 from warrenmq.log import LogConfig, PartitionLog
 
+# Entries are read back only when a node starts (the core keeps what it needs in memory),
+# so the log's tail cache would only hold a second copy of them: several times its byte
+# bound in Python objects.
+DEFAULT_LOG_CONFIG = LogConfig(tail_cache_bytes_max=0)
+
 HARD_STATE_FILE = "hardstate"
 SNAPSHOT_FILE = "snapshot"
 LOG_DIR = "log"
@@ -127,7 +132,7 @@ class RaftStorage:
     def open(cls, directory: str | os.PathLike[str], log_config: LogConfig | None = None) -> RaftStorage:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        storage = cls(path, log_config or LogConfig())
+        storage = cls(path, log_config or DEFAULT_LOG_CONFIG)
         storage._recover()
         return storage
 
