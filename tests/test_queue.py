@@ -302,3 +302,28 @@ def test_config_bounds_are_checked():
         QueueConfig(delivered_mark_lead=1)
     with pytest.raises(QueueError):
         QueueConfig(read_ahead_records_max=0)
+
+
+def test_peek_shows_the_head_and_drop_head_removes_it_undelivered(tmp_path):
+    async def scenario():
+        queue = DurableQueue.open(tmp_path)
+        queue.append(records(0, 10))
+        queue.take_many(3)
+        queue.requeue([1])
+        head = queue.peek()
+        assert (head.offset, head.redelivered, head.delivery_count, head.body) == (1, True, 2, b"body-1")
+        assert queue.peek().offset == 1 and queue.ready_count == 8  # peeking takes nothing
+        assert queue.drop_head(3) == 3  # offsets 1, 3 and 4
+        assert queue.peek().offset == 5
+        assert taken(queue, 2) == [(5, False, 1), (6, False, 1)]
+        assert queue.drop_head(100) == 3
+        assert queue.peek() is None and queue.drop_head(5) == 0
+        assert (queue.ready_count, queue.unacked_count) == (0, 4)
+        await queue.commit()
+        queue.close()
+        queue = DurableQueue.open(tmp_path)
+        # Dropped messages stay gone; the four in flight come back.
+        assert sorted(m.offset for m in queue.take_many(10)) == [0, 2, 5, 6]
+        queue.close()
+
+    run(scenario())

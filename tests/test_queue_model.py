@@ -272,6 +272,26 @@ async def run(directory, config, data):
                 if offset not in model.in_flight:
                     assert not queue.ack(offset)
                     assert queue.requeue([offset]) == 0
+            elif op == "peek":
+                message = queue.peek()
+                expected = model.expected_take()
+                if expected is None:
+                    assert message is None
+                else:
+                    assert (message.offset, message.redelivered, message.delivery_count) == expected
+                    assert message.body == model.bodies[message.offset]
+            elif op == "drop_head":
+                count = data.draw(st.integers(1, 4), label="count")
+                dropped = []
+                while len(dropped) < count and model.expected_take() is not None:
+                    offset = model.expected_take()[0]
+                    model.redeliver.discard(offset)
+                    if offset == model.next:
+                        model.next += 1
+                    model.acked.add(offset)
+                    model.pending_acks.add(offset)
+                    dropped.append(offset)
+                assert queue.drop_head(count) == len(dropped)
             elif op == "purge":
                 assert queue.purge() == model.ready
                 purged = model.redeliver | set(range(model.next, len(model.bodies)))

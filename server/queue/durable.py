@@ -396,6 +396,50 @@ class DurableQueue:
             self._ahead_position = 0
         return purged
 
+    def peek(self) -> Message | None:
+        """The message `take()` would return next, left ready; None when none is ready.
+
+        Unlike `take()` it ignores the delivered mark and the fsync: nothing is delivered.
+        Message TTL looks at the head with it and drops what expired with `drop_head()`.
+        """
+        self._check_open()
+        if self._redeliver:
+            offset = self._redeliver[0]
+            record = self._log.read(offset, 1)[0]
+            return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, True, self._counts.get(offset, 1) + 1)
+        offset = self._next
+        if offset >= self._log.end_offset:
+            return None
+        if self._ahead_position >= len(self._ahead):
+            self._ahead = self._log.read(offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max)
+            self._ahead_position = 0
+        record = self._ahead[self._ahead_position]
+        assert record.offset == offset, (record.offset, offset)
+        return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, False, 1)
+
+    def drop_head(self, count_max: int) -> int:
+        """Acknowledge up to `count_max` ready messages from the head without delivering them
+        (x-max-length drop-head, expired messages); returns how many went."""
+        self._check_open()
+        dropped = 0
+        redeliver = self._redeliver
+        while redeliver and dropped < count_max:
+            offset = heapq.heappop(redeliver)
+            self._counts.pop(offset, None)
+            self._acked.add(offset)
+            self._pend(offset, offset + 1)
+            dropped += 1
+        start = self._next
+        end = min(self._log.end_offset, start + count_max - dropped)
+        if end > start:
+            self._acked.add_range(start, end)
+            self._pend(start, end)
+            self._next = end
+            # The read-ahead slice, if it holds the dropped records, skips them.
+            self._ahead_position += end - start
+            dropped += end - start
+        return dropped
+
     def _pend(self, start: int, end: int) -> None:
         pending = self._pending
         pending.append((start, end))
