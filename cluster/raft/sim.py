@@ -192,6 +192,9 @@ class Simulation:
         # has replicated much: the schedules behind Figure 8 and most lost-commit bugs.
         self.strike_new_leader_p = self.rng.choice((0.0, 0.2, 0.5))
         self.leader_sends_before_fsync = self.rng.random() < 0.5
+        # Safety must not depend on the optional election refinements.
+        self.pre_vote = self.rng.random() < 0.8
+        self.check_quorum = self.rng.random() < 0.8
         # Observations for the checks.
         self.leader_of_term: dict[int, int] = {}
         self.entry_ids: dict[tuple[int, int], tuple] = {}
@@ -309,6 +312,8 @@ class Simulation:
             heartbeat_ticks=HEARTBEAT_TICKS,
             max_entries_per_append=self.rng.choice((1, 1, 2, 4, 64)),
             max_inflight_appends=self.rng.choice((1, 2, 4, 256)),
+            pre_vote=self.pre_vote,
+            check_quorum=self.check_quorum,
         )
         node_rng = random.Random(self.rng.getrandbits(64))
         host.core = self.node_factory(
