@@ -26,6 +26,7 @@ import gc
 import heapq
 import itertools
 import json
+import logging
 import random
 import signal
 import socket
@@ -69,6 +70,7 @@ from warrenmq.cluster.raft.messages import (
 from warrenmq.cluster.raft.storage import RaftStorage
 from warrenmq.cluster.raft.transport import FrameDecoder, PeerTransport
 
+_log = logging.getLogger(__name__)
 _READ_CONTEXT = struct.Struct("<Q")
 _READY_ROUNDS_MAX = 64
 
@@ -421,6 +423,7 @@ class RaftServer:
         leadership = (raft.term, raft.leader_id)
         if leadership != self._leadership:
             self._leadership = leadership
+            _log.info("node %d: term %d, leader %s, role %s", raft.node_id, raft.term, raft.leader_id, raft.role)
             self._retry_unconfirmed_reads()
         # Everything this iteration had to say is queued: write it now rather than one
         # loop iteration later.
@@ -653,6 +656,7 @@ async def _serve(config: ServerConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _argument_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     raft_config = RaftConfig(
         node_id=args.id,
         election_ticks=args.election_ticks,
