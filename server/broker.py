@@ -233,8 +233,10 @@ class Broker:
             self._loop.call_soon(self._tick)
 
     def staged(self, queue: HostedQueue) -> None:
-        self._staged[queue] = None
-        self._schedule()
+        staged = self._staged
+        if queue not in staged:
+            staged[queue] = None
+            self._schedule()
 
     def stage_confirm(self, channel: BrokerChannel, tag: int, refused: bool = False) -> None:
         self._confirms[channel] = tag

@@ -40,8 +40,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("warrenmq.server")
 
 REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
+_REPLY_TO_BYTES = REPLY_TO_QUEUE.encode()
 _HEADERS_FLAG_BYTE0 = 0x20  # Basic properties flag 0x2000: the headers table is present
 _connection_ids = itertools.count(1)
+# Exchange names and routing keys keep their encoded (publish) and decoded (deliver) forms
+# in small per-channel/per-connection caches; a flood of distinct keys just clears them.
+_ENCODED_NAMES_MAX = 1024
 
 
 class BrokerConnection(asyncio.Protocol):
@@ -59,6 +63,7 @@ class BrokerConnection(asyncio.Protocol):
         self.exclusive_queues: dict[str, HostedQueue] = {}
         # The exclusive-owner identity the metadata state records for this connection.
         self.owner = f"connection-{self.id}"
+        self.decoded_names: dict[bytes, str] = {}
         self.closed = False
         self._busy: asyncio.Future[Any] | None = None
         self._reading_paused = False
@@ -330,7 +335,7 @@ class BrokerConnection(asyncio.Protocol):
             raise precondition_failed(f"user_id property set to '{event.user_id}' but "
                                       f"authenticated user was '{self.username}'")
         properties = event.properties
-        if REPLY_TO_QUEUE.encode() in properties:
+        if _REPLY_TO_BYTES in properties:
             properties = self._rewrite_reply_to(channel, properties)
         routing_key = event.routing_key
         if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
@@ -351,7 +356,11 @@ class BrokerConnection(asyncio.Protocol):
                         decoded.headers = {k: v for k, v in headers.items() if k != "BCC"}
                         properties = frames.encode_properties(decoded)
             try:
-                if routing_keys is None:
+                if exchange == "" and routing_keys is None:
+                    # The default exchange routes to the queue named by the key: no Router
+                    # call (and no set built) on the commonest path.
+                    targets = (routing_key,) if routing_key in self.vhost.queues else ()
+                elif routing_keys is None:
                     targets = self.vhost.router.route(exchange, routing_key, headers)
                 else:
                     targets = self.vhost.router.route_keys(exchange, routing_keys, headers)
@@ -368,8 +377,16 @@ class BrokerConnection(asyncio.Protocol):
         broker = self.broker
         refused = False
         if targets:
-            record = (event.exchange.encode(), event.routing_key.encode(), properties,
-                      event.body)
+            names = channel.encoded_names
+            exchange = names.get(event.exchange)
+            if exchange is None:
+                exchange = names[event.exchange] = event.exchange.encode()
+            routing_key = names.get(event.routing_key)
+            if routing_key is None:
+                routing_key = names[event.routing_key] = event.routing_key.encode()
+            if len(names) > _ENCODED_NAMES_MAX:
+                names.clear()
+            record = (exchange, routing_key, properties, event.body)
             persistent = event.delivery_mode == 2
             expiring = event.expiration is not None
             queues = self.vhost.queues
@@ -397,12 +414,15 @@ class BrokerConnection(asyncio.Protocol):
 
     def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int,
                      message: Any) -> None:
-        exchange = message.exchange
-        routing_key = message.routing_key
-        if isinstance(exchange, bytes):
-            exchange = exchange.decode()
-        if isinstance(routing_key, bytes):
-            routing_key = routing_key.decode()
+        names = self.decoded_names
+        exchange = names.get(message.exchange)
+        if exchange is None:
+            exchange = names[message.exchange] = message.exchange.decode()
+        routing_key = names.get(message.routing_key)
+        if routing_key is None:
+            routing_key = names[message.routing_key] = message.routing_key.decode()
+        if len(names) > _ENCODED_NAMES_MAX:
+            names.clear()
         self.amqp.deliver(channel, consumer_tag, delivery_tag, message.redelivered, exchange,
                           routing_key, message.properties, message.body)
         self.broker.want_flush(self)
