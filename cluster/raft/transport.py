@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -232,9 +231,6 @@ class PeerTransport:
                 await asyncio.sleep(backoff_s * (0.5 + self._rng.random()))
                 backoff_s = min(backoff_s * 2, self.backoff_s_max)
                 continue
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.stats.connects += 1
             backoff_s = self.backoff_s_min
             self._outbound[peer] = transport  # type: ignore[assignment]
