@@ -375,3 +375,44 @@ def test_closed_socket_mid_frame_leaves_broker_serving(broker, channel):
     raw.send_bytes(raw_frame(1, 0, b"\x00\x0a")[:5])
     raw.close()
     assert channel.queue_declare("", exclusive=True).method.queue
+
+
+def test_content_frames_of_different_channels_may_interleave(broker, uid):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(frame_max=4096)
+        raw.open_channel(1)
+        raw.open_channel(2)
+        raw.send(1, commands.Queue.Declare(queue=f"{uid}-q", exclusive=True))
+        raw.expect(commands.Queue.DeclareOk)
+        payloads = {1: b"a" * 10_000, 2: b"b" * 5_000}
+        for channel in (1, 2):
+            raw.send(channel, commands.Basic.Publish(exchange="", routing_key=f"{uid}-q"))
+        for channel in (1, 2):
+            raw.send(channel, header.ContentHeader(0, len(payloads[channel]), commands.Basic.Properties()))
+        chunk_bytes = 4096 - 8
+        for offset in range(0, 10_000, chunk_bytes):
+            for channel in (1, 2):
+                piece = payloads[channel][offset:offset + chunk_bytes]
+                if piece:
+                    raw.send(channel, body.ContentBody(piece))
+        # Channel 2's publish is routed asynchronously to channel 1's requests: poll.
+        deadline = time.monotonic() + 5
+        while True:
+            raw.send(1, commands.Queue.Declare(queue=f"{uid}-q", passive=True))
+            _, ok = raw.expect(commands.Queue.DeclareOk)
+            if ok.message_count == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert ok.message_count == 2
+        bodies = []
+        for _ in range(2):
+            raw.send(1, commands.Basic.Get(queue=f"{uid}-q", no_ack=True))
+            _, get_ok = raw.expect(commands.Basic.GetOk)
+            _, content = raw.expect(header.ContentHeader)
+            received = b""
+            while len(received) < content.body_size:
+                _, piece = raw.expect(body.ContentBody)
+                assert len(piece.value) <= 4096 - 8
+                received += piece.value
+            bodies.append(received)
+        assert sorted(bodies) == sorted(payloads.values())
