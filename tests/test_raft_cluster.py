@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from warrenmq.cluster.raft.core import RaftConfig
 from warrenmq.cluster.raft.kv import (
     CasFailed,
@@ -32,7 +31,13 @@ from warrenmq.cluster.raft.kv import (
 )
 from warrenmq.cluster.raft.linearizability import KvModel, Operation, check
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind
-from warrenmq.cluster.raft.node import LocalCluster, RaftServer, ServerConfig, coalesce_appends, free_port
+from warrenmq.cluster.raft.node import (
+    LocalCluster,
+    RaftServer,
+    ServerConfig,
+    coalesce_appends,
+    free_port,
+)
 
 keys = st.binary(max_size=40)
 values = st.binary(max_size=200)

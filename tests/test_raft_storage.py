@@ -8,17 +8,16 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from warrenmq.cluster.raft.core import HardState
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Snapshot, encode_snapshot
 from warrenmq.cluster.raft.storage import (
+    _SNAPSHOT_MAGIC,
     HARD_STATE_FILE,
     LOG_DIR,
     SNAPSHOT_FILE,
     RaftStorage,
     StorageError,
     _seal,
-    _SNAPSHOT_MAGIC,
     write_file_atomically,
 )
 from warrenmq.log import LogConfig

@@ -8,7 +8,6 @@ import socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from warrenmq.cluster.raft.transport import (
     FrameDecoder,
     FrameTooLarge,

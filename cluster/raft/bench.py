@@ -32,6 +32,7 @@ from pathlib import Path
 
 from warrenmq.cluster.raft.kv import (
     KVClient,
+    KVError,
     Status,
     decode_response,
     encode_put,
@@ -106,8 +107,8 @@ async def _find_leader(cluster: LocalCluster, timeout_s: float = 20.0) -> str:
             client = KVClient([address], request_timeout_s=1.0)
             try:
                 status = await client.status()
-            except Exception:
-                continue
+            except (KVError, OSError):
+                continue  # that node is down or busy; ask the next
             finally:
                 await client.close()
             if status["role"] == "leader":
@@ -170,7 +171,7 @@ async def measure_latency(address: str, rate_per_s: int, seconds: float) -> dict
         driver.on_answer.clear()
         try:
             await asyncio.wait_for(driver.on_answer.wait(), 1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     assert driver.transport is not None
     driver.transport.close()

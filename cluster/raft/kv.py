@@ -419,7 +419,7 @@ class KVClient:
                 if protocol is None:
                     try:
                         protocol = await asyncio.wait_for(self._connect(), remaining_s)
-                    except (OSError, asyncio.TimeoutError):
+                    except (TimeoutError, OSError):
                         self._rotate()
                         await asyncio.sleep(self.redirect_pause_s)
                         continue

@@ -725,11 +725,8 @@ class LocalCluster:
             str(data_dir),
             *self.extra_args,
         ]
-        log = open(self.base_dir / f"node-{node}.log", "ab")
-        try:
+        with open(self.base_dir / f"node-{node}.log", "ab") as log:
             self.processes[node] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        finally:
-            log.close()
 
     def start_all(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -771,11 +768,11 @@ class LocalCluster:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop_all(self) -> None:
-        for node, process in self.processes.items():
+        for process in self.processes.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGCONT)  # a paused node could not act on SIGTERM
                 process.terminate()
-        for node, process in self.processes.items():
+        for process in self.processes.values():
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:

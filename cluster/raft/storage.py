@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from crc32c import crc32c
-
 from warrenmq.cluster.raft.core import HardState
 from warrenmq.cluster.raft.messages import (
     DecodeError,

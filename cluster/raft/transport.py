@@ -225,7 +225,7 @@ class PeerTransport:
             closed: asyncio.Future[None] = loop.create_future()
             try:
                 transport, _ = await loop.create_connection(
-                    lambda: _OutboundProtocol(closed), host, port
+                    lambda closed=closed: _OutboundProtocol(closed), host, port
                 )
             except OSError:
                 await asyncio.sleep(backoff_s * (0.5 + self._rng.random()))
