@@ -38,6 +38,10 @@ from .vhost import VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
 
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
 METADATA_FILE = "metadata.sqlite3"
 
 
@@ -117,6 +121,7 @@ class Broker:
             kept = set(vhost.recover())
             for queue in vhost.queues.values():
                 self.touch(queue)
+                self.arm_message_expiry(queue)
             if vhost.directory.exists():
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:
@@ -304,6 +309,21 @@ class Broker:
                  queue.expires_ms)
         self.drop_queue(queue)
 
+    def arm_message_expiry(self, queue: HostedQueue) -> None:
+        """Drop expired messages at the head now and when the next head expires, so counts
+        and queue depth follow TTL as RabbitMQ's classic queues do."""
+        if not queue.expires_messages or queue.ttl_timer is not None:
+            return
+        assert self._loop is not None
+        next_ms = queue.expire_head(now_ms())
+        if next_ms is not None:
+            delay_s = max(0.0, (next_ms - now_ms()) / 1000)
+            queue.ttl_timer = self._loop.call_later(delay_s, self._message_expiry, queue)
+
+    def _message_expiry(self, queue: HostedQueue) -> None:
+        queue.ttl_timer = None
+        self.arm_message_expiry(queue)
+
     def cancel_consumers(self, queue: HostedQueue) -> None:
         """The queue is gone: its consumers get basic.cancel if their client asked for it."""
         for consumer in list(queue.consumers.values()):
@@ -331,6 +351,8 @@ class Broker:
         for queue in dispatch:
             if queue.dispatch():
                 self._dispatch[queue] = None
+            if queue.expires_messages:
+                self.arm_message_expiry(queue)
         if self._dispatch:
             self._schedule()
         confirms, self._confirms = self._confirms, {}

@@ -101,6 +101,8 @@ class HostedQueue:
         self.single_active = self.arguments.get("x-single-active-consumer") is True
         self.last_used_s = 0.0
         self.expiry_timer: Any = None
+        # The timer that drops the head when it expires (x-message-ttl, expiration).
+        self.ttl_timer: Any = None
         self._staged: list[tuple[bytes, bytes, bytes, bytes]] = []
         self.staged_persistent = False
         self.commit_wanted = False
@@ -235,17 +237,16 @@ class HostedQueue:
 
     def take(self) -> Any:
         """The next live ready message, marked in flight, or None; expired ones are dropped."""
-        engine = self.engine
-        message = engine.take()
-        if self.message_ttl_ms is None and not self.has_expiring:
-            return message
-        now_ms = _now_ms()
-        while message is not None and self._expired(message, now_ms):
-            engine.ack(message.offset)
-            message = engine.take()
-        return message
+        if self.message_ttl_ms is not None or self.has_expiring:
+            self.expire_head(_now_ms())
+        return self.engine.take()
 
-    def _expired(self, message: Any, now_ms: int) -> bool:
+    @property
+    def expires_messages(self) -> bool:
+        return self.message_ttl_ms is not None or self.has_expiring
+
+    def _expiry_ms(self, message: Any) -> int | None:
+        """When `message` expires (epoch ms), or None if it never does."""
         ttl_ms = self.message_ttl_ms
         if self.has_expiring:
             expiration = fastpath.scan_properties(message.properties)[2]
@@ -253,22 +254,30 @@ class HostedQueue:
                 # Validated at publish: a non-negative integer of milliseconds.
                 own_ms = int(expiration)
                 ttl_ms = own_ms if ttl_ms is None else min(ttl_ms, own_ms)
-        return ttl_ms is not None and message.timestamp_ms + ttl_ms <= now_ms
+        return None if ttl_ms is None else message.timestamp_ms + ttl_ms
+
+    def expire_head(self, now_ms: int) -> int | None:
+        """Drop expired messages at the head (RabbitMQ expires only there); returns when the
+        new head expires (epoch ms), or None when nothing ready will."""
+        if self.deleted:
+            return None
+        engine = self.engine
+        while True:
+            head = engine.peek()
+            if head is None:
+                return None
+            expiry_ms = self._expiry_ms(head)
+            if expiry_ms is None or expiry_ms > now_ms:
+                return expiry_ms
+            engine.drop_head(1)
 
     def enforce_length(self) -> int:
         """Drop from the head beyond x-max-length; returns how many went."""
         length_max = self.length_max
         if length_max is None or self.deleted or self.reject_when_full:
             return 0
-        engine = self.engine
-        dropped = 0
-        while engine.ready_count > length_max:
-            message = engine.take()
-            if message is None:
-                break
-            engine.ack(message.offset)
-            dropped += 1
-        return dropped
+        excess = self.engine.ready_count - length_max
+        return self.engine.drop_head(excess) if excess > 0 else 0
 
     def ack(self, offsets: list[int]) -> None:
         if self.deleted:

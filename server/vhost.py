@@ -147,9 +147,10 @@ class VirtualHost:
             return False
         del self.queues[queue.name]
         queue.deleted = True
-        if queue.expiry_timer is not None:
-            queue.expiry_timer.cancel()
-            queue.expiry_timer = None
+        for timer in (queue.expiry_timer, queue.ttl_timer):
+            if timer is not None:
+                timer.cancel()
+        queue.expiry_timer = queue.ttl_timer = None
         queue.engine.delete()
         return True
 
