@@ -44,6 +44,7 @@ class GatedQueue:
         self.vhost = "/"
         self.deleted = False
         self.committing = False
+        self.expires_messages = False
         self.gate = asyncio.Event()
         self.failure = None
         self._wanted = False
