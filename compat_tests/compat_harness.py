@@ -24,7 +24,9 @@ import pytest
 from rabbitmq_reference import (
     ReferenceNode,
     ReferenceUnavailable,
+    default_state_path,
     free_port,
+    load_node,
     non_loopback_address,
     wait_for_port,
 )
@@ -185,13 +187,15 @@ class WarrenBroker(Broker):
 
 
 class ManagedRabbitMQ(Broker):
-    """A private RabbitMQ node booted for this session."""
+    """A private RabbitMQ node: booted for this session (``owned``), or one that
+    scripts/rabbitmq_reference.sh started, which we may seed and restart but never stop."""
 
     name = "rabbitmq"
 
-    def __init__(self) -> None:
+    def __init__(self, node: ReferenceNode, owned: bool) -> None:
         super().__init__()
-        self.node = ReferenceNode.create()
+        self.node = node
+        self.owned = owned
         self.host = "127.0.0.1"
         self.port = self.node.amqp_port
         self.external_host = self.node.external_host
@@ -203,6 +207,10 @@ class ManagedRabbitMQ(Broker):
         self.node.restart_app()
 
     def _seed(self) -> None:
+        # A node started by the script may have been seeded by an earlier session.
+        existing = self.node.ctl("list_users", "--quiet")
+        if LIMITED_USER[0] in existing.split():
+            return
         ctl = self.node.ctl
         ctl("add_vhost", SEED_VHOST)
         ctl("set_permissions", "-p", SEED_VHOST, "guest", *(".*",) * 3)
@@ -211,7 +219,8 @@ class ManagedRabbitMQ(Broker):
         ctl("add_user", *NOPERM_USER)
 
     def destroy(self) -> None:
-        self.node.stop()
+        if self.owned:
+            self.node.stop()
 
 
 class ExternalRabbitMQ(Broker):
@@ -240,9 +249,14 @@ class ExternalRabbitMQ(Broker):
 def start_reference() -> Broker:
     url = os.environ.get("WARREN_REFERENCE_URL")
     if url:
+        state = default_state_path()
+        if state.exists():
+            node = load_node(state)
+            if node.amqp_port == urlsplit(url).port:
+                return ManagedRabbitMQ(node, owned=False)
         return ExternalRabbitMQ(url)
     try:
-        broker = ManagedRabbitMQ()
+        broker = ManagedRabbitMQ(ReferenceNode.create(), owned=True)
     except ReferenceUnavailable as why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true needs a reference RabbitMQ: {why}")

@@ -10,8 +10,12 @@ first, then SIGKILL of its process group if it lingers.
 
 Used by ``compat_tests/conftest.py`` and, for scripts and CI, as a command line::
 
-    python compat_tests/rabbitmq_reference.py start --state FILE   # prints the AMQP URL
-    python compat_tests/rabbitmq_reference.py stop --state FILE
+    python compat_tests/rabbitmq_reference.py start [--state FILE]   # prints the AMQP URL
+    python compat_tests/rabbitmq_reference.py stop [--state FILE]
+
+FILE defaults to $WARREN_REFERENCE_STATE, else warren-rabbitmq-reference.json in the temporary
+directory. A pytest run whose WARREN_REFERENCE_URL names that node finds the file and may then
+seed and restart the node as it does its own.
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ STOP_SECONDS_MAX = 30.0
 CTL_SECONDS_MAX = 60.0
 
 _node_counter = itertools.count()
+
+
+def default_state_path() -> Path:
+    """Where `start` records the node for `stop` (and for pytest to find it)."""
+    configured = os.environ.get("WARREN_REFERENCE_STATE")
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / "warren-rabbitmq-reference.json"
 
 
 class ReferenceUnavailable(RuntimeError):
@@ -260,12 +272,16 @@ def _reap(pid: int) -> None:
         pass
 
 
+def load_node(state: Path) -> ReferenceNode:
+    return ReferenceNode(**json.loads(state.read_text()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("action", choices=["start", "stop"])
-    parser.add_argument("--state", required=True, help="JSON file that remembers the node")
+    parser.add_argument("--state", help="JSON file that remembers the node (see above)")
     args = parser.parse_args(argv)
-    state = Path(args.state)
+    state = Path(args.state) if args.state else default_state_path()
     if args.action == "start":
         if state.exists():
             parser.error(f"{state} exists: a node may still run (stop it first)")
@@ -274,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         state.write_text(json.dumps(asdict(node)))
         print(node.url)
         return 0
-    node = ReferenceNode(**json.loads(state.read_text()))
+    node = load_node(state)
     node.stop()
     state.unlink()
     return 0

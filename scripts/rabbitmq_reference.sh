@@ -7,17 +7,17 @@
 #   scripts/rabbitmq_reference.sh stop
 #
 # The node's name, ports and directory are kept in $WARREN_REFERENCE_STATE (default
-# $TMPDIR/warren-rabbitmq-reference.json) between start and stop.
+# $TMPDIR/warren-rabbitmq-reference.json) between start and stop; with that file present, the
+# suite may also seed users on the node and restart it, as it does with a node of its own.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
 if [ -x "$root/.venv/bin/python" ] && [ -z "${PYTHON:-}" ]; then
 	python="$root/.venv/bin/python"
 fi
-state="${WARREN_REFERENCE_STATE:-${TMPDIR:-/tmp}/warren-rabbitmq-reference.json}"
 case "${1:-}" in
 start | stop)
-	exec "$python" "$root/compat_tests/rabbitmq_reference.py" "$1" --state "$state"
+	exec "$python" "$root/compat_tests/rabbitmq_reference.py" "$1"
 	;;
 *)
 	echo "usage: $0 start|stop" >&2
