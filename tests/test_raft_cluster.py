@@ -211,6 +211,7 @@ def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
             await asyncio.gather(*(client.put(b"k%d" % i, b"v%d" % i) for i in range(500)))
             got = await asyncio.gather(*(client.get(b"k%d" % i) for i in range(500)))
             assert got == [b"v%d" % i for i in range(500)]
+            assert servers[leader]._reads_pending == 0, "every accepted read was answered"
             # Every replica applies the same commands (followers learn the commit index
             # from the next append or heartbeat).
             target = servers[leader].kv.applied_index
@@ -269,7 +270,7 @@ def test_a_follower_serves_linearizable_reads_itself(tmp_path):
 
 def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
     async def scenario():
-        configs = _configs(tmp_path, 3, proposals_pending_max=16)
+        configs = _configs(tmp_path, 3, proposals_pending_max=16, reads_pending_max=16)
         servers = {i: RaftServer(c) for i, c in configs.items()}
         for server in servers.values():
             await server.start()
@@ -278,6 +279,11 @@ def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
             leader = await _leader(servers)
             await asyncio.gather(*(client.put(b"k%d" % i, b"v") for i in range(2000)))
             assert servers[leader].read_pauses > 0, "the leader stopped reading its clients"
+            # Reads beyond the bound are refused BUSY, and the client retries them.
+            got = await asyncio.gather(*(client.get(b"k%d" % i) for i in range(300)))
+            assert got == [b"v"] * 300
+            assert servers[leader].reads_refused > 0
+            assert servers[leader]._reads_pending == 0
             assert servers[leader].kv.get(b"k1999") == b"v"
             assert not servers[leader]._reading_paused
         finally:

@@ -89,6 +89,8 @@ class ServerConfig:
     """Compact the log once this many applied entries are held after the last snapshot."""
     proposals_pending_max: int = 50_000
     """Stop reading client sockets while this many proposals wait to commit."""
+    reads_pending_max: int = 100_000
+    """Answer BUSY to reads beyond this many accepted and not yet answered."""
     read_timeout_s: float = 5.0
     """A read whose ReadIndex round never completes (leader lost) is answered RETRY."""
     seed: int = 0
@@ -213,6 +215,7 @@ class RaftServer:
         # index -> (term it was proposed in, connection, request id)
         self._proposals: dict[int, tuple[int, _ClientConnection, int]] = {}
         self._read_batch: list[tuple[_ClientConnection, int, bytes]] = []
+        self._reads_pending = 0  # accepted and not yet answered, wherever they wait
         self._reads_by_context: dict[bytes, _ReadBatch] = {}
         self._reads_waiting: list[tuple[int, int, _ReadBatch]] = []  # heap by read index
         self._read_counter = itertools.count(1)
@@ -228,6 +231,7 @@ class RaftServer:
         self.persist_s_total = 0.0
         self.persist_s_max = 0.0
         self.read_pauses = 0
+        self.reads_refused = 0
         self._frozen_at_index = 0
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -323,6 +327,11 @@ class RaftServer:
             if self.raft.role != LEADER and self.raft.leader_id is None:
                 client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
                 return
+            if self._reads_pending >= self.config.reads_pending_max:
+                self.reads_refused += 1
+                client.respond(request_id, Status.BUSY, b"too many reads in progress")
+                return
+            self._reads_pending += 1
             self._read_batch.append((client, request_id, parsed.key))
         else:
             client.respond(request_id, Status.OK, json.dumps(self.status()).encode())
@@ -384,6 +393,8 @@ class RaftServer:
             "persist_ms_max": round(self.persist_s_max * 1000, 3),
             "frames_dropped": self.transport.stats.frames_dropped,
             "client_read_pauses": self.read_pauses,
+            "reads_pending": self._reads_pending,
+            "reads_refused": self.reads_refused,
         }
 
     # -- the host loop -----------------------------------------------------------------
@@ -550,9 +561,7 @@ class RaftServer:
         index (the core forwards it), then serves the reads itself once it has applied
         that far: reads scale over the replicas and stay linearizable."""
         if self.raft.role != LEADER and self.raft.leader_id is None:
-            hint = self._leader_hint()
-            for client, request_id, _ in requests:
-                client.respond(request_id, Status.NOT_LEADER, hint)
+            self._answer_reads(requests, Status.NOT_LEADER, self._leader_hint())
             return
         context = _READ_CONTEXT.pack(next(self._read_counter))
         deadline_s = asyncio.get_running_loop().time() + self.config.read_timeout_s
@@ -565,6 +574,7 @@ class RaftServer:
         get = self.kv.get
         while waiting and waiting[0][0] <= applied:
             _, _, batch = heapq.heappop(waiting)
+            self._reads_pending -= len(batch.requests)
             for client, request_id, key in batch.requests:
                 value = get(key)
                 if value is None:
@@ -586,14 +596,13 @@ class RaftServer:
         # redoes them on RETRY.
         batches, self._reads_by_context = self._reads_by_context, {}
         for batch in batches.values():
-            for client, request_id, _ in batch.requests:
-                client.respond(request_id, Status.RETRY, b"leader changed during the read")
+            self._answer_reads(batch.requests, Status.RETRY, b"leader changed during the read")
 
     def _expire_reads(self, now_s: float) -> None:
         expired = [c for c, b in self._reads_by_context.items() if b.deadline_s <= now_s]
         for context in expired:
-            for client, request_id, _ in self._reads_by_context.pop(context).requests:
-                client.respond(request_id, Status.RETRY, b"read index not confirmed in time")
+            requests = self._reads_by_context.pop(context).requests
+            self._answer_reads(requests, Status.RETRY, b"read index not confirmed in time")
         # A follower cut off from its leader never applies up to a read's index.
         if self._reads_waiting and any(b.deadline_s <= now_s for _, _, b in self._reads_waiting):
             keep = []
@@ -601,10 +610,14 @@ class RaftServer:
                 if item[2].deadline_s > now_s:
                     keep.append(item)
                     continue
-                for client, request_id, _ in item[2].requests:
-                    client.respond(request_id, Status.RETRY, b"not applied up to the read index in time")
+                self._answer_reads(item[2].requests, Status.RETRY, b"not applied up to the read index in time")
             heapq.heapify(keep)
             self._reads_waiting = keep
+
+    def _answer_reads(self, requests: list[tuple[_ClientConnection, int, bytes]], status: Status, payload: bytes) -> None:
+        self._reads_pending -= len(requests)
+        for client, request_id, _ in requests:
+            client.respond(request_id, status, payload)
 
 
 def _parse_addresses(text: str) -> dict[int, tuple[str, int]]:
