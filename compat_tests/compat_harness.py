@@ -52,7 +52,6 @@ class Broker(abc.ABC):
     # A non-loopback address the broker also listens on (None: not reachable that way), to
     # check what a remote client sees, e.g. guest refused outside loopback.
     external_host: str | None = None
-    can_restart: bool = True
     can_seed: bool = True
 
     def __init__(self) -> None:
@@ -227,7 +226,6 @@ class ExternalRabbitMQ(Broker):
     """The broker at WARREN_REFERENCE_URL: used as it is, never restarted or seeded."""
 
     name = "rabbitmq"
-    can_restart = False
     can_seed = False
 
     def __init__(self, url: str) -> None:

@@ -7,7 +7,8 @@ import time
 import pika
 import pytest
 
-GET_EMPTY_POLLS_MAX = 20
+# More than any test publishes: a queue that never runs empty is a bug, not a long queue.
+DRAIN_MESSAGES_MAX = 100_000
 
 
 def drain(channel, queue: str, settle_s: float = 0.0) -> list[bytes]:
@@ -18,7 +19,7 @@ def drain(channel, queue: str, settle_s: float = 0.0) -> list[bytes]:
     if settle_s:
         time.sleep(settle_s)
     bodies = []
-    for _ in range(100_000):
+    for _ in range(DRAIN_MESSAGES_MAX):
         method, _, body = channel.basic_get(queue, auto_ack=True)
         if method is None:
             return bodies

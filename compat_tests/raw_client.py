@@ -58,13 +58,6 @@ class RawClient:
             raise Closed("the broker closed the connection")
         self.buffer += data
 
-    def read_bytes(self, count: int, timeout_s: float | None = None) -> bytes:
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
-        while len(self.buffer) < count:
-            self._fill(deadline)
-        data, self.buffer = self.buffer[:count], self.buffer[count:]
-        return data
-
     def recv(self, timeout_s: float | None = None, skip_heartbeats: bool = True):
         """The next (channel, frame) from the broker; heartbeats skipped unless asked for."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)

@@ -253,6 +253,24 @@ def test_unknown_frame_type_closes_with_501(broker):
     assert close.reply_text == "FRAME_ERROR - type 9, all octets = <<>>: unknown_frame"
 
 
+def test_channel_error_closes_only_that_channel(broker, uid):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.open_channel(2)
+        raw.send(1, commands.Queue.Declare(queue=f"{uid}-nope", passive=True))
+        close = raw.expect_channel_close(1)
+        assert (close.reply_code, close.reply_text) == (
+            404, f"NOT_FOUND - no queue '{uid}-nope' in vhost '/'"
+        )
+        assert (close.class_id, close.method_id) == (50, 10)
+        raw.send(2, commands.Queue.Declare(queue="", exclusive=True))
+        raw.expect(commands.Queue.DeclareOk)
+        raw.open_channel(1)
+        raw.send(1, commands.Queue.Declare(queue="", exclusive=True))
+        raw.expect(commands.Queue.DeclareOk)
+
+
 def test_method_on_unopened_channel_is_504(broker):
     with RawClient(broker.host, broker.port) as raw:
         raw.handshake()
