@@ -34,6 +34,7 @@ from .channel import BrokerChannel
 from .config import BrokerConfig
 from .connection import REPLY_TO_PREFIX, BrokerConnection
 from .hosted_queue import HostedQueue
+from .priority_queue import PriorityQueue
 from .vhost import VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
@@ -103,7 +104,7 @@ class Broker:
         self.vhosts[name] = vhost
         return vhost
 
-    def _open_engine(self, directory: Path, name: str, arguments: Any) -> DurableQueue:
+    def _open_engine(self, directory: Path, name: str, arguments: Any) -> Any:
         # A quorum queue hands out only fsynced messages, as RabbitMQ's does (a consumer then
         # never sees a message a crash could take back); a classic one delivers at once.
         quorum = arguments.get("x-queue-type") in ("quorum", b"quorum")
@@ -111,6 +112,12 @@ class Broker:
             message_log=LogConfig(segment_bytes_max=self.config.segment_bytes_max,
                                   tail_cache_bytes_max=2 << 20),
             deliver_uncommitted=not quorum)
+        max_priority = arguments.get("x-max-priority")
+        if isinstance(max_priority, int) and not isinstance(max_priority, bool) \
+                and max_priority > 0:
+            return PriorityQueue(directory, max_priority,
+                                 lambda level_directory: DurableQueue.open(level_directory,
+                                                                           config))
         return DurableQueue.open(directory, config)
 
     def _recover(self) -> None:

@@ -502,6 +502,20 @@ def test_per_message_expiration(conn):
         406, "PRECONDITION_FAILED - invalid expiration 'soon': no_integer")
 
 
+def test_priority_queue_serves_the_highest_level_first(conn):
+    ch = conn.channel()
+    q = ch.queue_declare(name(), exclusive=True, arguments={"x-max-priority": 5}).method.queue
+    for body, priority in [(b"low", 1), (b"none", None), (b"high", 5), (b"mid", 3),
+                           (b"over", 9), (b"mid2", 3)]:
+        ch.basic_publish("", q, body, pika.BasicProperties(priority=priority))
+    assert ch.queue_declare(q, passive=True).method.message_count == 6
+    first, _, body = ch.basic_get(q)
+    assert body == b"high"
+    ch.basic_nack(first.delivery_tag, requeue=True)
+    got = [ch.basic_get(q, auto_ack=True)[2] for _ in range(6)]
+    assert got == [b"high", b"over", b"mid", b"mid2", b"low", b"none"]
+
+
 def test_max_length_drops_from_the_head(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), exclusive=True, arguments={"x-max-length": 3}).method.queue
@@ -751,3 +765,31 @@ def test_a_silent_client_is_dropped_after_two_heartbeat_intervals(broker):
     assert 1.5 <= elapsed <= 4.0
     # Our heartbeats went out meanwhile (every half interval), then no close frame: dropped.
     assert testing.heartbeat() in received
+
+
+def test_restart_keeps_durable_queues_with_their_levels_and_limits(tmp_path):
+    first = ThreadBroker(tmp_path).start()
+    connection = first.connect()
+    ch = connection.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("prio", durable=True, arguments={"x-max-priority": 3})
+    ch.queue_declare("plain", durable=True, arguments={"x-max-length": 2})
+    for body, priority in [(b"a", 0), (b"b", 3), (b"c", 1)]:
+        ch.basic_publish("", "prio", body, pika.BasicProperties(priority=priority,
+                                                                 delivery_mode=2))
+    for body in (b"1", b"2", b"3"):
+        ch.basic_publish("", "plain", body, pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    first.stop()
+    second = ThreadBroker(tmp_path).start()
+    try:
+        connection = second.connect()
+        ch = connection.channel()
+        assert [ch.basic_get("prio", auto_ack=True)[2] for _ in range(3)] == [b"b", b"c", b"a"]
+        assert [ch.basic_get("plain", auto_ack=True)[2] for _ in range(2)] == [b"2", b"3"]
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+            ch.queue_declare("plain", durable=True, arguments={"x-max-length": 5})
+        assert excinfo.value.args[0] == 406
+        connection.close()
+    finally:
+        second.stop()

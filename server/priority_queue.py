@@ -1,0 +1,143 @@
+"""A priority queue (x-max-priority) as one durable queue per priority level.
+
+RabbitMQ semantics: a queue declared with ``x-max-priority`` N has levels 0..N; a message's
+``priority`` property picks its level, values above N count as N and a missing priority as 0.
+Consumers always get the highest non-empty level first, FIFO within a level.
+
+Each level is a ``DurableQueue`` in its own subdirectory, opened on its first message (a
+queue declared with N = 255 but used with three priorities costs three logs, not 256). The
+adapter has the engine's interface, so ``HostedQueue`` does not know the difference; offsets
+it hands out carry the level in their low byte (``offset * 256 + level``) so acks and
+requeues find their level again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from warrenmq.amqp import fastpath
+
+LEVEL_BITS = 8
+LEVELS_MAX = 1 << LEVEL_BITS
+_LEVEL_MASK = LEVELS_MAX - 1
+_LEVEL_PREFIX = "priority-"
+
+
+class PriorityQueue:
+    def __init__(self, directory: Path, max_priority: int,
+                 open_level: Callable[[Path], Any]) -> None:
+        assert 0 <= max_priority < LEVELS_MAX, max_priority
+        self.directory = directory
+        self.max_priority = max_priority
+        self._open_level = open_level
+        # Open levels, highest priority first.
+        self._levels: dict[int, Any] = {}
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in directory.glob(_LEVEL_PREFIX + "*"):
+            suffix = path.name[len(_LEVEL_PREFIX):]
+            if suffix.isdigit() and int(suffix) <= max_priority:
+                self._level(int(suffix))
+
+    def _level(self, level: int) -> Any:
+        engine = self._levels.get(level)
+        if engine is None:
+            engine = self._open_level(self.directory / f"{_LEVEL_PREFIX}{level}")
+            self._levels[level] = engine
+            self._levels = dict(sorted(self._levels.items(), reverse=True))
+        return engine
+
+    def level_of(self, properties: bytes) -> int:
+        priority = fastpath.scan_properties(properties)[1]
+        if priority is None:
+            return 0
+        return min(priority, self.max_priority)
+
+    @staticmethod
+    def _tagged(message: Any, level: int) -> Any:
+        return None if message is None else message._replace(
+            offset=(message.offset << LEVEL_BITS) | level)
+
+    def _split(self, offsets: Iterable[int]) -> dict[int, list[int]]:
+        by_level: dict[int, list[int]] = {}
+        for offset in offsets:
+            by_level.setdefault(offset & _LEVEL_MASK, []).append(offset >> LEVEL_BITS)
+        return by_level
+
+    # -- the engine interface ---------------------------------------------------------------
+
+    @property
+    def ready_count(self) -> int:
+        return sum(engine.ready_count for engine in self._levels.values())
+
+    @property
+    def unacked_count(self) -> int:
+        return sum(engine.unacked_count for engine in self._levels.values())
+
+    @property
+    def needs_commit(self) -> bool:
+        return any(engine.needs_commit for engine in self._levels.values())
+
+    def append(self, records: Sequence[tuple[bytes, bytes, bytes, bytes]]) -> None:
+        by_level: dict[int, list[tuple[bytes, bytes, bytes, bytes]]] = {}
+        for record in records:
+            by_level.setdefault(self.level_of(record[2]), []).append(record)
+        for level, batch in by_level.items():
+            self._level(level).append(batch)
+
+    def take(self) -> Any:
+        for level, engine in self._levels.items():
+            if engine.ready_count:
+                message = engine.take()
+                if message is not None:
+                    return self._tagged(message, level)
+        return None
+
+    def peek(self) -> Any:
+        for level, engine in self._levels.items():
+            if engine.ready_count:
+                return self._tagged(engine.peek(), level)
+        return None
+
+    def drop_head(self, count_max: int) -> int:
+        dropped = 0
+        for engine in self._levels.values():
+            if dropped >= count_max:
+                break
+            dropped += engine.drop_head(count_max - dropped)
+        return dropped
+
+    def ack(self, offset: int) -> bool:
+        engine = self._levels.get(offset & _LEVEL_MASK)
+        return engine is not None and engine.ack(offset >> LEVEL_BITS)
+
+    def ack_many(self, offsets: Iterable[int]) -> int:
+        return sum(self._levels[level].ack_many(level_offsets)
+                   for level, level_offsets in self._split(offsets).items()
+                   if level in self._levels)
+
+    def requeue(self, offsets: Iterable[int]) -> int:
+        return sum(self._levels[level].requeue(level_offsets)
+                   for level, level_offsets in self._split(offsets).items()
+                   if level in self._levels)
+
+    def purge(self) -> int:
+        return sum(engine.purge() for engine in self._levels.values())
+
+    async def commit(self) -> None:
+        await asyncio.gather(*(engine.commit() for engine in self._levels.values()))
+
+    async def shutdown(self) -> None:
+        for engine in self._levels.values():
+            await engine.shutdown()
+
+    def close(self) -> None:
+        for engine in self._levels.values():
+            engine.close()
+
+    def delete(self) -> None:
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
