@@ -87,7 +87,7 @@ class PartitionLog:
         self._end_offset = segments[-1].end_offset
         self._durable_offset = self._end_offset
         self._last_timestamp_ms = max((s.max_timestamp_ms for s in segments if s.max_timestamp_ms is not None), default=0)
-        self._cache: list[_CachedBatch] = []
+        self._cache: list[_CachedBatch | None] = []
         self._cache_head = 0
         self._cache_bytes = 0
         self._dir_dirty = False
@@ -232,10 +232,14 @@ class PartitionLog:
             return
         self._cache.append(cached)
         self._cache_bytes += cached.encoded_bytes
+        cache = self._cache
         while self._cache_bytes > limit:
-            self._cache_bytes -= self._cache[self._cache_head].encoded_bytes
+            self._cache_bytes -= cache[self._cache_head].encoded_bytes
+            # Drop the reference now: evicted records must not outlive the byte bound.
+            cache[self._cache_head] = None
             self._cache_head += 1
-        if self._cache_head > 1024 and self._cache_head * 2 > len(self._cache):
+        # Compact the evicted prefix now and then, so eviction stays O(1) amortised.
+        if self._cache_head > 64 and self._cache_head * 2 > len(cache):
             del self._cache[: self._cache_head]
             self._cache_head = 0
 

@@ -440,7 +440,7 @@ def _handle(args: argparse.Namespace) -> int:
 
 def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
     parser.add_argument("--url", default=wire.DEFAULT_URL,
-                        help=f"broker to measure (default {wire.DEFAULT_URL})")
+                        help=f"broker to measure (default {wire.DEFAULT_URL.replace('%', '%%')})")
     parser.add_argument("--compare", metavar="URL",
                         help="run the same scenario against this broker too and print the ratio")
     parser.add_argument("--queue", help="queue name (default: a fresh warren-bench-… name)")

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import threading
+import tracemalloc
 
 import pytest
 
@@ -73,6 +74,20 @@ def test_reads_of_fresh_data_come_from_the_tail_cache(tmp_path, monkeypatch):
         log.append(records(10))
         monkeypatch.setattr(os, "pread", lambda *a: pytest.fail("read went to disk"))
         assert raw(log.read(4, max_records=3)) == records(3, 4)
+
+
+def test_the_tail_cache_holds_no_more_than_its_bound(tmp_path):
+    """Regression: evicted batches stayed referenced until 1024 of them had piled up."""
+    tracemalloc.start()
+    try:
+        with PartitionLog.open(tmp_path, LogConfig(tail_cache_bytes_max=64 << 10)) as log:
+            before, _ = tracemalloc.get_traced_memory()
+            for i in range(2000):
+                log.append([(b"", b"", b"", os.urandom(1024)) for _ in range(10)])
+            after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 2 << 20, f"{(after - before) >> 10} KiB retained for a 64 KiB cache"
 
 
 def test_reads_older_than_the_cache_come_from_disk_and_match(tmp_path):
