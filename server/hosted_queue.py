@@ -83,6 +83,12 @@ class HostedQueue:
         # drops from the head once more than that many are ready.
         self.message_ttl_ms = _int_argument(self.arguments, "x-message-ttl")
         self.length_max = _int_argument(self.arguments, "x-max-length")
+        # x-max-length-bytes counts the bodies of ready messages, as RabbitMQ does. The sum is
+        # kept here only for queues that have the limit (and starts from zero after a
+        # restart: the engine keeps no per-message sizes, by design).
+        self.bytes_max = _int_argument(self.arguments, "x-max-length-bytes")
+        self.ready_bytes = 0
+        self._in_flight_bytes: dict[int, int] = {}
         overflow = self.arguments.get("x-overflow")
         if isinstance(overflow, bytes):
             overflow = overflow.decode()
@@ -116,19 +122,22 @@ class HostedQueue:
               expiring: bool = False) -> bool:
         """Buffer a record for this tick's append; False if x-overflow reject-publish
         refuses it because the queue is full."""
-        if (self.reject_when_full and self.length_max is not None
-                and self.engine.ready_count + len(self._staged) >= self.length_max):
+        if self.reject_when_full and self._full(len(record[3])):
             return False
         self._staged.append(record)
+        if self.bytes_max is not None:
+            self.ready_bytes += len(record[3])
         if expiring:
             self.has_expiring = True
         if persistent and self.durable:
             self.staged_persistent = True
         return True
 
-    @property
-    def has_staged(self) -> bool:
-        return bool(self._staged)
+    def _full(self, body_bytes: int) -> bool:
+        if (self.length_max is not None
+                and self.engine.ready_count + len(self._staged) >= self.length_max):
+            return True
+        return self.bytes_max is not None and self.ready_bytes + body_bytes > self.bytes_max
 
     def flush(self) -> None:
         """Write the records staged so far (the tick does; so does a method that must see
@@ -239,7 +248,21 @@ class HostedQueue:
         """The next live ready message, marked in flight, or None; expired ones are dropped."""
         if self.message_ttl_ms is not None or self.has_expiring:
             self.expire_head(_now_ms())
-        return self.engine.take()
+        message = self.engine.take()
+        if message is not None and self.bytes_max is not None:
+            size = len(message.body)
+            self.ready_bytes -= size
+            self._in_flight_bytes[message.offset] = size
+        return message
+
+    def _drop_one(self) -> bool:
+        """Drop the head message (expired, or beyond a length limit)."""
+        if self.bytes_max is not None:
+            head = self.engine.peek()
+            if head is None:
+                return False
+            self.ready_bytes -= len(head.body)
+        return self.engine.drop_head(1) == 1
 
     @property
     def expires_messages(self) -> bool:
@@ -269,27 +292,46 @@ class HostedQueue:
             expiry_ms = self._expiry_ms(head)
             if expiry_ms is None or expiry_ms > now_ms:
                 return expiry_ms
-            engine.drop_head(1)
+            self._drop_one()
 
     def enforce_length(self) -> int:
         """Drop from the head beyond x-max-length; returns how many went."""
-        length_max = self.length_max
-        if length_max is None or self.deleted or self.reject_when_full:
+        if self.deleted or self.reject_when_full:
             return 0
-        excess = self.engine.ready_count - length_max
-        return self.engine.drop_head(excess) if excess > 0 else 0
+        dropped = 0
+        length_max = self.length_max
+        if length_max is not None:
+            excess = self.engine.ready_count - length_max
+            if excess > 0:
+                if self.bytes_max is None:
+                    dropped = self.engine.drop_head(excess)
+                else:
+                    while dropped < excess and self._drop_one():
+                        dropped += 1
+        if self.bytes_max is not None:
+            while self.ready_bytes > self.bytes_max and self._drop_one():
+                dropped += 1
+        return dropped
 
     def ack(self, offsets: list[int]) -> None:
         if self.deleted:
             return
+        if self.bytes_max is not None:
+            for offset in offsets:
+                self._in_flight_bytes.pop(offset, None)
         if len(offsets) == 1:
             self.engine.ack(offsets[0])
         else:
             self.engine.ack_many(offsets)
 
     def requeue(self, offsets: list[int]) -> None:
-        if not self.deleted:
-            self.engine.requeue(offsets)
+        if self.deleted:
+            return
+        if self.bytes_max is not None:
+            sizes = self._in_flight_bytes
+            self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)
+        self.engine.requeue(offsets)
 
     def purge(self) -> int:
+        self.ready_bytes = 0
         return self.engine.purge()

@@ -540,6 +540,22 @@ def test_reject_publish_overflow_nacks_the_refused_messages(conn):
     assert [ch.basic_get(q, auto_ack=True)[2] for _ in range(2)] == [b"2", b"4"]
 
 
+def test_max_length_bytes_counts_ready_bodies(conn):
+    ch = conn.channel()
+    q = ch.queue_declare(name(), exclusive=True, arguments={"x-max-length-bytes": 10}).method.queue
+    for body in (b"aaaa", b"bbbb", b"cccc"):
+        ch.basic_publish("", q, body)
+    assert ch.queue_declare(q, passive=True).method.message_count == 2
+    method, _, body = ch.basic_get(q)
+    assert body == b"bbbb"
+    # In flight it does not count; back in the queue it does again.
+    ch.basic_publish("", q, b"dd")
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    ch.basic_publish("", q, b"e")
+    got = [ch.basic_get(q, auto_ack=True)[2] for _ in range(3)]
+    assert got == [b"cccc", b"dd", b"e"]
+
+
 def test_x_expires_deletes_an_unused_queue(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), arguments={"x-expires": 300}).method.queue
