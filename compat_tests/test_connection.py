@@ -8,7 +8,7 @@ import time
 import amqp
 import pika
 import pytest
-from pamqp import body, commands, header
+from pamqp import body, commands, frame, header
 
 from raw_client import PROTOCOL_HEADER, Closed, RawClient, raw_frame
 
@@ -434,3 +434,57 @@ def test_content_frames_of_different_channels_may_interleave(broker, uid):
                 received += piece.value
             bodies.append(received)
         assert sorted(bodies) == sorted(payloads.values())
+
+
+def _publish_then(*frames: bytes) -> bytes:
+    """basic.publish on channel 1 followed by whatever frames a hostile client sends."""
+    return frame.marshal(commands.Basic.Publish(exchange="", routing_key="x"), 1) + b"".join(frames)
+
+
+def _content_header(class_id: int, size: int) -> bytes:
+    return raw_frame(2, 1, class_id.to_bytes(2, "big") + b"\x00\x00" + size.to_bytes(8, "big") + b"\x00\x00")
+
+
+MALFORMED = {
+    "header-of-other-class": (
+        _publish_then(_content_header(50, 1)),
+        505, "UNEXPECTED_FRAME - expected content header for class 60, got one for class 50 instead",
+        (60, 40),
+    ),
+    "truncated-method": (
+        raw_frame(1, 1, b"\x00\x32\x00\x0a\x00"), 501, "FRAME_ERROR - cannot decode <<0>>", (50, 10),
+    ),
+    "channel-method-on-channel-0": (
+        frame.marshal(commands.Basic.Publish(exchange="", routing_key="x"), 0),
+        504, "CHANNEL_ERROR - unexpected method in connection state running", (60, 40),
+    ),
+    "heartbeat-on-channel-1": (
+        raw_frame(8, 1, b""), 505, "UNEXPECTED_FRAME - type 8, all octets = <<>>", (0, 0),
+    ),
+    "method-inside-content": (
+        _publish_then(_content_header(60, 5),
+                      frame.marshal(commands.Queue.Declare(queue="", exclusive=True), 1)),
+        505, "UNEXPECTED_FRAME - expected content body, got non content body frame instead", (60, 40),
+    ),
+    "header-without-method": (
+        _content_header(60, 5), 505,
+        "UNEXPECTED_FRAME - expected method frame, got non method frame instead", (0, 0),
+    ),
+    "connection-method-on-channel-1": (
+        frame.marshal(commands.Connection.Open(virtual_host="/"), 1),
+        503, "COMMAND_INVALID - unimplemented method", (10, 40),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_frames_close_the_connection(broker, channel, case):
+    data, code, text, method = MALFORMED[case]
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_bytes(data)
+        close = raw.expect_connection_close()
+    assert (close.reply_code, close.reply_text) == (code, text)
+    assert (close.class_id, close.method_id) == method
+    assert channel.queue_declare("", exclusive=True).method.queue
