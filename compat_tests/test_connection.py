@@ -488,3 +488,36 @@ def test_malformed_frames_close_the_connection(broker, channel, case):
     assert (close.reply_code, close.reply_text) == (code, text)
     assert (close.class_id, close.method_id) == method
     assert channel.queue_declare("", exclusive=True).method.queue
+
+
+def test_nowait_methods_get_no_reply(broker, uid):
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        for method in [
+            commands.Exchange.Declare(exchange=f"{uid}-x", exchange_type="fanout", auto_delete=True,
+                                      nowait=True),
+            commands.Queue.Declare(queue=f"{uid}-q", exclusive=True, nowait=True),
+            commands.Queue.Bind(queue=f"{uid}-q", exchange=f"{uid}-x", nowait=True),
+            commands.Basic.Qos(prefetch_count=10),
+            commands.Basic.Consume(queue=f"{uid}-q", consumer_tag="c", no_ack=True, nowait=True),
+            commands.Basic.Publish(exchange=f"{uid}-x", routing_key=""),
+        ]:
+            raw.send(1, method)
+        raw.send(1, header.ContentHeader(0, 2, commands.Basic.Properties()))
+        raw.send(1, body.ContentBody(b"hi"))
+        # Only basic.qos answers; then the delivery proves declare, bind and consume happened.
+        raw.expect(commands.Basic.QosOk)
+        _, deliver = raw.expect(commands.Basic.Deliver)
+        assert (deliver.consumer_tag, deliver.exchange) == ("c", f"{uid}-x")
+        raw.expect(header.ContentHeader)
+        _, content = raw.expect(body.ContentBody)
+        assert content.value == b"hi"
+        raw.send(1, commands.Basic.Cancel(consumer_tag="c", nowait=True))
+        raw.send(1, commands.Queue.Delete(queue=f"{uid}-q", nowait=True))
+        raw.send(1, commands.Exchange.Delete(exchange=f"{uid}-x", nowait=True))
+        raw.send(1, commands.Queue.Declare(queue=f"{uid}-q", passive=True))
+        close = raw.expect_channel_close(1)
+        assert (close.reply_code, close.reply_text) == (
+            404, f"NOT_FOUND - no queue '{uid}-q' in vhost '/'"
+        )
