@@ -420,3 +420,25 @@ def test_requeued_message_goes_to_another_consumer(connection, open_connection, 
     ch.basic_nack(method.delivery_tag, requeue=True)
     got.wait(other, 1)
     assert got.deliveries[0][1:3] == (True, b"0")
+
+
+def test_header_table_types_round_trip(channel, uid):
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    headers = {
+        "str": "text ü",
+        "int": -5,
+        "long": 2**40,
+        "bool": True,
+        "none": None,
+        "bytes": b"\x00\x01",
+        "decimal": Decimal("1.23"),
+        "timestamp": datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+        "nested": {"list": [1, "two", False, {"deep": "x"}], "empty": {}},
+        "array": [],
+    }
+    channel.queue_declare(f"{uid}-q", exclusive=True)
+    channel.basic_publish("", f"{uid}-q", b"h", pika.BasicProperties(headers=headers))
+    _, props, _ = wait_get(channel, f"{uid}-q")
+    assert props.headers == headers
