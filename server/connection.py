@@ -698,7 +698,7 @@ def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
             f"queue '{name}' in vhost '{conn.vhost.name}' in exclusive use")
     priority = arguments.get("x-priority", 0)
     consumer = Consumer(tag, channel, queue, bool(method.no_ack), bool(method.exclusive),
-                        int(priority), channel.consumer_prefetch, arguments)
+                        int(priority), channel.consumer_prefetch)
     channel.consumers[tag] = consumer
     queue.add_consumer(consumer)
     if not method.nowait:

@@ -22,10 +22,6 @@ def precondition_failed(text: str) -> replies.ChannelError:
     return replies.ChannelError(replies.PRECONDITION_FAILED, text)
 
 
-def resource_locked(text: str) -> replies.ChannelError:
-    return replies.ChannelError(replies.RESOURCE_LOCKED, text)
-
-
 def not_allowed(text: str) -> replies.AMQPConnectionError:
     return replies.AMQPConnectionError(replies.NOT_ALLOWED, text)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import fastpath
@@ -45,7 +45,6 @@ class Consumer:
     priority: int
     prefetch_count: int
     """Per-consumer prefetch (basic.qos global=false at consume time); 0 is unlimited."""
-    arguments: Mapping[str, Any] = field(default_factory=dict)
     unacked_count: int = 0
 
     def has_credit(self) -> bool:
