@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pamqp import commands
-
 from warrenmq.amqp.connection import ConnectionConfig
-
 from warrenmq.log import LogConfig
 from warrenmq.server.metadata import MetadataStore, is_loopback
 from warrenmq.server.queue import DurableQueue, QueueConfig

@@ -19,7 +19,6 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
-
 from warrenmq.amqp import events, frames, replies
 from warrenmq.amqp.connection import Connection
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
@@ -29,8 +28,15 @@ from warrenmq.exchanges.router import EXCHANGE_TYPES
 from . import arguments as queue_arguments
 from .arguments import EXPIRY_MS_MAX
 from .channel import BrokerChannel
-from .errors import (access_refused, command_invalid, from_routing, not_allowed, not_found,
-                     not_implemented, precondition_failed)
+from .errors import (
+    access_refused,
+    command_invalid,
+    from_routing,
+    not_allowed,
+    not_found,
+    not_implemented,
+    precondition_failed,
+)
 from .hosted_queue import Consumer, HostedQueue
 from .vhost import REPLY_TO_QUEUE, VirtualHost, generated_name
 
@@ -368,9 +374,9 @@ class BrokerConnection(asyncio.Protocol):
                 raise from_routing(error) from None
         if channel.tx:
             channel.tx_publishes.append((event, properties, targets))
-            return None
+            return
         self._deliver_published(channel, event, properties, targets)
-        return None
+        return
 
     def _deliver_published(self, channel: BrokerChannel, event: events.MessagePublished,
                            properties: bytes, targets: Any) -> None:
@@ -686,7 +692,7 @@ def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
         channel.reply_to_name = conn.broker.register_reply_channel(channel)
         if not method.nowait:
             conn.reply(channel, commands.Basic.ConsumeOk(consumer_tag=tag))
-        return None
+        return
     name = conn.queue_name(channel, name)
     conn.check("read", QUEUE, name)
     queue = conn.vhost.get_queue(name, conn.owner)
@@ -704,7 +710,7 @@ def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
     if not method.nowait:
         conn.reply(channel, commands.Basic.ConsumeOk(consumer_tag=tag))
     conn.broker.want_dispatch(queue)
-    return None
+    return
 
 
 def _basic_cancel(conn: BrokerConnection, channel: BrokerChannel,
@@ -729,14 +735,14 @@ def _basic_get(conn: BrokerConnection, channel: BrokerChannel,
     message = queue.take()
     if message is None:
         conn.reply(channel, commands.Basic.GetEmpty())
-        return None
+        return
     tag = channel.record_get(queue, message.offset, bool(method.no_ack))
     exchange, routing_key = message.exchange, message.routing_key
     conn.amqp.get_ok(channel.number, tag, message.redelivered,
                      exchange.decode() if isinstance(exchange, bytes) else exchange,
                      routing_key.decode() if isinstance(routing_key, bytes) else routing_key,
                      queue.ready_count, message.properties, message.body)
-    return None
+    return
 
 
 def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:

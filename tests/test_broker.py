@@ -15,7 +15,6 @@ import pika
 import pika.exceptions
 import pytest
 import uvloop
-
 from warrenmq.server.broker import Broker
 from warrenmq.server.config import BrokerConfig
 
@@ -759,7 +758,6 @@ def test_a_silent_client_is_dropped_after_two_heartbeat_intervals(broker):
     import socket
 
     from pamqp import commands
-
     from warrenmq.amqp import testing
 
     with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock:
