@@ -165,6 +165,10 @@ class Broker:
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.abort()
+        # Let the last ticks run: confirms, commits, and the deletes of exclusive queues.
+        await asyncio.sleep(0)
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         for vhost in self.vhosts.values():
             await vhost.shutdown()
         if self.store is not None:
