@@ -18,6 +18,7 @@ from warrenmq.cluster.raft.kv import (
     Command,
     CommandError,
     KVClient,
+    KVError,
     KVStore,
     KVUnavailable,
     Op,
@@ -349,6 +350,57 @@ def test_a_leader_whose_disk_fails_halts_and_the_others_carry_on(tmp_path, capsy
 
     asyncio.run(scenario())
     assert "Input/output error" in capsys.readouterr().err
+
+
+def test_membership_changes_add_a_node_and_remove_the_leader(tmp_path):
+    async def scenario():
+        configs = {
+            i: replace(c, voters=(1, 2, 3), snapshot_entries=100)
+            for i, c in _configs(tmp_path, 4).items()
+        }
+        servers = {i: RaftServer(c) for i, c in configs.items()}
+        for server in servers.values():
+            await server.start()
+        client = KVClient(_addresses(configs, [1, 2, 3]))
+        try:
+            leader = await _leader(servers)
+            assert leader != 4 and servers[4].raft.role == "follower", "a joiner never campaigns"
+            await asyncio.gather(*(client.put(b"k%d" % i, b"v%d" % i) for i in range(300)))
+            await client.add_voter(4)
+            await client.add_voter(4)  # already a voter: a no-op, so retries are safe
+            deadline = time.monotonic() + 10
+            while servers[4].kv.get(b"k299") != b"v299" or 4 not in servers[4].raft.voters:
+                assert time.monotonic() < deadline, "the new voter did not catch up"
+                await asyncio.sleep(0.02)
+
+            # Remove the leader itself: it leads until the change commits, then steps down.
+            await client.remove_voter(leader)
+            await servers.pop(leader).stop()
+            survivors = sorted(servers)
+            assert all(s.raft.voters == tuple(survivors) for s in servers.values())
+            new_leader = await _leader(servers)
+            # Stop one more original voter: the two left (node 4 among them) are a quorum.
+            gone = next(i for i in survivors if i not in (4, new_leader))
+            await servers.pop(gone).stop()
+            await client.close()
+            client = KVClient(_addresses(configs, list(servers)))
+            await client.put(b"after", b"change")
+            assert await client.get(b"k0") == b"v0"
+
+            # A restarted joiner rebuilds its membership from its log and snapshot, not
+            # from the bootstrap voters it was started with.
+            await servers.pop(4).stop()
+            servers[4] = RaftServer(configs[4])
+            await servers[4].start()
+            assert 4 in servers[4].raft.voters
+            with pytest.raises(KVError):
+                await client.add_voter(9)  # no address for it
+        finally:
+            await client.close()
+            for server in servers.values():
+                await server.stop()
+
+    asyncio.run(scenario())
 
 
 def test_restarted_node_catches_up_through_a_snapshot(tmp_path):

@@ -8,6 +8,8 @@ leader proposes the bytes a client sent without decoding and re-encoding them:
       CAS    body = has_expected:u8 expected_len:u32 expected value
       GET    body = (empty; never proposed: reads go through ReadIndex)
       STATUS key and body empty; never proposed
+      ADD_VOTER / REMOVE_VOTER  key empty, body = node id:u64; the leader proposes a
+             single-server membership change (a CONFIG entry, not a command)
 
 A client request is `request_id:u32 command` in a length-prefixed frame (the same framing as
 the inter-node transport). A response is `request_id:u32 status:u8 payload`:
@@ -22,6 +24,7 @@ the inter-node transport). A response is `request_id:u32 status:u8 payload`:
                 apply; a read simply was not served (its ReadIndex round was lost) and is redone
     BUSY        payload = a reason in UTF-8; refused before proposing (too many uncommitted
                 entries, leadership transfer), so certainly not applied; clients retry
+    REFUSED     payload = a reason in UTF-8; a request that can never succeed as asked
 
 Reads are linearizable on every node: the leader confirms its leadership with a ReadIndex
 round, a follower asks the leader for the read index and answers once it has applied that
@@ -46,6 +49,8 @@ class Op(IntEnum):
     CAS = 2
     GET = 3
     STATUS = 4  # node-local: role, term, leader, indexes as JSON; answered by any node
+    ADD_VOTER = 5  # membership change through the leader; body = node id:u64
+    REMOVE_VOTER = 6
 
 
 class Status(IntEnum):
@@ -55,6 +60,7 @@ class Status(IntEnum):
     NOT_LEADER = 3
     RETRY = 4
     BUSY = 5
+    REFUSED = 6
 
 
 KEY_BYTES_MAX = 0xFFFF
@@ -66,6 +72,7 @@ _REQUEST_HEAD = struct.Struct(">I")
 _RESPONSE_HEAD = struct.Struct(">IB")
 _LEADER_HEAD = struct.Struct(">I")
 _SNAPSHOT_PAIR_HEAD = struct.Struct(">HI")
+_NODE_ID = struct.Struct(">Q")
 
 
 # Enum calls (Op(code)) cost a microsecond each; these lookups sit on the per-command path.
@@ -112,6 +119,11 @@ def encode_status() -> bytes:
     return _KEY_HEAD.pack(Op.STATUS, 0)
 
 
+def encode_membership(op: Op, node_id: int) -> bytes:
+    assert op in (Op.ADD_VOTER, Op.REMOVE_VOTER)
+    return _KEY_HEAD.pack(op, 0) + _NODE_ID.pack(node_id)
+
+
 def encode_cas(key: bytes, expected: bytes | None, value: bytes) -> bytes:
     _check_key_value(key, value)
     if expected is None:
@@ -147,6 +159,10 @@ def decode_command(data: bytes) -> Command:
         if len(data) != key_end:
             raise CommandError(f"{op.name} carries a body")
         return Command(op, key)
+    if op is Op.ADD_VOTER or op is Op.REMOVE_VOTER:
+        if len(data) != key_end + _NODE_ID.size:
+            raise CommandError(f"{op.name} needs a node id")
+        return Command(op, key, data[key_end:])
     if len(data) < key_end + _CAS_EXPECTED_HEAD.size:
         raise CommandError("CAS shorter than its expected-value header")
     has_expected, expected_len = _CAS_EXPECTED_HEAD.unpack_from(data, key_end)
@@ -389,6 +405,16 @@ class KVClient:
         self._expect_ok(status, payload)
         return payload
 
+    async def add_voter(self, node_id: int) -> None:
+        """Make `node_id` a voter; returns once the change is committed. BUSY (another
+        change in progress) is retried until the deadline."""
+        status, payload = await self.request(encode_membership(Op.ADD_VOTER, node_id))
+        self._expect_ok(status, payload)
+
+    async def remove_voter(self, node_id: int) -> None:
+        status, payload = await self.request(encode_membership(Op.REMOVE_VOTER, node_id))
+        self._expect_ok(status, payload)
+
     async def status(self) -> dict[str, object]:
         """The status of the node this client is connected to (no redirect)."""
         status, payload = await self.request(encode_status(), idempotent=True)
@@ -397,8 +423,10 @@ class KVClient:
 
     @staticmethod
     def _expect_ok(status: Status, payload: bytes) -> None:
-        if status is Status.RETRY:
+        if status is Status.RETRY or status is Status.BUSY:
             raise KVUnavailable(payload.decode(errors="replace"))
+        if status is Status.REFUSED:
+            raise KVError(payload.decode(errors="replace"))
         if status is not Status.OK:
             raise KVError(f"unexpected {status.name}")
 

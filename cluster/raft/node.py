@@ -83,6 +83,10 @@ class ServerConfig:
     clients: dict[int, tuple[str, int]]
     """Client-protocol address of every voter, so a follower can name the leader's."""
     data_dir: Path
+    voters: tuple[int, ...] | None = None
+    """The bootstrap voter set (default: every peer). A node that is to join later is
+    started with the voters it will join (without itself) and added by ADD_VOTER; the
+    configuration then lives in the log and snapshots, which win over this on restart."""
     tick_s: float = 0.01
     raft: RaftConfig | None = None
     snapshot_entries: int = 50_000
@@ -199,7 +203,7 @@ class RaftServer:
             raise RuntimeError(f"stored commit {hard_state.commit} is beyond the log end {self.storage.last_index}")
         self.raft = RaftNode(
             self.raft_config,
-            tuple(sorted(config.peers)),
+            tuple(sorted(config.voters if config.voters is not None else config.peers)),
             random.Random(config.seed * 1_000_003 + node_id),
             hard_state=hard_state,
             snapshot=self.storage.snapshot,
@@ -323,6 +327,8 @@ class RaftServer:
         op = parsed.op
         if op is Op.PUT or op is Op.CAS:
             self._propose(client, request_id, command)
+        elif op is Op.ADD_VOTER or op is Op.REMOVE_VOTER:
+            self._propose_membership(client, request_id, op, int.from_bytes(parsed.value, "big"))
         elif op is Op.GET:
             if self.raft.role != LEADER and self.raft.leader_id is None:
                 client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
@@ -336,10 +342,32 @@ class RaftServer:
         else:
             client.respond(request_id, Status.OK, json.dumps(self.status()).encode())
 
-    def _propose(self, client: _ClientConnection, request_id: int, command: bytes) -> None:
+    def _propose_membership(self, client: _ClientConnection, request_id: int, op: Op, node: int) -> None:
+        raft = self.raft
+        adding = op is Op.ADD_VOTER
+        if raft.role == LEADER and (node in raft.voters) == adding:
+            # Already so (possibly by a change still committing): asking again is a no-op,
+            # which makes the request safe to retry after an unknown outcome.
+            client.respond(request_id, Status.OK)
+            return
+        if node not in self.config.peers:
+            client.respond(request_id, Status.REFUSED, f"no address known for node {node}".encode())
+            return
+        self._propose(client, request_id, b"", membership=(node if adding else None, None if adding else node))
+
+    def _propose(
+        self,
+        client: _ClientConnection,
+        request_id: int,
+        command: bytes,
+        membership: tuple[int | None, int | None] | None = None,
+    ) -> None:
         raft = self.raft
         try:
-            index = raft.propose(command)
+            if membership is None:
+                index = raft.propose(command)
+            else:
+                index = raft.propose_membership(add=membership[0], remove=membership[1])
         except NotLeader:
             client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
             return
@@ -642,6 +670,7 @@ def _argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--peers", required=True, help="id=host:port of every node's Raft transport")
     parser.add_argument("--clients", required=True, help="id=host:port of every node's client port")
     parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--voters", default=None, help="bootstrap voter ids, e.g. 1,2,3 (default: every peer)")
     parser.add_argument("--tick-ms", type=float, default=10.0)
     parser.add_argument("--election-ticks", type=int, default=30)
     parser.add_argument("--heartbeat-ticks", type=int, default=3)
@@ -681,6 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         peers=_parse_addresses(args.peers),
         clients=_parse_addresses(args.clients),
         data_dir=args.data_dir,
+        voters=tuple(int(v) for v in args.voters.split(",")) if args.voters else None,
         tick_s=args.tick_ms / 1000,
         raft=raft_config,
         snapshot_entries=args.snapshot_entries,
@@ -709,6 +739,8 @@ class LocalCluster:
     base_dir: Path
     size: int = 3
     extra_args: tuple[str, ...] = ()
+    voters: tuple[int, ...] | None = None
+    """Bootstrap voters (default: all); the other nodes start as joiners, see ServerConfig."""
     peers: dict[int, tuple[str, int]] = field(default_factory=dict)
     clients: dict[int, tuple[str, int]] = field(default_factory=dict)
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -736,6 +768,7 @@ class LocalCluster:
             _format_addresses(self.clients),
             "--data-dir",
             str(data_dir),
+            *(("--voters", ",".join(map(str, self.voters))) if self.voters else ()),
             *self.extra_args,
         ]
         with open(self.base_dir / f"node-{node}.log", "ab") as log:
