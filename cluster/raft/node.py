@@ -14,6 +14,13 @@ Messages of a Ready leave only after its entries and hard state are durable, wit
 exception argued in `_may_send_before_persisting`: a steady leader's appends leave before
 its own fsync, so that it overlaps the followers' fsyncs.
 
+Clients (`kv.KVClient`) may talk to any node: writes and membership changes are redirected
+to the leader (NOT_LEADER names its client address), reads are served linearizably by any
+node through ReadIndex. Every queue has a bound: proposals waiting to commit pause the
+client sockets, reads in progress are refused BUSY, peer send buffers drop frames. A storage
+error or a core exception halts the node (fail-stop; exit code 70), a SIGTERM makes a
+leader hand over its leadership before it exits.
+
 `LocalCluster` starts such nodes as child processes on free loopback ports (the kill test
 and the benchmark use it).
 """
