@@ -617,3 +617,33 @@ def test_heartbeat_response_does_not_disturb_a_full_pipeline():
         net.process(1)
     resent = [m for m in net.sent if m.dst == 2 and m.kind == M.APPEND]
     assert resent and resent[0].entries[0].index == leader.last_index - 2
+
+
+def test_stale_candidate_learns_the_current_term_from_a_refusal():
+    node = RaftNode(
+        RaftConfig(node_id=2, pre_vote=False),
+        (1, 2, 3),
+        random.Random(0),
+        hard_state=HardState(9, None, 0),
+    )
+    node.step(Message(M.VOTE, 1, 2, 5, log_term=0, index=0))
+    assert node.ready().messages == [Message(M.VOTE_RESP, 2, 1, 9, reject=True)]
+
+
+def test_refusing_a_higher_term_vote_does_not_restart_the_election_timer():
+    node = RaftNode(
+        RaftConfig(node_id=2, pre_vote=False, check_quorum=False),
+        (1, 2, 3),
+        random.Random(0),
+        hard_state=HardState(1, None, 0),
+        entries=log_of([1, 1]),
+    )
+    term = 1
+    for _ in range(200):
+        # A candidate with a shorter log campaigns every tick at a higher term.
+        term += 1
+        node.step(Message(M.VOTE, 3, 2, term, log_term=1, index=1))
+        node.tick()
+        if node.role == CANDIDATE:
+            break
+    assert node.role == CANDIDATE  # we timed out and campaign ourselves

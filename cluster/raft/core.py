@@ -397,6 +397,7 @@ class RaftNode:
         m = message
         if m.dst != self._id:
             raise ValueError(f"message for {m.dst} stepped into node {self._id}")
+        elapsed_before = self._election_elapsed
         if m.term > self._term:
             if m.kind in (MessageKind.PRE_VOTE, MessageKind.VOTE):
                 forced = m.context == _TRANSFER_CONTEXT
@@ -425,15 +426,26 @@ class RaftNode:
                 # our term, and with pre-vote we would never raise it further: answer so that
                 # it steps down and a real election can happen.
                 self._send(Message(MessageKind.APPEND_RESP, self._id, m.src, self._term))
-            elif m.kind == MessageKind.PRE_VOTE:
-                self._send(
-                    Message(MessageKind.PRE_VOTE_RESP, self._id, m.src, self._term, reject=True)
+            elif m.kind in (MessageKind.PRE_VOTE, MessageKind.VOTE):
+                # Tell a candidate from an older term ours (Figure 2: the reply carries
+                # currentTerm); otherwise a candidate whose only possible voter keeps
+                # raising its own term may never catch up with it.
+                resp_kind = (
+                    MessageKind.PRE_VOTE_RESP
+                    if m.kind == MessageKind.PRE_VOTE
+                    else MessageKind.VOTE_RESP
                 )
+                self._send(Message(resp_kind, self._id, m.src, self._term, reject=True))
             return
 
         kind = m.kind
         if kind in (MessageKind.PRE_VOTE, MessageKind.VOTE):
-            self._handle_vote_request(m)
+            granted = self._handle_vote_request(m)
+            if kind == MessageKind.VOTE and not granted and self._role == FOLLOWER:
+                # Only a granted vote or a leader restarts the election timer (Figure 2).
+                # A candidate we refused, which keeps coming back with higher terms, would
+                # otherwise keep us, the better candidate, from ever timing out.
+                self._election_elapsed = elapsed_before
         elif self._role == LEADER:
             self._step_leader(m)
         elif self._role in (CANDIDATE, PRE_CANDIDATE):
@@ -722,7 +734,7 @@ class RaftNode:
 
     # ---------------------------------------------------------------- internals: voting
 
-    def _handle_vote_request(self, m: Message) -> None:
+    def _handle_vote_request(self, m: Message) -> bool:
         pre = m.kind == MessageKind.PRE_VOTE
         can_vote = (
             self._vote == m.src
@@ -736,8 +748,9 @@ class RaftNode:
             if not pre:
                 self._vote = m.src
                 self._election_elapsed = 0
-        else:
-            self._send(Message(resp_kind, self._id, m.src, self._term, reject=True))
+            return True
+        self._send(Message(resp_kind, self._id, m.src, self._term, reject=True))
+        return False
 
     def _log_up_to_date(self, last_term: int, last_index: int) -> bool:
         """Is a log ending at (last_term, last_index) at least as up to date as ours (§5.4.1)?"""
