@@ -7,6 +7,11 @@ Publishes are buffered per tick (``stage``) and written with one engine append p
 (``flush``); dispatch then hands ready messages to consumers with credit. Consumers are kept
 by priority (``x-priority``, highest first, as RabbitMQ): a lower level is served only when
 every consumer above it is out of credit; within a level, round-robin.
+
+Queue arguments enforced here, at the head as a RabbitMQ classic queue does: x-message-ttl
+and per-message expiration, x-max-length and x-max-length-bytes (drop-head, or refusal with
+x-overflow reject-publish), x-single-active-consumer; x-expires is the broker's timer.
+Dead-lettering (x-dead-letter-*) is accepted and stored but belongs to the DLQ work.
 """
 
 from __future__ import annotations
