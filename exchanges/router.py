@@ -41,7 +41,7 @@ from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, BindingTable, D
 from warrenmq.exchanges.direct import DirectExchange
 from warrenmq.exchanges.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed
 from warrenmq.exchanges.fanout import FanoutExchange
-from warrenmq.exchanges.field_values import amqp_type_name, describe_typed, erlang_key
+from warrenmq.exchanges.field_values import amqp_type_name, describe_typed, erlang_key, erlang_str
 from warrenmq.exchanges.headers import HeadersExchange
 from warrenmq.exchanges.topic import TopicExchange
 
@@ -460,12 +460,15 @@ class Router:
             and erlang_key(current_value) == erlang_key(received_value)
         ):
             return
-        self._inequivalent(
-            exchange.name,
-            ALTERNATE_EXCHANGE,
-            "none" if received_value is _ABSENT else describe_typed(received_value),
-            "none" if current_value is _ABSENT else describe_typed(current_value),
-        )
+        # rabbit_misc:assert_args_equivalence1 prints bare values when both sides have the
+        # argument, and {Type, Value} pairs ("the value … of type …") beside a missing one.
+        if current_value is not _ABSENT and received_value is not _ABSENT:
+            received_text = f"'{erlang_str(received_value)}'"
+            current_text = f"'{erlang_str(current_value)}'"
+        else:
+            received_text = "none" if received_value is _ABSENT else describe_typed(received_value)
+            current_text = "none" if current_value is _ABSENT else describe_typed(current_value)
+        self._inequivalent(exchange.name, ALTERNATE_EXCHANGE, received_text, current_text)
 
     def _inequivalent(self, name: str, field: str, received: str, current: str) -> None:
         raise PreconditionFailed(
