@@ -13,7 +13,8 @@ random delays with a slow tail); symmetric partitions, one-way link cuts and iso
 nodes; crashes and restarts; process pauses (everything that arrives meanwhile is handled
 on resume, as after a GC pause or SIGSTOP); slow disks; clock drift (each node's tick period changes
 independently, up to 4x apart); membership changes (a voter removed, and added back) and
-leadership transfers; per seed, the leader may send its appends before its own fsync, as
+leadership transfers, the re-added voter sometimes being a new machine with an empty
+disk; per seed, the leader may send its appends before its own fsync, as
 `node.py` does. Clients issue puts and reads (ReadIndex, to leaders and followers)
 with retries and timeouts; their history is checked for linearizability at the end.
 
@@ -143,6 +144,8 @@ class _Host:
     leader_term_seen: int = 0  # last term this host was observed leading
     commit_recorded: int = 0  # commit index up to which its leadership was recorded
     compact_every: int = 20
+    bootstrap_voters: tuple[int, ...] = ()  # what the node is started with on an empty disk
+    machine: int = 0  # bumped when the node id moves to a new, empty machine
 
 
 @dataclass(slots=True)
@@ -176,7 +179,7 @@ class Simulation:
         self.now = 0
         self._seq = 0
         self._events: list = []
-        self.hosts = {i: _Host(i) for i in self.node_ids}
+        self.hosts = {i: _Host(i, bootstrap_voters=self.node_ids) for i in self.node_ids}
         self.clients = [_Client(c) for c in range(1, CLIENTS + 1)]
         self.cut: set[tuple[int, int]] = set()
         self.healed = False
@@ -206,7 +209,7 @@ class Simulation:
         self._hist_clock = 0
         self.stats = dict.fromkeys(
             ("events", "messages", "crashes", "elections", "ops", "snapshots_installed",
-             "compactions", "config_changes", "transfers"),
+             "compactions", "config_changes", "transfers", "machines_replaced"),
             0,
         )
 
@@ -265,7 +268,7 @@ class Simulation:
                 self._at(host.paused_until, kind, a, b)
                 return
         if kind == _EV_DELIVER:
-            self._deliver(a)
+            self._deliver(a, b)
         elif kind == _EV_TICK:
             host = a
             if host.up and host.incarnation == b:
@@ -318,7 +321,7 @@ class Simulation:
         node_rng = random.Random(self.rng.getrandbits(64))
         host.core = self.node_factory(
             config,
-            self.node_ids,
+            host.bootstrap_voters,
             node_rng,
             hard_state=d.hard_state,
             snapshot=d.snapshot,
@@ -521,7 +524,7 @@ class Simulation:
         else:
             offset = index - base - 1
             holds = offset < len(d.entries) and d.entries[offset].term == term
-        voters = self.node_ids
+        voters = host.bootstrap_voters
         if d.snapshot is not None:
             voters = d.snapshot.voters
         for e in reversed(d.entries):
@@ -659,11 +662,17 @@ class Simulation:
             delay = rng.randrange(1, self.delay_max + 1)
             if rng.random() < self.slow_link_p:
                 delay += rng.randrange(100, 1000)
-            self._at(self.now + delay, _EV_DELIVER, m)
+            self._at(self.now + delay, _EV_DELIVER, m, self.hosts[m.src].machine)
 
-    def _deliver(self, m: Message) -> None:
+    def _deliver(self, m: Message, src_machine: int) -> None:
         host = self.hosts[m.dst]
         if not host.up or (m.src, m.dst) in self.cut:
+            return
+        if src_machine != self.hosts[m.src].machine:
+            # Sent by the machine that a replacement took the node id over from. Raft
+            # assumes an id keeps its disk; a transport must refuse such stragglers (by an
+            # incarnation id in its handshake, say), or a leader would credit the new, empty
+            # machine with the old one's acknowledgements.
             return
         if self.trace:
             self._log(f"recv {_fmt(m)}")
@@ -848,7 +857,13 @@ class Simulation:
         elif action == 5:
             self._weather()
         elif action == 6:
-            self._reconfigure()
+            if self.pre_vote:
+                # Without pre-vote, a member left behind with a stale configuration can keep
+                # raising the term in lockstep with the rightful candidate and stall the
+                # election forever (Raft dissertation §4.2.3); safety still holds, but the
+                # liveness check after healing could not, so such seeds skip membership
+                # changes.
+                self._reconfigure()
         elif action == 7:
             if leaders:
                 core = leaders[0].core
@@ -910,6 +925,11 @@ class Simulation:
         try:
             if missing:
                 core.propose_membership(add=missing[0])
+                # The removal is committed (the core refuses a change while one is not), so
+                # the returning member may as well be a new, empty machine: then it joins
+                # through a snapshot or the whole log, knowing no voters until it learns them.
+                if not self.healed and self.rng.random() < 0.5:
+                    self._replace_machine(self.hosts[missing[0]])
             elif not self.healed and len(self.node_ids) > 2:
                 core.propose_membership(remove=self.rng.choice(self.node_ids))
             else:
@@ -921,6 +941,17 @@ class Simulation:
             self._log(f"n{core.node_id} proposes voters change from {core.voters}")
         self._after_core(host)
         return True
+
+    def _replace_machine(self, host: _Host) -> None:
+        if host.up:
+            self._crash(host)
+        host.durable = _Durable()
+        host.bootstrap_voters = ()
+        host.machine += 1
+        self.stats["machines_replaced"] += 1
+        if self.trace:
+            self._log(f"n{host.node_id} replaced by an empty machine")
+        self._at(self.now + self.rng.randrange(1, 5) * TICK_UNITS, _EV_RESTART, host)
 
     def _heal_all(self) -> None:
         self.healed = True
