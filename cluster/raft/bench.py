@@ -2,6 +2,8 @@
 
     python -m warrenmq.cluster.raft.bench [--json] [--count 100000] [--inflight 4096]
                                           [--rate 1000] [--latency-seconds 5]
+                                          [--data-dir DIR] [--skip-throughput]
+                                          [-- NODE OPTIONS, e.g. --no-overlap-fsync]
 
 Starts the node processes (`node.LocalCluster`) in a temporary directory, finds the leader
 and drives it with 64-byte PUT commands (the whole encoded command is 64 bytes) over the
