@@ -212,8 +212,15 @@ class RaftConfig:
             raise ValueError("node_id must be positive (0 means 'none' on the wire)")
         if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
             raise ValueError("need 1 <= heartbeat_ticks < election_ticks")
-        if min(self.max_entries_per_append, self.max_inflight_appends,
-               self.max_committed_per_ready, self.max_pending_reads) < 1:
+        if (
+            min(
+                self.max_entries_per_append,
+                self.max_inflight_appends,
+                self.max_committed_per_ready,
+                self.max_pending_reads,
+            )
+            < 1
+        ):
             raise ValueError("batch, pipeline and queue bounds must be >= 1")
 
 
@@ -225,7 +232,9 @@ class _Progress:
     next: int = 1
     state: int = _PROBE
     probe_sent: bool = False  # probe state: one append is out, wait for its answer
-    inflight: deque[int] = field(default_factory=deque)  # last index of each pipelined append
+    inflight: deque[int] = field(
+        default_factory=deque
+    )  # last index of each pipelined append
     pending_snapshot: int = 0
     recent_active: bool = False
     match_at_heartbeat: int = -1
@@ -276,12 +285,18 @@ class RaftNode:
         self._entries: list[Entry] = list(entries)
         for offset, entry in enumerate(self._entries):
             if entry.index != snap_index + 1 + offset:
-                raise ValueError(f"entry {entry.index} out of place after snapshot {snap_index}")
+                raise ValueError(
+                    f"entry {entry.index} out of place after snapshot {snap_index}"
+                )
         self._base_voters: tuple[int, ...] = (
-            tuple(sorted(snapshot.voters)) if snapshot is not None else tuple(sorted(set(voters)))
+            tuple(sorted(snapshot.voters))
+            if snapshot is not None
+            else tuple(sorted(set(voters)))
         )
         self._config_entries: list[tuple[int, tuple[int, ...]]] = [
-            (e.index, decode_voters(e.data)) for e in self._entries if e.kind == EntryKind.CONFIG
+            (e.index, decode_voters(e.data))
+            for e in self._entries
+            if e.kind == EntryKind.CONFIG
         ]
         self._voters = self._current_voters()
 
@@ -290,7 +305,9 @@ class RaftNode:
         self._vote = hs.vote
         self._commit = max(hs.commit, snap_index)
         if self._commit > self.last_index:
-            raise ValueError(f"commit {self._commit} beyond last index {self.last_index}")
+            raise ValueError(
+                f"commit {self._commit} beyond last index {self.last_index}"
+            )
         self._applied = snap_index
         self._role = FOLLOWER
         self._leader_id: int | None = None
@@ -414,7 +431,11 @@ class RaftNode:
                 pass  # a pre-vote never changes our term
             elif m.kind == MessageKind.PRE_VOTE_RESP and not m.reject:
                 pass  # granted pre-votes carry the term we would campaign for
-            elif m.kind in (MessageKind.APPEND, MessageKind.HEARTBEAT, MessageKind.SNAPSHOT):
+            elif m.kind in (
+                MessageKind.APPEND,
+                MessageKind.HEARTBEAT,
+                MessageKind.SNAPSHOT,
+            ):
                 self._become_follower(m.term, m.src)
             else:
                 self._become_follower(m.term, None)
@@ -425,7 +446,9 @@ class RaftNode:
                 # A stale leader (cut off while we moved on) would otherwise never learn of
                 # our term, and with pre-vote we would never raise it further: answer so that
                 # it steps down and a real election can happen.
-                self._send(Message(MessageKind.APPEND_RESP, self._id, m.src, self._term))
+                self._send(
+                    Message(MessageKind.APPEND_RESP, self._id, m.src, self._term)
+                )
             elif m.kind in (MessageKind.PRE_VOTE, MessageKind.VOTE):
                 # Tell a candidate from an older term ours (Figure 2: the reply carries
                 # currentTerm); otherwise a candidate whose only possible voter keeps
@@ -456,14 +479,18 @@ class RaftNode:
     def propose(self, data: bytes) -> int:
         return self._propose(EntryKind.NORMAL, data)
 
-    def propose_membership(self, add: int | None = None, remove: int | None = None) -> int:
+    def propose_membership(
+        self, add: int | None = None, remove: int | None = None
+    ) -> int:
         if (add is None) == (remove is None):
             raise ProposalRefused("give exactly one of add= or remove=")
         self._check_leader()
         if self._config_entries and self._config_entries[-1][0] > self._commit:
             raise ProposalRefused("an earlier membership change is not committed yet")
         if self.term_at(self._commit) != self._term:
-            raise ProposalRefused("the leader has not committed an entry of its term yet")
+            raise ProposalRefused(
+                "the leader has not committed an entry of its term yet"
+            )
         voters = set(self._voters)
         if add is not None:
             if add <= 0 or add in voters:
@@ -496,7 +523,11 @@ class RaftNode:
         elif self._leader_id is not None:
             self._send(
                 Message(
-                    MessageKind.READ_INDEX, self._id, self._leader_id, self._term, context=context
+                    MessageKind.READ_INDEX,
+                    self._id,
+                    self._leader_id,
+                    self._term,
+                    context=context,
                 )
             )
         # With no known leader the read is dropped; the caller times out and retries, as it
@@ -504,7 +535,9 @@ class RaftNode:
 
     def compact(self, index: int, snapshot_data: bytes) -> Snapshot:
         if index <= self._snap_index:
-            raise ValueError(f"compact({index}) at or below snapshot {self._snap_index}")
+            raise ValueError(
+                f"compact({index}) at or below snapshot {self._snap_index}"
+            )
         if index > self._applied:
             raise ValueError(f"compact({index}) beyond applied index {self._applied}")
         term = self.term_at(index)
@@ -541,7 +574,9 @@ class RaftNode:
         entries = self.entries_between(self._unstable_from, self.last_index + 1)
         # Bounded so that a restart with a long committed tail does not build one huge
         # batch; has_ready() stays true until the rest has been handed out.
-        apply_to = min(self._commit, self._applied + self._config.max_committed_per_ready)
+        apply_to = min(
+            self._commit, self._applied + self._config.max_committed_per_ready
+        )
         committed = self.entries_between(self._applied + 1, apply_to + 1)
         rd = Ready(
             hard_state=hs if hs != self._handed_hard_state else None,
@@ -585,11 +620,15 @@ class RaftNode:
 
     def _truncate_from(self, index: int) -> None:
         """Drop entries with index >= `index` (a conflicting, uncommitted suffix)."""
-        assert index > self._commit, f"truncating committed entry {index} <= {self._commit}"
+        assert index > self._commit, (
+            f"truncating committed entry {index} <= {self._commit}"
+        )
         del self._entries[index - self._snap_index - 1 :]
         self._unstable_from = min(self._unstable_from, index)
         if self._config_entries and self._config_entries[-1][0] >= index:
-            self._config_entries = [(i, v) for i, v in self._config_entries if i < index]
+            self._config_entries = [
+                (i, v) for i, v in self._config_entries if i < index
+            ]
             self._on_config_change()
 
     def _find_conflict_by_term(self, index: int, term: int) -> int:
@@ -610,7 +649,9 @@ class RaftNode:
     # ---------------------------------------------------------------- internals: config
 
     def _current_voters(self) -> tuple[int, ...]:
-        return self._config_entries[-1][1] if self._config_entries else self._base_voters
+        return (
+            self._config_entries[-1][1] if self._config_entries else self._base_voters
+        )
 
     def _voters_at(self, index: int) -> tuple[int, ...]:
         voters = self._base_voters
@@ -627,7 +668,9 @@ class RaftNode:
         for peer in self._voters:
             if peer != self._id and peer not in self._progress:
                 pr = _Progress(next=self.last_index + 1)
-                pr.recent_active = True  # do not count a brand new member against the quorum
+                pr.recent_active = (
+                    True  # do not count a brand new member against the quorum
+                )
                 self._progress[peer] = pr
         for peer in list(self._progress):
             if peer not in self._voters:
@@ -784,7 +827,11 @@ class RaftNode:
             self._commit_to(m.commit)
             self._send(
                 Message(
-                    MessageKind.HEARTBEAT_RESP, self._id, m.src, self._term, context=m.context
+                    MessageKind.HEARTBEAT_RESP,
+                    self._id,
+                    m.src,
+                    self._term,
+                    context=m.context,
                 )
             )
         elif kind == MessageKind.SNAPSHOT:
@@ -803,7 +850,13 @@ class RaftNode:
             # Everything up to our commit index matches the leader already; this is a stale
             # or duplicated append.
             self._send(
-                Message(MessageKind.APPEND_RESP, self._id, m.src, self._term, index=self._commit)
+                Message(
+                    MessageKind.APPEND_RESP,
+                    self._id,
+                    m.src,
+                    self._term,
+                    index=self._commit,
+                )
             )
             return
         if self.term_at(m.index) == m.log_term:
@@ -817,7 +870,9 @@ class RaftNode:
             last_new = m.index + len(new)
             self._commit_to(min(m.commit, last_new))
             self._send(
-                Message(MessageKind.APPEND_RESP, self._id, m.src, self._term, index=last_new)
+                Message(
+                    MessageKind.APPEND_RESP, self._id, m.src, self._term, index=last_new
+                )
             )
             return
         hint = self._find_conflict_by_term(min(m.index, self.last_index), m.log_term)
@@ -848,7 +903,9 @@ class RaftNode:
             self._restore(snap)
             reply_index = snap.index
         self._send(
-            Message(MessageKind.APPEND_RESP, self._id, m.src, self._term, index=reply_index)
+            Message(
+                MessageKind.APPEND_RESP, self._id, m.src, self._term, index=reply_index
+            )
         )
 
     def _restore(self, snap: Snapshot) -> None:
@@ -870,7 +927,9 @@ class RaftNode:
         if self._role != LEADER:
             raise NotLeader(self._leader_id)
         if self._transferee is not None:
-            raise ProposalRefused(f"leadership is being transferred to {self._transferee}")
+            raise ProposalRefused(
+                f"leadership is being transferred to {self._transferee}"
+            )
 
     def _propose(self, kind: EntryKind, data: bytes) -> int:
         self._check_leader()
@@ -926,11 +985,14 @@ class RaftNode:
             deferred, self._deferred_reads = self._deferred_reads, []
             for context, requester in deferred:
                 self._leader_read(context, requester)
-        if self._id not in self._voters and self._config_entries:
-            if self._config_entries[-1][0] <= self._commit:
-                # We removed ourselves and the change is committed: hand over by stepping
-                # down; a remaining voter times out and is elected.
-                self._become_follower(self._term, None)
+        if (
+            self._id not in self._voters
+            and self._config_entries
+            and self._config_entries[-1][0] <= self._commit
+        ):
+            # We removed ourselves and the change is committed: hand over by stepping down;
+            # a remaining voter times out and is elected.
+            self._become_follower(self._term, None)
         return True
 
     def _send(self, m: Message) -> None:
@@ -943,7 +1005,10 @@ class RaftNode:
             return False
         if pr.state == _PROBE and pr.probe_sent:
             return False
-        if pr.state == _REPLICATE and len(pr.inflight) >= self._config.max_inflight_appends:
+        if (
+            pr.state == _REPLICATE
+            and len(pr.inflight) >= self._config.max_inflight_appends
+        ):
             return False
         prev = pr.next - 1
         prev_term = self.term_at(prev)
@@ -988,7 +1053,9 @@ class RaftNode:
     def _send_snapshot(self, peer: int, pr: _Progress) -> bool:
         snap = self._snapshot
         assert snap is not None, "entries compacted without a snapshot"
-        self._send(Message(MessageKind.SNAPSHOT, self._id, peer, self._term, snapshot=snap))
+        self._send(
+            Message(MessageKind.SNAPSHOT, self._id, peer, self._term, snapshot=snap)
+        )
         pr.state = _SNAPSHOT
         pr.pending_snapshot = snap.index
         pr.inflight.clear()
@@ -1035,7 +1102,9 @@ class RaftNode:
             pr.match = index
             pr.next = max(pr.next, index + 1)
             pr.stalled_heartbeats = 0
-            if pr.state == _PROBE or (pr.state == _SNAPSHOT and index >= pr.pending_snapshot):
+            if pr.state == _PROBE or (
+                pr.state == _SNAPSHOT and index >= pr.pending_snapshot
+            ):
                 pr.become_replicate()
             elif pr.state == _REPLICATE:
                 while pr.inflight and pr.inflight[0] <= index:

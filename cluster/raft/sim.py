@@ -132,7 +132,9 @@ class _Host:
     incarnation: int = 0
     durable: _Durable = field(default_factory=_Durable)
     unsynced: Ready | None = None
-    sent_early: bool = False  # the unsynced Ready's messages already left (leader overlap)
+    sent_early: bool = (
+        False  # the unsynced Ready's messages already left (leader overlap)
+    )
     kv: KvStore = field(default_factory=KvStore)
     applied: int = 0
     tick_units: int = TICK_UNITS
@@ -144,7 +146,9 @@ class _Host:
     leader_term_seen: int = 0  # last term this host was observed leading
     commit_recorded: int = 0  # commit index up to which its leadership was recorded
     compact_every: int = 20
-    bootstrap_voters: tuple[int, ...] = ()  # what the node is started with on an empty disk
+    bootstrap_voters: tuple[
+        int, ...
+    ] = ()  # what the node is started with on an empty disk
     machine: int = 0  # bumped when the node id moves to a new, empty machine
 
 
@@ -179,7 +183,9 @@ class Simulation:
         self.now = 0
         self._seq = 0
         self._events: list = []
-        self.hosts = {i: _Host(i, bootstrap_voters=self.node_ids) for i in self.node_ids}
+        self.hosts = {
+            i: _Host(i, bootstrap_voters=self.node_ids) for i in self.node_ids
+        }
         self.clients = [_Client(c) for c in range(1, CLIENTS + 1)]
         self.cut: set[tuple[int, int]] = set()
         self.healed = False
@@ -203,13 +209,26 @@ class Simulation:
         self.entry_ids: dict[tuple[int, int], tuple] = {}
         self.commit_term: dict[int, int] = {}  # index -> lowest term seen committing it
         self.committed_entry_term: dict[int, int] = {}
-        self.highest_commit = (0, 0)  # (index, term) of the highest entry known committed
+        self.highest_commit = (
+            0,
+            0,
+        )  # (index, term) of the highest entry known committed
         self.applied_entries: dict[int, tuple] = {}
         self.history: list[Operation] = []
         self._hist_clock = 0
         self.stats = dict.fromkeys(
-            ("events", "messages", "crashes", "elections", "ops", "snapshots_installed",
-             "compactions", "config_changes", "transfers", "machines_replaced"),
+            (
+                "events",
+                "messages",
+                "crashes",
+                "elections",
+                "ops",
+                "snapshots_installed",
+                "compactions",
+                "config_changes",
+                "transfers",
+                "machines_replaced",
+            ),
             0,
         )
 
@@ -327,7 +346,9 @@ class Simulation:
             snapshot=d.snapshot,
             entries=list(d.entries),
         )
-        host.kv = KvStore.from_bytes(d.snapshot.data) if d.snapshot is not None else KvStore()
+        host.kv = (
+            KvStore.from_bytes(d.snapshot.data) if d.snapshot is not None else KvStore()
+        )
         host.applied = d.snapshot.index if d.snapshot is not None else 0
         host.unsynced = None
         host.pending_writes = {}
@@ -336,10 +357,16 @@ class Simulation:
         host.leader_term_seen = 0
         host.up = True
         if self.trace:
-            self._log(f"start n{host.node_id} inc={host.incarnation} term={host.core.term} "
-                      f"commit={host.core.commit_index} last={host.core.last_index}")
-        self._at(self.now + self.rng.randrange(1, host.tick_units + 1), _EV_TICK, host,
-                 host.incarnation)
+            self._log(
+                f"start n{host.node_id} inc={host.incarnation} term={host.core.term} "
+                f"commit={host.core.commit_index} last={host.core.last_index}"
+            )
+        self._at(
+            self.now + self.rng.randrange(1, host.tick_units + 1),
+            _EV_TICK,
+            host,
+            host.incarnation,
+        )
         self._after_core(host)
 
     def _crash(self, host: _Host) -> None:
@@ -365,7 +392,9 @@ class Simulation:
         if rd.entries:
             self._check_log_matching(host, core, rd)
         host.unsynced = rd
-        host.sent_early = self.leader_sends_before_fsync and self._may_send_early(host, rd)
+        host.sent_early = self.leader_sends_before_fsync and self._may_send_early(
+            host, rd
+        )
         if host.sent_early:
             for m in rd.messages:
                 self._send(m)
@@ -385,7 +414,10 @@ class Simulation:
         if hs is None:
             return True
         durable = host.durable.hard_state
-        return durable is not None and (durable.term, durable.vote) == (hs.term, hs.vote)
+        return durable is not None and (durable.term, durable.vote) == (
+            hs.term,
+            hs.vote,
+        )
 
     def _fsync_done(self, host: _Host, incarnation: int) -> None:
         if not host.up or host.incarnation != incarnation:
@@ -394,10 +426,14 @@ class Simulation:
         hs_before = host.durable.hard_state
         host.durable.write(rd)
         hs = host.durable.hard_state
-        if hs_before is not None and hs is not None and (
-            hs.term < hs_before.term or hs.commit < hs_before.commit
+        if (
+            hs_before is not None
+            and hs is not None
+            and (hs.term < hs_before.term or hs.commit < hs_before.commit)
         ):
-            raise Violation(f"n{host.node_id} durable hard state went back: {hs_before} -> {hs}")
+            raise Violation(
+                f"n{host.node_id} durable hard state went back: {hs_before} -> {hs}"
+            )
         if not host.sent_early:
             for m in rd.messages:
                 self._send(m)
@@ -450,7 +486,7 @@ class Simulation:
             host.kv.apply(e.data)
         request = host.pending_writes.pop(e.index, None)
         if request is not None:
-            client, op_id, attempt, _, key, value = request
+            client, op_id, _, _, key, value = request
             if e.data == encode_put(client, op_id, key, value):
                 self._respond(host, request, "ok", None)
             else:
@@ -463,7 +499,9 @@ class Simulation:
         if host.leader_term_seen != term:
             holder = self.leader_of_term.get(term)
             if holder is not None and holder != host.node_id:
-                raise Violation(f"election safety: n{holder} and n{host.node_id} lead term {term}")
+                raise Violation(
+                    f"election safety: n{holder} and n{host.node_id} lead term {term}"
+                )
             self.leader_of_term[term] = host.node_id
             host.leader_term_seen = term
             host.commit_recorded = core.commit_index
@@ -472,13 +510,19 @@ class Simulation:
                 self._log(f"n{host.node_id} leads term {term} (last={core.last_index})")
             self._check_leader_completeness(host, core)
             if not self.healed and self.rng.random() < self.strike_new_leader_p:
-                self._at(self.now + self.rng.randrange(0, 3 * self.delay_max + 20),
-                         _EV_STRIKE_LEADER, host, term)
+                self._at(
+                    self.now + self.rng.randrange(0, 3 * self.delay_max + 20),
+                    _EV_STRIKE_LEADER,
+                    host,
+                    term,
+                )
         commit = core.commit_index
         # A commit counts once the leader's own copy is durable: before that nobody has
         # been told of it (the Ready that carries it waits for the fsync), and with the
         # leader overlap a crash may still take the entry back.
-        if commit > host.commit_recorded and host.durable.term_at(commit) == core.term_at(commit):
+        if commit > host.commit_recorded and host.durable.term_at(
+            commit
+        ) == core.term_at(commit):
             for index in range(host.commit_recorded + 1, commit + 1):
                 entry_term = core.term_at(index)
                 if entry_term is None:
@@ -510,7 +554,9 @@ class Simulation:
             core = host.core
             snap_index = core.snapshot.index if core.snapshot is not None else 0
             holds = index <= snap_index or core.term_at(index) == term
-            views.append((core.term_at(core.last_index), core.last_index, holds, core.voters))
+            views.append(
+                (core.term_at(core.last_index), core.last_index, holds, core.voters)
+            )
         d = host.durable
         base = d.snapshot.index if d.snapshot is not None else 0
         if d.entries:
@@ -609,14 +655,17 @@ class Simulation:
         if leader.term_at(target) != leader.term:
             return False
         return all(
-            h.up and h.applied == target and h.unsynced is None for h in self.hosts.values()
+            h.up and h.applied == target and h.unsynced is None
+            for h in self.hosts.values()
         )
 
     def _check_liveness(self) -> None:
         if not self._converged():
             state = ", ".join(
                 f"n{h.node_id}:{h.core.role}/t{h.core.term}/c{h.core.commit_index}/a{h.applied}"
-                f"/v{list(h.core.voters)}" if h.up else f"n{h.node_id}:down"
+                f"/v{list(h.core.voters)}"
+                if h.up
+                else f"n{h.node_id}:down"
                 for h in self.hosts.values()
             )
             waiting = [c.client_id for c in self.clients if not c.completed_after_heal]
@@ -633,18 +682,26 @@ class Simulation:
             if client.op is not None and client.op[1] == "put":
                 # Still in flight at the end: it may have taken effect.
                 _, _, key, value, call, _ = client.op
-                self.history.append(Operation(client.client_id, ("put", key, value), call, None, None))
+                self.history.append(
+                    Operation(client.client_id, ("put", key, value), call, None, None)
+                )
         # The converged replicas' state is a final read of every key: acknowledged writes
         # must have survived every crash to the end, not only until the last client read.
         final = next(iter(self.hosts.values())).kv.values
         for key in KEYS:
             call = self._hist_time()
-            self.history.append(Operation(0, ("get", key), call, final.get(key), self._hist_time()))
+            self.history.append(
+                Operation(0, ("get", key), call, final.get(key), self._hist_time())
+            )
         self.stats["ops"] = len(self.history)
         result = check(self.history, KvModel(), steps_max=LINEARIZABILITY_STEPS_MAX)
         if result.ok is False:
-            ops = "\n  ".join(repr(op) for op in sorted(result.failing_part, key=lambda o: o.call))
-            raise Violation(f"linearizability: history of one key is not linearizable:\n  {ops}")
+            ops = "\n  ".join(
+                repr(op) for op in sorted(result.failing_part, key=lambda o: o.call)
+            )
+            raise Violation(
+                f"linearizability: history of one key is not linearizable:\n  {ops}"
+            )
         if result.ok is None:
             raise Violation("linearizability: checker search bound exceeded")
 
@@ -693,7 +750,9 @@ class Simulation:
             op_id, kind, key, value, call, _ = client.op
             if kind == "put":
                 # Outcome unknown: it may still take effect, at any later time, or never.
-                self.history.append(Operation(client.client_id, ("put", key, value), call, None, None))
+                self.history.append(
+                    Operation(client.client_id, ("put", key, value), call, None, None)
+                )
             if self.trace:
                 self._log(f"c{client.client_id} gives up op {op_id}")
             client.op = None
@@ -726,10 +785,18 @@ class Simulation:
         if self.trace:
             self._log(f"c{client.client_id} -> n{target} {request}")
         if rng.random() >= self.loss:
-            self._at(self.now + rng.randrange(1, self.delay_max + 1), _EV_CLIENT_REQUEST,
-                     target, request)
-        self._at(self.now + ATTEMPT_TIMEOUT_TICKS * TICK_UNITS, _EV_CLIENT_WAKE, client,
-                 (op_id, client.attempt))
+            self._at(
+                self.now + rng.randrange(1, self.delay_max + 1),
+                _EV_CLIENT_REQUEST,
+                target,
+                request,
+            )
+        self._at(
+            self.now + ATTEMPT_TIMEOUT_TICKS * TICK_UNITS,
+            _EV_CLIENT_WAKE,
+            client,
+            (op_id, client.attempt),
+        )
 
     def _serve_request(self, node_id: int, request: tuple) -> None:
         host = self.hosts[node_id]
@@ -772,22 +839,35 @@ class Simulation:
         if rng.random() < self.loss:
             return
         response = (request[1], request[2], status, value, host.node_id)
-        self._at(self.now + rng.randrange(1, self.delay_max + 1), _EV_CLIENT_RESPONSE,
-                 self.clients[request[0] - 1], response)
+        self._at(
+            self.now + rng.randrange(1, self.delay_max + 1),
+            _EV_CLIENT_RESPONSE,
+            self.clients[request[0] - 1],
+            response,
+        )
 
     def _client_response(self, client: _Client, response: tuple) -> None:
         op_id, attempt, status, value, node_id = response
         if client.op is None or client.op[0] != op_id:
             return
         if self.trace:
-            self._log(f"c{client.client_id} <- n{node_id} op {op_id} {status} {value!r}")
+            self._log(
+                f"c{client.client_id} <- n{node_id} op {op_id} {status} {value!r}"
+            )
         if status == "ok":
             _, kind, key, put_value, call, _ = client.op
             if kind == "put":
-                op = Operation(client.client_id, ("put", key, put_value), call, None,
-                               self._hist_time())
+                op = Operation(
+                    client.client_id,
+                    ("put", key, put_value),
+                    call,
+                    None,
+                    self._hist_time(),
+                )
             else:
-                op = Operation(client.client_id, ("get", key), call, value, self._hist_time())
+                op = Operation(
+                    client.client_id, ("get", key), call, value, self._hist_time()
+                )
             self.history.append(op)
             client.leader_hint = node_id
             client.op = None
@@ -799,8 +879,12 @@ class Simulation:
             # Back off a little: during an election every node answers "retry" at once.
             client.leader_hint = value if status == "redirect" else None
             client.attempt += 1
-            self._at(self.now + self.rng.randrange(TICK_UNITS // 2, 2 * TICK_UNITS),
-                     _EV_CLIENT_WAKE, client, (op_id, client.attempt))
+            self._at(
+                self.now + self.rng.randrange(TICK_UNITS // 2, 2 * TICK_UNITS),
+                _EV_CLIENT_WAKE,
+                client,
+                (op_id, client.attempt),
+            )
 
     # ------------------------------------------------------------------ faults
 
@@ -811,8 +895,10 @@ class Simulation:
         self.delay_max = rng.choice((5, 20, 80, 300))
         self.slow_link_p = rng.choice((0.0, 0.01, 0.05))
         if self.trace:
-            self._log(f"weather loss={self.loss} dup={self.dup} delay_max={self.delay_max} "
-                      f"slow={self.slow_link_p}")
+            self._log(
+                f"weather loss={self.loss} dup={self.dup} delay_max={self.delay_max} "
+                f"slow={self.slow_link_p}"
+            )
 
     def _chaos(self) -> None:
         if self.healed:
@@ -826,7 +912,9 @@ class Simulation:
             host = rng.choice(leaders if leaders and rng.random() < 0.7 else hosts)
             if host.up:
                 self._crash(host)
-                self._at(self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_RESTART, host)
+                self._at(
+                    self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_RESTART, host
+                )
         elif action == 1:
             # Symmetric partition into two sides.
             side = {i for i in self.node_ids if rng.random() < 0.5}
@@ -841,7 +929,9 @@ class Simulation:
         elif action == 2:
             a, b = rng.sample(self.node_ids, 2)
             self.cut.add((a, b))
-            self._at(self.now + rng.randrange(5, 80) * TICK_UNITS, _EV_HEAL_LINK, (a, b))
+            self._at(
+                self.now + rng.randrange(5, 80) * TICK_UNITS, _EV_HEAL_LINK, (a, b)
+            )
             if self.trace:
                 self._log(f"cut one way n{a} -> n{b}")
         elif action == 3:
@@ -899,7 +989,12 @@ class Simulation:
         self._at(self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_CHAOS)
 
     def _strike_leader(self, host: _Host, term: int) -> None:
-        if self.healed or not host.up or host.core.role != LEADER or host.core.term != term:
+        if (
+            self.healed
+            or not host.up
+            or host.core.role != LEADER
+            or host.core.term != term
+        ):
             return
         rng = self.rng
         if rng.random() < 0.5:
@@ -983,13 +1078,17 @@ def _fmt(m: Message) -> str:
         extra = f" entries={m.entries[0].index}..{m.entries[-1].index}"
     if m.snapshot is not None:
         extra += f" snapshot@{m.snapshot.index}"
+    if m.reject:
+        extra = f" REJECT hint={m.reject_hint}{extra}"
     return (
         f"{m.kind.name} n{m.src}->n{m.dst} t{m.term} idx={m.index} lt={m.log_term} "
-        f"c={m.commit}{' REJECT hint=%d' % m.reject_hint if m.reject else ''}{extra}"
+        f"c={m.commit}{extra}"
     )
 
 
-def run_seed(seed: int, nodes: int = 3, *, trace=None, node_factory=RaftNode, **kw) -> Simulation:
+def run_seed(
+    seed: int, nodes: int = 3, *, trace=None, node_factory=RaftNode, **kw
+) -> Simulation:
     sim = Simulation(seed, nodes, trace=trace, node_factory=node_factory, **kw)
     sim.run()
     return sim
@@ -1001,7 +1100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--nodes", type=int, default=3, help="cluster size")
     parser.add_argument("--trace", action="store_true", help="print every event")
-    parser.add_argument("--soak", type=float, default=0.0, help="run seeds for this many seconds")
+    parser.add_argument(
+        "--soak", type=float, default=0.0, help="run seeds for this many seconds"
+    )
     args = parser.parse_args(argv)
     trace = print if args.trace else None
     started = time.monotonic()

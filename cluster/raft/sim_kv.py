@@ -27,7 +27,9 @@ def decode_put(data: bytes) -> tuple[int, int, str, str]:
 @dataclass
 class KvStore:
     values: dict[str, str] = field(default_factory=dict)
-    sessions: dict[int, int] = field(default_factory=dict)  # client -> last op id applied
+    sessions: dict[int, int] = field(
+        default_factory=dict
+    )  # client -> last op id applied
 
     def apply(self, data: bytes) -> bool:
         """Apply one put command; False if it was a duplicate and had no effect."""
@@ -39,7 +41,10 @@ class KvStore:
         return True
 
     def to_bytes(self) -> bytes:
-        body = {"values": self.values, "sessions": {str(c): n for c, n in self.sessions.items()}}
+        body = {
+            "values": self.values,
+            "sessions": {str(c): n for c, n in self.sessions.items()},
+        }
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
