@@ -3,6 +3,8 @@ deliberately broken cores and hosts are caught."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 
@@ -160,3 +162,21 @@ class NeverCampaigns(RaftNode):
 def test_a_cluster_that_cannot_elect_a_leader_fails_liveness():
     with pytest.raises(Violation, match="liveness"):
         run_seed(0, node_factory=NeverCampaigns)
+
+
+def test_replay_is_identical_across_processes_and_hash_seeds():
+    def trace_digest(hash_seed: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "warrenmq.cluster.raft.sim", "--seeds", "1"]
+            + ["--start", "77", "--trace"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
+        lines = [line for line in result.stdout.splitlines() if "seeds/s" not in line]
+        assert len(lines) > 1000
+        return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+    assert trace_digest("1") == trace_digest("2")
