@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -476,6 +477,22 @@ def test_reads_on_a_node_that_lost_its_quorum_are_never_served_stale(tmp_path):
 # -- real processes -----------------------------------------------------------------------
 
 
+def test_local_cluster_moves_to_new_ports_when_one_is_taken(tmp_path):
+    local = LocalCluster(tmp_path, size=3)
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(local.clients[2])
+    squatter.listen()
+    taken = local.clients[2]
+    try:
+        local.start_all()
+        assert local.clients[2] != taken
+        assert all(p.poll() is None for p in local.processes.values())
+    finally:
+        local.stop_all()
+        squatter.close()
+
+
 @pytest.fixture
 def cluster(tmp_path):
     local = LocalCluster(
@@ -486,7 +503,6 @@ def cluster(tmp_path):
     )
     try:
         local.start_all()
-        local.wait_listening()
         yield local
     finally:
         local.stop_all()

@@ -753,6 +753,9 @@ class LocalCluster:
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
         for node in range(1, self.size + 1):
             self.peers[node] = ("127.0.0.1", free_port())
             self.clients[node] = ("127.0.0.1", free_port())
@@ -781,10 +784,25 @@ class LocalCluster:
         with open(self.base_dir / f"node-{node}.log", "ab") as log:
             self.processes[node] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
-    def start_all(self) -> None:
+    def start_all(self, attempts: int = 3) -> None:
+        """Start every node and wait until all listen.
+
+        A port found free may be taken by someone else before the node binds it; then
+        the whole cluster is started again on new ports (peers must agree on addresses).
+        """
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        for node in self.peers:
-            self.start(node)
+        for attempt in range(attempts):
+            for node in self.peers:
+                self.start(node)
+            try:
+                self.wait_listening()
+                return
+            except RuntimeError:
+                lost_port = any("address already in use" in self.log_tail(n).lower() for n in self.peers)
+                if not lost_port or attempt == attempts - 1:
+                    raise
+                self.stop_all()
+                self._pick_ports()
 
     def wait_listening(self, nodes: Sequence[int] | None = None, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
