@@ -329,6 +329,7 @@ class RaftNode:
         self._pending_snapshot: Snapshot | None = None
         self._handed_hard_state = HardState(self._term, self._vote, self._commit)
         self._ready_outstanding: Ready | None = None
+        self._appends_pending = False  # proposals not yet offered to the followers
         self._reset_randomized_timeout()
 
     # ---------------------------------------------------------------- read-only properties
@@ -570,6 +571,11 @@ class RaftNode:
     def ready(self) -> Ready:
         if self._ready_outstanding is not None:
             raise RuntimeError("ready() called again before advance()")
+        if self._appends_pending:
+            self._appends_pending = False
+            if self._role == LEADER:
+                for peer in self._progress:
+                    self._send_appends(peer)
         hs = self._hard_state()
         entries = self.entries_between(self._unstable_from, self.last_index + 1)
         # Bounded so that a restart with a long committed tail does not build one huge
@@ -938,7 +944,9 @@ class RaftNode:
         index = self.last_index + 1
         self._append([Entry(self._term, index, kind, data)])
         self._maybe_commit()
-        self._broadcast_append(send_empty=False)
+        # Sent at the next ready(): a burst of proposals then leaves as a few full
+        # appends rather than one message per entry.
+        self._appends_pending = True
         return index
 
     def _tick_leader(self) -> None:
@@ -1037,6 +1045,13 @@ class RaftNode:
             pr.probe_sent = True
         return True
 
+    def _send_appends(self, peer: int) -> None:
+        """Send `peer` every unsent entry that its progress state and pipeline allow."""
+        pr = self._progress[peer]
+        while self._send_append(peer, send_empty=False):
+            if pr.state != _REPLICATE:
+                break
+
     def _batch_from(self, index: int) -> tuple[Entry, ...]:
         start = index - self._snap_index - 1
         if start >= len(self._entries):
@@ -1115,9 +1130,7 @@ class RaftNode:
                 self._broadcast_append(send_empty=True)
         elif pr.state == _PROBE:
             pr.probe_sent = False
-        while self._send_append(peer, send_empty=False):
-            if pr.state != _REPLICATE:
-                break
+        self._send_appends(peer)
         if peer == self._transferee and pr.match == self.last_index:
             self._send(Message(MessageKind.TIMEOUT_NOW, self._id, peer, self._term))
 
