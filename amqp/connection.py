@@ -56,8 +56,10 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
 * Heartbeats: one is sent when nothing was sent for half the negotiated interval. A client
   silent for two intervals is dropped without a close frame, as RabbitMQ does after "missed
   heartbeats from client" (RabbitMQ fires after two to three intervals; this machine at two).
-* Handshake timeout 10 s (``handshake_timeout``), close-ok wait 30 s (``?CLOSING_TIMEOUT``),
-  then the transport is closed without more ado.
+* Handshake timeout 10 s (``handshake_timeout``). After sending connection.close the wait for
+  close-ok is the connection's timeout_sec when it is under 30 s (``?CLOSING_TIMEOUT``): 3 s
+  (``?NORMAL_TIMEOUT``) until tune-ok, the negotiated heartbeat after; then the transport is
+  closed without more ado (``close_connection``).
 """
 
 import collections
@@ -94,6 +96,10 @@ CAPABILITIES = (
 CHANNEL_MAX_LIMIT = 65535
 HEARTBEAT_S_LIMIT = 65535
 FRAME_BYTES_LIMIT = 0xFFFFFFFF
+
+
+# rabbit_reader's ?NORMAL_TIMEOUT: the connection's timeout_sec during the handshake.
+NORMAL_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +213,11 @@ class Connection:
         self._created_at = now
         self._last_received_at = now
         self._last_sent_at = now
-        self._closing_since = now
+        # RabbitMQ's connection timeout_sec: ?NORMAL_TIMEOUT (3 s) from connection.start until
+        # tune-ok, then the negotiated heartbeat. It bounds the wait for close-ok
+        # (rabbit_reader start_connection and close_connection).
+        self._timeout_s = NORMAL_TIMEOUT_S
+        self._closing_deadline = now
         self._buffer = b""
         self._offset = 0
         self._chunks = []
@@ -477,6 +487,7 @@ class Connection:
         self.frame_bytes_max = method.frame_max
         self.channel_max = method.channel_max
         self.heartbeat_s = method.heartbeat
+        self._timeout_s = method.heartbeat
         self._last_sent_at = self._last_received_at = self._now
         self._transition("tune-ok")
         return None
@@ -566,7 +577,7 @@ class Connection:
             self._send(frames.encode_method(0, commands.Connection.Close(
                 reply_code=error.code, reply_text=error.reply_text, class_id=error.class_id,
                 method_id=error.method_id)))
-            self._closing_since = self._now
+            self._closing_deadline = self._now + self._close_ok_wait_s()
             self._transition("close-sent")
         else:
             self._transition("abort")
@@ -736,6 +747,11 @@ class Connection:
 
     # -- time ----------------------------------------------------------------------------
 
+    def _close_ok_wait_s(self):
+        if 0 < self._timeout_s < self.config.closing_timeout_s:
+            return self._timeout_s
+        return self.config.closing_timeout_s
+
     @property
     def finished(self):
         """True once the transport should be closed (after writing data_to_send())."""
@@ -747,7 +763,7 @@ class Connection:
         if state is S.CLOSED:
             return None
         if state is S.CLOSING:
-            return self._closing_since + self.config.closing_timeout_s
+            return self._closing_deadline
         if state is not S.OPEN:
             return self._created_at + self.config.handshake_timeout_s
         if not self.heartbeat_s:
@@ -765,7 +781,7 @@ class Connection:
         if state is S.CLOSED:
             return None
         if state is S.CLOSING:
-            if now - self._closing_since >= self.config.closing_timeout_s:
+            if now >= self._closing_deadline:
                 self._transition("abort")
             return None
         if state is not S.OPEN:

@@ -279,6 +279,28 @@ def test_close_ok_wait_times_out():
     assert conn.tick(30.0) is None and conn.finished
 
 
+def test_close_ok_wait_is_the_heartbeat_when_shorter():
+    conn = Connection()
+    testing.open_connection(conn, now=0.0, heartbeat=10)
+    conn.close()
+    assert conn.next_tick_at() == 10.0
+    assert conn.tick(10.0) is None and conn.finished
+
+
+def test_close_ok_wait_during_the_handshake_is_rabbitmqs_normal_timeout():
+    """A refused tune-ok is closed after 3 s without close-ok, as RabbitMQ 3.10 does."""
+    conn = started()
+    conn.next_event()
+    conn.accept_login()
+    conn.data_to_send()
+    conn.receive_data(testing.marshal(0, commands.Connection.TuneOk(
+        frame_max=1024, channel_max=10, heartbeat=0)), 1.0)
+    assert isinstance(conn.next_event(), events.ConnectionClosed)
+    assert conn.next_tick_at() == 4.0
+    assert conn.tick(3.9) is None and not conn.finished
+    assert conn.tick(4.0) is None and conn.finished
+
+
 def test_blocked_is_sent_only_to_clients_that_asked():
     conn = Connection()
     testing.open_connection(conn)
