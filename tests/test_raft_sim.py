@@ -180,3 +180,9 @@ def test_replay_is_identical_across_processes_and_hash_seeds():
         return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
     assert trace_digest("1") == trace_digest("2")
+
+
+def test_core_throughput_bench_runs():
+    from warrenmq.cluster.raft import sim_bench
+
+    assert sim_bench.run(nodes=3, entries=2000, batch=50, entry_bytes=10) > 0
