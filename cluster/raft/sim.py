@@ -13,8 +13,8 @@ random delays with a slow tail); symmetric partitions, one-way link cuts and iso
 nodes; crashes and restarts; process pauses (everything that arrives meanwhile is handled
 on resume, as after a GC pause or SIGSTOP); slow disks; clock drift (each node's tick period changes
 independently, up to 4x apart); membership changes (a voter removed, and added back) and
-leadership transfers, the re-added voter sometimes being a new machine with an empty
-disk; per seed, the leader may send its appends before its own fsync, as
+leadership transfers, a removed voter sometimes being replaced by a new, empty machine
+with a new id; per seed, the leader may send its appends before its own fsync, as
 `node.py` does. Clients issue puts and reads (ReadIndex, to leaders and followers)
 with retries and timeouts; their history is checked for linearizability at the end.
 
@@ -149,7 +149,7 @@ class _Host:
     bootstrap_voters: tuple[
         int, ...
     ] = ()  # what the node is started with on an empty disk
-    machine: int = 0  # bumped when the node id moves to a new, empty machine
+    retired: bool = False  # replaced by a new machine with a new id; never starts again
 
 
 @dataclass(slots=True)
@@ -186,6 +186,7 @@ class Simulation:
         self.hosts = {
             i: _Host(i, bootstrap_voters=self.node_ids) for i in self.node_ids
         }
+        self._next_node_id = nodes + 1
         self.clients = [_Client(c) for c in range(1, CLIENTS + 1)]
         self.cut: set[tuple[int, int]] = set()
         self.healed = False
@@ -287,7 +288,7 @@ class Simulation:
                 self._at(host.paused_until, kind, a, b)
                 return
         if kind == _EV_DELIVER:
-            self._deliver(a, b)
+            self._deliver(a)
         elif kind == _EV_TICK:
             host = a
             if host.up and host.incarnation == b:
@@ -305,7 +306,7 @@ class Simulation:
         elif kind == _EV_CHAOS:
             self._chaos()
         elif kind == _EV_RESTART:
-            if not a.up and not self.healed:
+            if not a.up and not a.retired and not self.healed:
                 self._start(a)
         elif kind == _EV_HEAL_LINK:
             self.cut.discard(a)
@@ -591,7 +592,7 @@ class Simulation:
         """
         if self.highest_commit[0] == 0:
             return
-        views = {h.node_id: self._log_views(h) for h in self.hosts.values()}
+        views = {h.node_id: self._log_views(h) for h in self._members()}
         for candidate, candidate_views in views.items():
             for last_term, last_index, holds, voters in candidate_views:
                 if holds or candidate not in voters:
@@ -645,7 +646,7 @@ class Simulation:
     def _converged(self) -> bool:
         if not all(c.completed_after_heal for c in self.clients):
             return False
-        leaders = [h for h in self.hosts.values() if h.up and h.core.role == LEADER]
+        leaders = [h for h in self._members() if h.up and h.core.role == LEADER]
         if len(leaders) != 1:
             return False
         leader = leaders[0].core
@@ -655,8 +656,7 @@ class Simulation:
         if leader.term_at(target) != leader.term:
             return False
         return all(
-            h.up and h.applied == target and h.unsynced is None
-            for h in self.hosts.values()
+            h.up and h.applied == target and h.unsynced is None for h in self._members()
         )
 
     def _check_liveness(self) -> None:
@@ -666,14 +666,14 @@ class Simulation:
                 f"/v{list(h.core.voters)}"
                 if h.up
                 else f"n{h.node_id}:down"
-                for h in self.hosts.values()
+                for h in self._members()
             )
             waiting = [c.client_id for c in self.clients if not c.completed_after_heal]
             raise Violation(
                 f"liveness: not converged {self.liveness_units // TICK_UNITS} ticks after "
                 f"healing ({state}; clients without a completed op: {waiting})"
             )
-        kvs = {h.node_id: h.kv.values for h in self.hosts.values()}
+        kvs = {h.node_id: h.kv.values for h in self._members()}
         if len({tuple(sorted(v.items())) for v in kvs.values()}) != 1:
             raise Violation(f"replicas converged on different states: {kvs}")
 
@@ -687,7 +687,7 @@ class Simulation:
                 )
         # The converged replicas' state is a final read of every key: acknowledged writes
         # must have survived every crash to the end, not only until the last client read.
-        final = next(iter(self.hosts.values())).kv.values
+        final = self._members()[0].kv.values
         for key in KEYS:
             call = self._hist_time()
             self.history.append(
@@ -719,17 +719,11 @@ class Simulation:
             delay = rng.randrange(1, self.delay_max + 1)
             if rng.random() < self.slow_link_p:
                 delay += rng.randrange(100, 1000)
-            self._at(self.now + delay, _EV_DELIVER, m, self.hosts[m.src].machine)
+            self._at(self.now + delay, _EV_DELIVER, m)
 
-    def _deliver(self, m: Message, src_machine: int) -> None:
-        host = self.hosts[m.dst]
-        if not host.up or (m.src, m.dst) in self.cut:
-            return
-        if src_machine != self.hosts[m.src].machine:
-            # Sent by the machine that a replacement took the node id over from. Raft
-            # assumes an id keeps its disk; a transport must refuse such stragglers (by an
-            # incarnation id in its handshake, say), or a leader would credit the new, empty
-            # machine with the old one's acknowledgements.
+    def _deliver(self, m: Message) -> None:
+        host = self.hosts.get(m.dst)
+        if host is None or not host.up or (m.src, m.dst) in self.cut:
             return
         if self.trace:
             self._log(f"recv {_fmt(m)}")
@@ -904,7 +898,7 @@ class Simulation:
         if self.healed:
             return
         rng = self.rng
-        hosts = list(self.hosts.values())
+        hosts = self._members()
         leaders = [h for h in hosts if h.up and h.core.role == LEADER]
         action = rng.randrange(10)
         if action == 0:
@@ -1011,22 +1005,23 @@ class Simulation:
             self._log(f"isolate new leader n{host.node_id} for {duration}")
 
     def _reconfigure(self) -> bool:
-        leaders = [h for h in self.hosts.values() if h.up and h.core.role == LEADER]
+        leaders = [h for h in self._members() if h.up and h.core.role == LEADER]
         if not leaders:
             return False
         host = max(leaders, key=lambda h: h.core.term)
         core = host.core
+        retired = [i for i in core.voters if i not in self.node_ids]
         missing = [i for i in self.node_ids if i not in core.voters]
         try:
-            if missing:
+            if retired:
+                core.propose_membership(remove=retired[0])
+            elif missing:
                 core.propose_membership(add=missing[0])
-                # The removal is committed (the core refuses a change while one is not), so
-                # the returning member may as well be a new, empty machine: then it joins
-                # through a snapshot or the whole log, knowing no voters until it learns them.
-                if not self.healed and self.rng.random() < 0.5:
-                    self._replace_machine(self.hosts[missing[0]])
             elif not self.healed and len(self.node_ids) > 2:
-                core.propose_membership(remove=self.rng.choice(self.node_ids))
+                victim = self.rng.choice(self.node_ids)
+                core.propose_membership(remove=victim)
+                if self.rng.random() < 0.5:
+                    self._replace_machine(self.hosts[victim])
             else:
                 return False
         except RaftError:
@@ -1034,19 +1029,34 @@ class Simulation:
         self.stats["config_changes"] += 1
         if self.trace:
             self._log(f"n{core.node_id} proposes voters change from {core.voters}")
-        self._after_core(host)
+        if host.up:  # (a leader that removed itself may have been retired just now)
+            self._after_core(host)
         return True
 
     def _replace_machine(self, host: _Host) -> None:
+        """Retire a member for good and bring a new, empty machine with a new id.
+
+        Ids are never reused (as etcd's member ids are not): a node id names one disk, and a
+        leader, even a stale one, may remember what that disk acknowledged. The new machine
+        knows no voters until it learns them from the log, then joins through a snapshot or
+        the whole log once a leader adds it.
+        """
         if host.up:
             self._crash(host)
-        host.durable = _Durable()
-        host.bootstrap_voters = ()
-        host.machine += 1
+        host.retired = True
+        new = _Host(self._next_node_id, bootstrap_voters=())
+        self._next_node_id += 1
+        self.hosts[new.node_id] = new
+        self.node_ids = tuple(
+            sorted((*[i for i in self.node_ids if i != host.node_id], new.node_id))
+        )
         self.stats["machines_replaced"] += 1
         if self.trace:
-            self._log(f"n{host.node_id} replaced by an empty machine")
-        self._at(self.now + self.rng.randrange(1, 5) * TICK_UNITS, _EV_RESTART, host)
+            self._log(f"n{host.node_id} retired; new empty machine n{new.node_id}")
+        self._at(self.now + self.rng.randrange(1, 5) * TICK_UNITS, _EV_RESTART, new)
+
+    def _members(self) -> list[_Host]:
+        return [self.hosts[i] for i in self.node_ids]
 
     def _heal_all(self) -> None:
         self.healed = True
@@ -1057,7 +1067,7 @@ class Simulation:
         self.dup = 0.0
         self.delay_max = 20
         self.slow_link_p = 0.0
-        for host in self.hosts.values():
+        for host in self._members():
             host.disk_slow_until = 0
             host.tick_units = TICK_UNITS
             if not host.up:
