@@ -144,6 +144,47 @@ def describe_typed(value: Any) -> str:
     return f"the value '{shown}' of type '{amqp_type_name(value)}'"
 
 
+ABSENT: Any = object()
+"""An argument missing from a table, unlike one present with a void value."""
+
+# rabbit_misc:type_class/1: integer types compare with each other, as do the floats.
+_TYPE_CLASSES = {
+    "byte": "int",
+    "short": "int",
+    "signedint": "int",
+    "long": "int",
+    "decimal": "int",
+    "unsignedbyte": "int",
+    "unsignedshort": "int",
+    "unsignedint": "int",
+    "float": "float",
+    "double": "float",
+}
+
+
+def type_class(value: Any) -> str:
+    type_name = amqp_type_name(value)
+    return _TYPE_CLASSES.get(type_name, type_name)
+
+
+def argument_mismatch(current: Any, received: Any) -> tuple[str, str] | None:
+    """rabbit_misc:assert_args_equivalence1 for one argument (either may be ABSENT).
+
+    None when the two are equivalent; else the (received, current) texts RabbitMQ prints: bare
+    values when both are present, {Type, Value} pairs ("the value … of type …") beside "none".
+    """
+    if current is ABSENT and received is ABSENT:
+        return None
+    if current is not ABSENT and received is not ABSENT:
+        if type_class(current) == type_class(received) and erlang_key(current) == erlang_key(received):
+            return None
+        return f"'{erlang_str(received)}'", f"'{erlang_str(current)}'"
+    return (
+        "none" if received is ABSENT else describe_typed(received),
+        "none" if current is ABSENT else describe_typed(current),
+    )
+
+
 def _binary(key: str | bytes) -> bytes:
     return key.encode() if isinstance(key, str) else bytes(key)
 

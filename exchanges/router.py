@@ -41,7 +41,7 @@ from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, BindingTable, D
 from warrenmq.exchanges.direct import DirectExchange
 from warrenmq.exchanges.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed
 from warrenmq.exchanges.fanout import FanoutExchange
-from warrenmq.exchanges.field_values import amqp_type_name, describe_typed, erlang_key, erlang_str
+from warrenmq.exchanges.field_values import ABSENT, amqp_type_name, argument_mismatch
 from warrenmq.exchanges.headers import HeadersExchange
 from warrenmq.exchanges.topic import TopicExchange
 
@@ -63,21 +63,8 @@ PREDECLARED: tuple[tuple[str, str, bool], ...] = (
 )
 ROUTE_CACHE_ENTRIES_MAX_DEFAULT = 65_536
 
-_TYPE_CLASSES = {
-    "byte": "int",
-    "short": "int",
-    "signedint": "int",
-    "long": "int",
-    "decimal": "int",
-    "unsignedbyte": "int",
-    "unsignedshort": "int",
-    "unsignedint": "int",
-    "float": "float",
-    "double": "float",
-}
 _NO_ARGUMENTS: Mapping[str, Any] = {}
 _NO_QUEUES: frozenset[str] = frozenset()
-_ABSENT = object()  # an argument not in the table, unlike one present with a void value
 
 
 @dataclass(eq=False, slots=True)
@@ -449,26 +436,9 @@ class Router:
             if current != received:
                 self._inequivalent(exchange.name, field, _atom(received), _atom(current))
         # RabbitMQ compares only this argument for exchanges (rabbit_exchange.erl).
-        current_value = exchange.arguments.get(ALTERNATE_EXCHANGE, _ABSENT)
-        received_value = arguments.get(ALTERNATE_EXCHANGE, _ABSENT)
-        if current_value is _ABSENT and received_value is _ABSENT:
-            return
-        if (
-            current_value is not _ABSENT
-            and received_value is not _ABSENT
-            and _type_class(current_value) == _type_class(received_value)
-            and erlang_key(current_value) == erlang_key(received_value)
-        ):
-            return
-        # rabbit_misc:assert_args_equivalence1 prints bare values when both sides have the
-        # argument, and {Type, Value} pairs ("the value … of type …") beside a missing one.
-        if current_value is not _ABSENT and received_value is not _ABSENT:
-            received_text = f"'{erlang_str(received_value)}'"
-            current_text = f"'{erlang_str(current_value)}'"
-        else:
-            received_text = "none" if received_value is _ABSENT else describe_typed(received_value)
-            current_text = "none" if current_value is _ABSENT else describe_typed(current_value)
-        self._inequivalent(exchange.name, ALTERNATE_EXCHANGE, received_text, current_text)
+        mismatch = argument_mismatch(exchange.arguments.get(ALTERNATE_EXCHANGE, ABSENT), arguments.get(ALTERNATE_EXCHANGE, ABSENT))
+        if mismatch is not None:
+            self._inequivalent(exchange.name, ALTERNATE_EXCHANGE, *mismatch)
 
     def _inequivalent(self, name: str, field: str, received: str, current: str) -> None:
         raise PreconditionFailed(
@@ -529,6 +499,3 @@ def _atom(value: bool | str) -> str:
     return f"'{value}'"
 
 
-def _type_class(value: Any) -> str:
-    type_name = amqp_type_name(value)
-    return _TYPE_CLASSES.get(type_name, type_name)

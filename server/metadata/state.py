@@ -35,13 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, Destination
-from warrenmq.exchanges.field_values import (
-    amqp_type_name,
-    describe_typed,
-    erlang_key,
-    erlang_repr,
-    erlang_str,
-)
+from warrenmq.exchanges.field_values import ABSENT, amqp_type_name, argument_mismatch
 from warrenmq.exchanges.router import PREDECLARED, Exchange, Router
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import encoding, passwords, permissions
@@ -84,19 +78,6 @@ QUEUE_DECLARABLE_ARGUMENTS = (
 SNAPSHOT_FORMAT = 1
 NAME_CHARS_MAX = 255  # a shortstr: queue, exchange and vhost names travel as one
 _PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
-_TYPE_CLASSES = {
-    "byte": "int",
-    "short": "int",
-    "signedint": "int",
-    "long": "int",
-    "decimal": "int",
-    "unsignedbyte": "int",
-    "unsignedshort": "int",
-    "unsignedint": "int",
-    "float": "float",
-    "double": "float",
-}
-_ABSENT = object()
 
 # A row to write: ("put_vhost", Vhost), ("delete_vhost", name), ("put_user", User),
 # ("delete_user", name), ("put_permission", Permission), ("delete_permission", user, vhost),
@@ -602,25 +583,16 @@ def _assert_queue_equivalence(
     if record.auto_delete != auto_delete:
         raise _inequivalent(record, "auto_delete", _atom(auto_delete), _atom(record.auto_delete))
     for key in QUEUE_DECLARABLE_ARGUMENTS:
-        current = record.arguments.get(key, _ABSENT)
-        received = arguments.get(key, _ABSENT)
-        if current is _ABSENT and received is _ABSENT:
+        current = record.arguments.get(key, ABSENT)
+        received = arguments.get(key, ABSENT)
+        mismatch = argument_mismatch(current, received)
+        if mismatch is None:
             continue
-        if current is not _ABSENT and received is not _ABSENT:
-            if _type_class(current) == _type_class(received) and erlang_key(
-                current
-            ) == erlang_key(received):
+        # A missing x-queue-type means "classic", so the two are equivalent.
+        if key == "x-queue-type" and ABSENT in (current, received):
+            if _is_classic(received if current is ABSENT else current):
                 continue
-            raise _inequivalent(record, key, _plain(received), _plain(current))
-        present = received if current is _ABSENT else current
-        if key == "x-queue-type" and _is_classic(present):
-            continue
-        raise _inequivalent(
-            record,
-            key,
-            "none" if received is _ABSENT else describe_typed(received),
-            "none" if current is _ABSENT else describe_typed(current),
-        )
+        raise _inequivalent(record, key, *mismatch)
 
 
 def _locked(record: QueueRecord) -> ResourceLocked:
@@ -642,20 +614,8 @@ def _atom(value: bool) -> str:
     return "'true'" if value else "'false'"
 
 
-def _plain(value: Any) -> str:
-    """rabbit_misc:val/1 of an untyped value: '~s' for a binary, '~p' otherwise."""
-    if isinstance(value, (str, bytes, bytearray)):
-        return f"'{erlang_str(value)}'"
-    return f"'{erlang_repr(value)}'"
-
-
 def _is_classic(value: Any) -> bool:
     return amqp_type_name(value) == "longstr" and value in ("classic", b"classic")
-
-
-def _type_class(value: Any) -> str:
-    type_name = amqp_type_name(value)
-    return _TYPE_CLASSES.get(type_name, type_name)
 
 
 def _strip_cr_lf(name: str) -> str:
