@@ -232,9 +232,8 @@ class _Progress:
     next: int = 1
     state: int = _PROBE
     probe_sent: bool = False  # probe state: one append is out, wait for its answer
-    inflight: deque[int] = field(
-        default_factory=deque
-    )  # last index of each pipelined append
+    # The last index of each pipelined append not yet acknowledged.
+    inflight: deque[int] = field(default_factory=deque)
     pending_snapshot: int = 0
     recent_active: bool = False
     match_at_heartbeat: int = -1

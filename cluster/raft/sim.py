@@ -210,10 +210,8 @@ class Simulation:
         self.entry_ids: dict[tuple[int, int], tuple] = {}
         self.commit_term: dict[int, int] = {}  # index -> lowest term seen committing it
         self.committed_entry_term: dict[int, int] = {}
-        self.highest_commit = (
-            0,
-            0,
-        )  # (index, term) of the highest entry known committed
+        # (index, term) of the highest entry known committed.
+        self.highest_commit = (0, 0)
         self.applied_entries: dict[int, tuple] = {}
         self.history: list[Operation] = []
         self._hist_clock = 0

@@ -27,9 +27,8 @@ def decode_put(data: bytes) -> tuple[int, int, str, str]:
 @dataclass
 class KvStore:
     values: dict[str, str] = field(default_factory=dict)
-    sessions: dict[int, int] = field(
-        default_factory=dict
-    )  # client -> last op id applied
+    # Client -> the last of its operation ids applied.
+    sessions: dict[int, int] = field(default_factory=dict)
 
     def apply(self, data: bytes) -> bool:
         """Apply one put command; False if it was a duplicate and had no effect."""
