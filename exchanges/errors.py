@@ -11,7 +11,6 @@ ACCESS_REFUSED = 403
 NOT_FOUND = 404
 PRECONDITION_FAILED = 406
 COMMAND_INVALID = 503
-_SHORTSTR_BYTES_MAX = 255
 
 
 class RoutingError(Exception):
@@ -23,21 +22,6 @@ class RoutingError(Exception):
     def __init__(self, reply_text: str) -> None:
         super().__init__(reply_text)
         self.reply_text = reply_text
-
-    @property
-    def reply_name(self) -> str:
-        return _REPLY_NAMES[self.reply_code]
-
-    @property
-    def wire_reply_text(self) -> str:
-        """The reply-text RabbitMQ puts in channel.close/connection.close: the reply name, " - ",
-        the explanation, cut to the 255 bytes of a shortstr as 252 bytes plus "..."
-        (rabbit_binary_generator:amqp_exception_explanation/2)."""
-        text = f"{self.reply_name} - {self.reply_text}".encode()
-        if len(text) > _SHORTSTR_BYTES_MAX:
-            # A cut inside a UTF-8 sequence drops that character rather than send broken UTF-8.
-            text = text[: _SHORTSTR_BYTES_MAX - 3].decode("utf-8", "ignore").encode() + b"..."
-        return text.decode()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.reply_code}, {self.reply_text!r})"
@@ -58,11 +42,3 @@ class PreconditionFailed(RoutingError):
 class CommandInvalid(RoutingError):
     reply_code = COMMAND_INVALID
     connection_level = True
-
-
-_REPLY_NAMES = {
-    ACCESS_REFUSED: "ACCESS_REFUSED",
-    NOT_FOUND: "NOT_FOUND",
-    PRECONDITION_FAILED: "PRECONDITION_FAILED",
-    COMMAND_INVALID: "COMMAND_INVALID",
-}

@@ -21,7 +21,7 @@ from typing import Any
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords
-from warrenmq.server.metadata.errors import MetadataError, PreconditionFailed
+from warrenmq.server.metadata.errors import PreconditionFailed
 from warrenmq.server.metadata.store import MetadataStore
 
 DATA_DIR_DEFAULT = "./data"
@@ -138,7 +138,7 @@ async def _with_store(handler: Handler, args: argparse.Namespace) -> int:
     store = await MetadataStore.open(metadata_path(args.data_dir))
     try:
         await handler(store, args)
-    except (MetadataError, RoutingError) as error:
+    except RoutingError as error:
         print(f"Error: {error.reply_text}", file=sys.stderr)
         return 1
     finally:

@@ -16,7 +16,6 @@ from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords
 from warrenmq.server.metadata.errors import (
     AccessRefused,
-    MetadataError,
     NotAllowed,
     NotFound,
     PreconditionFailed,
@@ -562,7 +561,7 @@ command_strategy = st.one_of(
 def apply_quietly(state: MetadataState, command) -> bool:
     try:
         state.apply(command)
-    except (MetadataError, RoutingError, ValueError):
+    except (RoutingError, ValueError):
         return False
     return True
 

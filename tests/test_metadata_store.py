@@ -380,7 +380,7 @@ def test_reopen_restores_exactly_the_durable_projection(commands):
         for command in commands:
             try:
                 await store.apply(command)
-            except (MetadataError, RoutingError, ValueError):
+            except (RoutingError, ValueError):
                 pass
         expected = durable_projection(store.state.snapshot())
         await store.close()

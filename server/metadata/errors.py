@@ -12,6 +12,8 @@ conflict), so every error still has a code.
 
 from __future__ import annotations
 
+from warrenmq.exchanges.errors import RoutingError
+
 ACCESS_REFUSED = 403
 NOT_FOUND = 404
 RESOURCE_LOCKED = 405
@@ -19,18 +21,12 @@ PRECONDITION_FAILED = 406
 NOT_ALLOWED = 530
 
 
-class MetadataError(Exception):
-    """An operation refused with `reply_code` and RabbitMQ's explanation `reply_text`."""
+class MetadataError(RoutingError):
+    """An operation refused with `reply_code` and RabbitMQ's explanation `reply_text`.
 
-    reply_code: int = 0
-    connection_level: bool = False
-
-    def __init__(self, reply_text: str) -> None:
-        super().__init__(reply_text)
-        self.reply_text = reply_text
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.reply_code}, {self.reply_text!r})"
+    A kind of the routing layer's refusal, so the broker and the CLI catch both with one
+    `except RoutingError`.
+    """
 
 
 class AccessRefused(MetadataError):

@@ -38,7 +38,6 @@ import aiosqlite
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import encoding, passwords
-from warrenmq.server.metadata.errors import MetadataError
 from warrenmq.server.metadata.records import (
     ADMINISTRATOR,
     DEFAULT_PASSWORD,
@@ -274,7 +273,7 @@ class MetadataStore:
             for command in _reconcile(self.state, vhosts, users, permissions):
                 try:
                     outcomes.append(await self.apply(command))
-                except (MetadataError, RoutingError) as error:
+                except RoutingError as error:
                     logger.warning("ignoring external metadata change %r: %s", command, error)
             return outcomes
 
@@ -369,7 +368,7 @@ class MetadataStore:
         for command in loaded:
             try:
                 self.state.apply(command)
-            except (MetadataError, RoutingError) as error:
+            except RoutingError as error:
                 # Only a row orphaned by a concurrent writer (a declare racing a CLI vhost
                 # delete) can fail here; it is dropped from memory, as its vhost is gone.
                 logger.warning("skipping stored metadata %r: %s", command, error)
