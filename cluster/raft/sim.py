@@ -187,6 +187,7 @@ class Simulation:
             i: _Host(i, bootstrap_voters=self.node_ids) for i in self.node_ids
         }
         self._next_node_id = nodes + 1
+        self.replace_pending: set[int] = set()  # removed voters to retire, not re-add
         self.clients = [_Client(c) for c in range(1, CLIENTS + 1)]
         self.cut: set[tuple[int, int]] = set()
         self.healed = False
@@ -1008,18 +1009,24 @@ class Simulation:
             return False
         host = max(leaders, key=lambda h: h.core.term)
         core = host.core
-        retired = [i for i in core.voters if i not in self.node_ids]
         missing = [i for i in self.node_ids if i not in core.voters]
         try:
-            if retired:
-                core.propose_membership(remove=retired[0])
+            if missing and missing[0] in self.replace_pending and not self.healed:
+                # The core refuses a change while the previous one is uncommitted, so once
+                # this proposal is accepted the removal is committed and the old machine
+                # may go: retiring it earlier could leave a committed configuration whose
+                # quorum needs it.
+                new_id = self._next_node_id
+                core.propose_membership(add=new_id)
+                self.replace_pending.discard(missing[0])
+                self._replace_machine(self.hosts[missing[0]], new_id)
             elif missing:
                 core.propose_membership(add=missing[0])
             elif not self.healed and len(self.node_ids) > 2:
                 victim = self.rng.choice(self.node_ids)
                 core.propose_membership(remove=victim)
                 if self.rng.random() < 0.5:
-                    self._replace_machine(self.hosts[victim])
+                    self.replace_pending.add(victim)
             else:
                 return False
         except RaftError:
@@ -1027,30 +1034,30 @@ class Simulation:
         self.stats["config_changes"] += 1
         if self.trace:
             self._log(f"n{core.node_id} proposes voters change from {core.voters}")
-        if host.up:  # (a leader that removed itself may have been retired just now)
-            self._after_core(host)
+        # (A leader cannot retire itself here: once its own removal commits it steps down.)
+        self._after_core(host)
         return True
 
-    def _replace_machine(self, host: _Host) -> None:
-        """Retire a member for good and bring a new, empty machine with a new id.
+    def _replace_machine(self, host: _Host, new_id: int) -> None:
+        """Retire a removed member for good; a new, empty machine takes a new id.
 
         Ids are never reused (as etcd's member ids are not): a node id names one disk, and a
         leader, even a stale one, may remember what that disk acknowledged. The new machine
         knows no voters until it learns them from the log, then joins through a snapshot or
-        the whole log once a leader adds it.
+        the whole log.
         """
         if host.up:
             self._crash(host)
         host.retired = True
-        new = _Host(self._next_node_id, bootstrap_voters=())
-        self._next_node_id += 1
-        self.hosts[new.node_id] = new
+        new = _Host(new_id, bootstrap_voters=())
+        self._next_node_id = new_id + 1
+        self.hosts[new_id] = new
         self.node_ids = tuple(
-            sorted((*[i for i in self.node_ids if i != host.node_id], new.node_id))
+            sorted((*[i for i in self.node_ids if i != host.node_id], new_id))
         )
         self.stats["machines_replaced"] += 1
         if self.trace:
-            self._log(f"n{host.node_id} retired; new empty machine n{new.node_id}")
+            self._log(f"n{host.node_id} retired; new empty machine n{new_id}")
         self._at(self.now + self.rng.randrange(1, 5) * TICK_UNITS, _EV_RESTART, new)
 
     def _members(self) -> list[_Host]:
