@@ -34,7 +34,10 @@ last CONFIG entry in `entries`, else `snapshot.voters`, else the `voters` argume
 bootstrap set; a node that is joining an existing cluster passes the voters it was told
 about, without itself, or `()`). The applied index restarts at the snapshot index: the host
 restores its state machine from the snapshot and the first Ready re-delivers the committed
-entries after it.
+entries after it. A node id names one disk: never start an empty node under an id that was
+ever a member (a leader, even a stale one, remembers what the old disk acknowledged and
+would send it a commit index beyond its log); give a replacement machine a new id, add it,
+and remove the old id.
 
 `compact(index, data)` returns the `Snapshot` it made; the host stores it and drops stored
 entries <= index itself (it is not repeated in a Ready, whose `snapshot` field is only for
