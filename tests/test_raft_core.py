@@ -676,3 +676,26 @@ def test_refusing_a_higher_term_vote_does_not_restart_the_election_timer():
         if node.role == CANDIDATE:
             break
     assert node.role == CANDIDATE  # we timed out and campaign ourselves
+
+
+def test_membership_change_waits_for_an_entry_of_the_leaders_term():
+    node = leader_of_term4_with_uncommitted_term2_entry()
+    with pytest.raises(ProposalRefused):
+        node.propose_membership(add=4)  # its NOOP is not committed yet
+    node.step(Message(M.APPEND_RESP, 2, 1, 4, index=3))
+    assert node.commit_index == 3
+    assert node.propose_membership(add=4) == 4
+    with pytest.raises(ProposalRefused):
+        node.propose_membership(remove=2)  # the first change is not committed yet
+
+
+def test_proposals_beyond_the_uncommitted_bound_are_refused():
+    net = Net(max_uncommitted_entries=3)
+    leader = net.elect(1)
+    net.cut.update((2, 3))
+    for k in range(3):
+        leader.propose(b"%d" % k)
+    with pytest.raises(ProposalRefused):
+        leader.propose(b"one too many")
+    with pytest.raises(ProposalRefused):
+        leader.transfer_leadership(9)  # not a voter
