@@ -18,7 +18,7 @@ from . import batch as batch_codec
 from .batch import HEADER_BYTES, RECORD_HEADER_BYTES, RawRecord, Record
 from .config import LogConfig
 from .errors import LogError, OffsetOutOfRangeError
-from .segment import Segment
+from .segment import RETIRED_SUFFIX, Segment
 
 # fsync releases the GIL, so a few threads let several logs flush to disk at once.
 _FSYNC_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warren-fsync")
@@ -31,6 +31,15 @@ def _fsync_and_close(fds: list[int]) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+# Deleted segments are unlinked here, off the event loop, one at a time: nobody waits for it.
+_UNLINK_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warren-unlink")
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 RECOVERY_POINT_FILE = "recovery-point"
@@ -121,6 +130,9 @@ class PartitionLog:
         for stray in path.glob("*.*index"):
             if not stray.stem.isdigit() or int(stray.stem) not in bases:
                 stray.unlink()
+        # Files of segments deleted just before a crash, before their unlink ran.
+        for retired in path.glob("*" + RETIRED_SUFFIX):
+            retired.unlink(missing_ok=True)
         recovery_point = read_recovery_point(path)
         segments: list[Segment] = []
         for i, base in enumerate(bases):
@@ -478,7 +490,9 @@ class PartitionLog:
         return deleted
 
     def _drop_oldest(self) -> None:
-        self._segments.pop(0).delete()
+        # The unlink runs in a worker thread: freeing a whole segment's blocks stalled the
+        # event loop for 10-25 ms. Should it fail, the next open deletes the renamed files.
+        _UNLINK_EXECUTOR.submit(_unlink_all, self._segments.pop(0).retire())
         self._bases.pop(0)
 
     # -- lifecycle -------------------------------------------------------------------------

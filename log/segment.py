@@ -26,6 +26,8 @@ TIME_ENTRY = struct.Struct("<qI")
 # Disk reads fetch at least this much at a time, so small batches cost one pread per chunk.
 READ_CHUNK_BYTES = 256 << 10
 _REL_OFFSET_MAX = 0xFFFF_FFFF
+# A deleted segment's files carry this suffix until a worker thread unlinks them.
+RETIRED_SUFFIX = ".deleted"
 
 
 def segment_name(base_offset: int) -> str:
@@ -357,3 +359,22 @@ class Segment:
         self.close()
         for path in (self.index_path, self.time_index_path, self.log_path):
             path.unlink(missing_ok=True)
+
+    def retire(self) -> list[Path]:
+        """Close the segment and rename its files out of the log; returns the new paths.
+
+        Unlinking a large file frees its blocks before it returns (tens of milliseconds for a
+        64 MiB segment), so the caller unlinks the returned paths off the event loop. The
+        rename takes the names away at once: a segment created later with the same base never
+        meets the old files, and an open after a crash deletes the leftovers.
+        """
+        self.close()
+        retired = []
+        for path in (self.index_path, self.time_index_path, self.log_path):
+            target = path.with_name(path.name + RETIRED_SUFFIX)
+            try:
+                path.rename(target)
+            except FileNotFoundError:
+                continue
+            retired.append(target)
+        return retired

@@ -5,11 +5,13 @@ import gc
 import os
 import threading
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from warrenmq.log import CorruptBatchError, LogConfig, LogError, OffsetOutOfRangeError, PartitionLog
 from warrenmq.log import batch as batch_codec
+from warrenmq.log import partition
 from warrenmq.log.segment import READ_CHUNK_BYTES
 
 
@@ -209,6 +211,53 @@ def test_delete_before_removes_only_whole_segments_below_the_offset(tmp_path):
         log.delete_before(10**9)
         assert log.segment_count == 1, "the active segment is never deleted"
         assert log.end_offset == 300
+
+
+class _HeldExecutor:
+    """Keeps submitted work instead of running it: a worker thread that never got to it."""
+
+    def __init__(self):
+        self.held = []
+
+    def submit(self, fn, *args):
+        self.held.append((fn, args))
+
+
+def test_deleted_segments_are_unlinked_by_the_executor_and_leftovers_at_open(tmp_path, monkeypatch):
+    executor = _HeldExecutor()
+    monkeypatch.setattr(partition, "_UNLINK_EXECUTOR", executor)
+    log = PartitionLog.open(tmp_path, SMALL)
+    for i in range(60):
+        log.append(records(5, i * 5))
+    log.sync()
+    kept_from = log.delete_before(123)
+    assert executor.held, "the unlink is handed to the executor"
+    retired = sorted(p.name for p in tmp_path.glob("*.deleted"))
+    assert retired and all(int(name.split(".")[0]) < kept_from for name in retired)
+    assert min(int(p.stem) for p in tmp_path.glob("*.log")) == kept_from
+    log.close()
+    # A crash before the worker ran: the next open deletes the renamed files.
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        assert not list(tmp_path.glob("*.deleted"))
+        assert log.start_offset == kept_from
+        assert raw(all_records(log)) == records(300 - kept_from, kept_from)
+    fn, args = executor.held[0]
+    fn(*args)  # a late unlink of files already gone is harmless
+
+
+def test_deleted_segment_files_are_gone_once_the_worker_ran(tmp_path, monkeypatch):
+    executor = ThreadPoolExecutor(max_workers=1)
+    monkeypatch.setattr(partition, "_UNLINK_EXECUTOR", executor)
+    try:
+        with PartitionLog.open(tmp_path, SMALL) as log:
+            for i in range(60):
+                log.append(records(5, i * 5))
+            log.delete_before(10**9)
+            executor.shutdown(wait=True)
+            assert [p.name for p in tmp_path.glob("*.log")] == [f"{log.start_offset:020d}.log"]
+            assert not list(tmp_path.glob("*.deleted"))
+    finally:
+        executor.shutdown(wait=True)
 
 
 def test_retention_by_age_deletes_only_wholly_expired_segments(tmp_path):
