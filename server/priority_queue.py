@@ -14,12 +14,12 @@ requeues find their level again.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from warrenmq.amqp import fastpath
+from warrenmq.server.queue.durable import remove_directory
 
 LEVEL_BITS = 8
 LEVELS_MAX = 1 << LEVEL_BITS
@@ -136,4 +136,4 @@ class PriorityQueue:
 
     def delete(self) -> None:
         self.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        remove_directory(self.directory)

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 from warrenmq.log import LogConfig
 from warrenmq.server.queue import DurableQueue, QueueConfig, QueueError
+from warrenmq.server.queue import durable
 from warrenmq.server.queue.durable import ACKS_DIR, MESSAGES_DIR
 
 
@@ -295,6 +296,34 @@ def test_a_closed_queue_refuses_work_and_delete_removes_it(tmp_path):
     assert queue.ready_count == 1
     queue.delete()
     assert not directory.exists()
+
+
+class _HeldExecutor:
+    def __init__(self):
+        self.held = []
+
+    def submit(self, fn, *args, **kwargs):
+        self.held.append((fn, args, kwargs))
+
+
+def test_delete_takes_the_directory_away_at_once_and_removes_it_in_a_worker(tmp_path, monkeypatch):
+    executor = _HeldExecutor()
+    monkeypatch.setattr(durable, "_REMOVE_EXECUTOR", executor)
+    directory = tmp_path / "q"
+    queue = DurableQueue.open(directory)
+    queue.append(records(0, 3))
+    run(queue.commit())
+    queue.delete()
+    assert not directory.exists()
+    (removed,) = list(tmp_path.iterdir())
+    assert removed.name.startswith("q" + durable.REMOVED_SUFFIX)
+    # The same name opens empty while the old files still wait for the worker.
+    queue = DurableQueue.open(directory)
+    assert queue.ready_count == 0
+    queue.close()
+    for fn, args, kwargs in executor.held:
+        fn(*args, **kwargs)
+    assert [p.name for p in tmp_path.iterdir()] == ["q"]
 
 
 def test_config_bounds_are_checked():
