@@ -88,19 +88,20 @@ class PartitionLog:
         self._end_offset = segments[-1].end_offset
         self._durable_offset = self._end_offset
         self._last_timestamp_ms = max((s.max_timestamp_ms for s in segments if s.max_timestamp_ms is not None), default=0)
-        # The tail cache: batch i is (_cache_bases[i], _cache_terms[i], _cache_timestamps[i],
-        # _cache_fields[i], _cache_sizes[i]) for i >= _cache_head. A batch's records are kept
-        # as ONE flat tuple of their bytes fields (4 per record), not as the appended record
-        # tuples: every live tracked object sits in the garbage collector's youngest
-        # generation until a collection, and freed old objects keep that collection from
-        # coming, so a cache of per-record tuples made each young collection walk tens of
-        # thousands of them (5-20 ms stalls of the event loop at 10,000 msg/s). A flat tuple
-        # of bytes is one object, and the collector untracks it on its first pass.
+        # The tail cache: batch i (for i >= _cache_head) starts at offset _cache_bases[i] and
+        # its records' bytes fields, 4 per record, are _cache_fields[_cache_starts[i] -
+        # _cache_fields_base:] up to the next batch's start. Every field of every cached batch sits in that one list, so
+        # the cache holds no object per batch or per record that the garbage collector must
+        # walk: a cache of the appended record tuples piled up in the collector's youngest
+        # generation (freed old objects keep its collection from triggering), and each young
+        # collection then walked tens of thousands of them (5-20 ms stalls at 10,000 msg/s).
         self._cache_bases: list[int] = []
         self._cache_terms: list[int] = []
         self._cache_timestamps: list[int] = []
         self._cache_sizes: list[int] = []
-        self._cache_fields: list[tuple[bytes, ...] | None] = []
+        self._cache_starts: list[int] = []
+        self._cache_fields: list[bytes | None] = []
+        self._cache_fields_base = 0
         self._cache_head = 0
         self._cache_bytes = 0
         self._dir_dirty = False
@@ -245,30 +246,40 @@ class PartitionLog:
         if encoded_bytes > limit:
             self._cache_clear()
             return
+        fields = self._cache_fields
+        starts = self._cache_starts
         self._cache_bases.append(base)
         self._cache_terms.append(term)
         self._cache_timestamps.append(timestamp_ms)
         self._cache_sizes.append(encoded_bytes)
-        self._cache_fields.append(tuple(chain.from_iterable(records)))
+        fields_base = self._cache_fields_base
+        starts.append(fields_base + len(fields))
+        fields.extend(chain.from_iterable(records))
         self._cache_bytes += encoded_bytes
         sizes = self._cache_sizes
-        fields = self._cache_fields
         head = self._cache_head
         while self._cache_bytes > limit:
             self._cache_bytes -= sizes[head]
-            # Drop the reference now: evicted records must not outlive the byte bound.
-            fields[head] = None
+            # Drop the references now: evicted records must not outlive the byte bound. The
+            # batch just pushed fits the bound, so a later batch always exists here.
+            start, end = starts[head] - fields_base, starts[head + 1] - fields_base
+            fields[start:end] = [None] * (end - start)
             head += 1
         self._cache_head = head
         # Compact the evicted prefix now and then, so eviction stays O(1) amortised.
+        # Only C-level list moves here: one compaction must not stall the event loop either.
         if head > 64 and head * 2 > len(sizes):
-            for column in (self._cache_bases, self._cache_terms, self._cache_timestamps, sizes, fields):
+            cut = starts[head] - fields_base
+            del fields[:cut]
+            self._cache_fields_base = fields_base + cut
+            for column in (self._cache_bases, self._cache_terms, self._cache_timestamps, sizes, starts):
                 del column[:head]
             self._cache_head = 0
 
     def _cache_clear(self) -> None:
-        for column in (self._cache_bases, self._cache_terms, self._cache_timestamps, self._cache_sizes, self._cache_fields):
+        for column in (self._cache_bases, self._cache_terms, self._cache_timestamps, self._cache_sizes, self._cache_starts, self._cache_fields):
             column.clear()
+        self._cache_fields_base = 0
         self._cache_head = 0
         self._cache_bytes = 0
 
@@ -307,23 +318,27 @@ class PartitionLog:
         first = bisect_right(bases, offset, self._cache_head) - 1
         terms = self._cache_terms
         timestamps = self._cache_timestamps
+        starts = self._cache_starts
         fields = self._cache_fields
+        last = len(bases) - 1
+        fields_base = self._cache_fields_base
         records: list[Record] = []
         append = records.append
         new = tuple.__new__
         budget = max_bytes
-        for i in range(first, len(bases)):
+        for i in range(first, last + 1):
             base = bases[i]
             term = terms[i]
             timestamp_ms = timestamps[i]
-            flat = fields[i]
-            assert flat is not None
-            for at in range(4 * max(0, offset - base), len(flat), 4):
-                exchange, routing_key, properties, body = flat[at : at + 4]
+            start = starts[i] - fields_base
+            end = starts[i + 1] - fields_base if i < last else len(fields)
+            for at in range(start + 4 * max(0, offset - base), end, 4):
+                exchange, routing_key, properties, body = fields[at : at + 4]
+                assert body is not None
                 size = RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
                 if records and (size > budget or len(records) >= max_records):
                     return records
-                append(new(Record, (base + at // 4, timestamp_ms, term, exchange, routing_key, properties, body)))
+                append(new(Record, (base + (at - start) // 4, timestamp_ms, term, exchange, routing_key, properties, body)))
                 budget -= size
         return records
 
