@@ -72,6 +72,13 @@ class BrokerChannel:
             return False
         return len(self.unacked) < self.unacked_max
 
+    def credit(self) -> int:
+        """Consumer deliveries this channel may take now (`has_credit()` while positive)."""
+        room = self.unacked_max - len(self.unacked)
+        if self.global_prefetch:
+            room = min(room, self.global_prefetch - self.consumer_unacked)
+        return room
+
     # -- delivering -----------------------------------------------------------------------
 
     def deliver(self, consumer: Consumer, message: Any) -> None:
@@ -85,6 +92,21 @@ class BrokerChannel:
             consumer.unacked_count += 1
             self.consumer_unacked += 1
         self.connection.send_deliver(self.number, consumer.tag, tag, message)
+
+    def deliver_many(self, consumer: Consumer, messages: list[Any]) -> None:
+        """`deliver` each message in turn, with the per-message work hoisted out of the loop."""
+        queue = consumer.queue
+        first = self.delivery_tag + 1
+        self.delivery_tag += len(messages)
+        if consumer.no_ack:
+            queue.ack([message.offset for message in messages])
+        else:
+            unacked = self.unacked
+            for tag, message in enumerate(messages, first):
+                unacked[tag] = Unacked(tag, queue, message.offset, consumer)
+            consumer.unacked_count += len(messages)
+            self.consumer_unacked += len(messages)
+        self.connection.send_deliveries(self.number, consumer.tag, first, messages)
 
     def record_get(self, queue: HostedQueue, offset: int, no_ack: bool) -> int:
         """A basic.get delivery: its tag (and an unacked entry unless no_ack)."""

@@ -254,6 +254,33 @@ def test_prefetch_limits_unacked_deliveries(conn):
     assert len(got) == 6
 
 
+def test_a_single_consumer_gets_every_message_in_order_with_consecutive_tags(conn):
+    """One consumer is served a slice at a time; what it sees must not differ from one
+    delivery per message: order, tags, prefetch, redeliveries first, auto-ack."""
+    ch = conn.channel()
+    q = ch.queue_declare(name(), exclusive=True).method.queue
+    count = 2500  # more than one dispatch pass (1024)
+    for i in range(count):
+        ch.basic_publish("", q, b"%d" % i)
+    ch.basic_qos(prefetch_count=1500)
+    got = []
+    tag = ch.basic_consume(q, lambda c, m, p, b: got.append((m.delivery_tag, m.redelivered, b)))
+    assert pump(conn, lambda: len(got) >= 1500)
+    conn.process_data_events(time_limit=0.3)
+    assert [t for t, _, _ in got] == list(range(1, 1501))
+    assert [b for _, _, b in got] == [b"%d" % i for i in range(1500)]
+    ch.basic_nack(got[9][0], multiple=True, requeue=True)
+    assert pump(conn, lambda: len(got) >= 1510)
+    conn.process_data_events(time_limit=0.3)
+    assert got[1500:] == [(1501 + i, True, b"%d" % i) for i in range(10)]
+    ch.basic_cancel(tag)
+    ch.basic_ack(0, multiple=True)
+    rest = []
+    ch.basic_consume(q, lambda c, m, p, b: rest.append((m.delivery_tag, b)), auto_ack=True)
+    assert pump(conn, lambda: len(rest) >= count - 1500)
+    assert rest == [(1511 + i, b"%d" % (1500 + i)) for i in range(count - 1500)]
+
+
 def test_global_prefetch_is_shared_by_the_channel_consumers(conn):
     ch = conn.channel()
     q1 = ch.queue_declare(name(), exclusive=True).method.queue
