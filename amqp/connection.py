@@ -703,6 +703,17 @@ class Connection:
         self._last_sent_at = self._now
         return True
 
+    def deliver_many(self, channel, consumer_tag, first_tag, messages):
+        """``deliver`` for each of ``messages`` (see ``fastpath.deliver_many_parts``), tags
+        counting up from ``first_tag``. False if the channel is not open."""
+        ch = self._channels.get(channel)
+        if ch is None or ch.state is not ChannelState.OPEN:
+            return False
+        fastpath.deliver_many_parts(self._out, channel, consumer_tag, first_tag, messages,
+                                    self.frame_bytes_max)
+        self._last_sent_at = self._now
+        return True
+
     def get_ok(self, channel, delivery_tag, redelivered, exchange, routing_key, message_count,
                properties, body):
         """Queue basic.get-ok + header + body frames. False if the channel is not open."""

@@ -277,6 +277,58 @@ def deliver_parts(parts, channel, consumer_tag, delivery_tag, redelivered, excha
     _content_frames(parts, channel, property_bytes, body, frame_max)
 
 
+def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_max):
+    """``deliver_parts`` for each of ``messages`` in turn, with delivery tags counting up from
+    ``first_tag``: the same bytes, cheaper per message.
+
+    Each message has ``exchange`` and ``routing_key`` (bytes, as stored: at most 255 bytes,
+    checked here), ``properties``, ``body`` and ``redelivered`` attributes. The method frame's
+    bytes before and after the delivery tag depend only on the consumer tag, exchange and
+    routing key, so they are built once per distinct (exchange, routing key) of the batch.
+    """
+    assert frame_max >= frames.FRAME_MIN_BYTES, frame_max
+    tag = _shortstr(consumer_tag)
+    tag_part = bytes((len(tag),)) + tag
+    chunk_bytes_max = frame_max - frames.FRAME_OVERHEAD_BYTES
+    method_head = _METHOD_HEAD.pack
+    tag_and_bits = _TAG_AND_BITS.pack
+    content_head = _CONTENT_HEAD.pack
+    body_head = _BODY_HEAD.pack
+    framing = {}
+    delivery_tag = first_tag
+    for message in messages:
+        exchange = message.exchange
+        routing_key = message.routing_key
+        around = framing.get((exchange, routing_key))
+        if around is None:
+            if len(exchange) > SHORTSTR_BYTES_MAX or len(routing_key) > SHORTSTR_BYTES_MAX:
+                raise ValueError(f"shortstr longer than {SHORTSTR_BYTES_MAX} bytes")
+            size = 16 + len(tag) + len(exchange) + len(routing_key)
+            around = framing[(exchange, routing_key)] = (
+                method_head(frames.FRAME_METHOD, channel, size, BASIC_CLASS, DELIVER_METHOD)
+                + tag_part,
+                bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
+                + _FRAME_END,
+            )
+        property_bytes = message.properties
+        body = message.body
+        body_size = len(body)
+        parts += (
+            around[0], tag_and_bits(delivery_tag, 1 if message.redelivered else 0), around[1],
+            content_head(frames.FRAME_HEADER, channel, 12 + len(property_bytes), BASIC_CLASS, 0,
+                         body_size),
+            property_bytes, _FRAME_END,
+        )
+        if 0 < body_size <= chunk_bytes_max:
+            parts += (body_head(frames.FRAME_BODY, channel, body_size), body, _FRAME_END)
+        elif body_size:
+            view = memoryview(body)
+            for start in range(0, body_size, chunk_bytes_max):
+                chunk = view[start:start + chunk_bytes_max]
+                parts += (body_head(frames.FRAME_BODY, channel, len(chunk)), chunk, _FRAME_END)
+        delivery_tag += 1
+
+
 def encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
                    property_bytes, body, frame_max):
     """basic.deliver + content header (stored property bytes) + body frames, as one bytes."""

@@ -436,21 +436,7 @@ class BrokerConnection(asyncio.Protocol):
     def send_deliveries(self, channel: int, consumer_tag: str, first_tag: int,
                         messages: list[Any]) -> None:
         """`send_deliver` for messages with consecutive delivery tags from `first_tag`."""
-        names = self.decoded_names
-        deliver = self.amqp.deliver
-        tag = first_tag
-        for message in messages:
-            exchange = names.get(message.exchange)
-            if exchange is None:
-                exchange = names[message.exchange] = message.exchange.decode()
-            routing_key = names.get(message.routing_key)
-            if routing_key is None:
-                routing_key = names[message.routing_key] = message.routing_key.decode()
-            deliver(channel, consumer_tag, tag, message.redelivered, exchange, routing_key,
-                    message.properties, message.body)
-            tag += 1
-        if len(names) > _ENCODED_NAMES_MAX:
-            names.clear()
+        self.amqp.deliver_many(channel, consumer_tag, first_tag, messages)
         self.broker.want_flush(self)
 
     # -- acks --------------------------------------------------------------------------------

@@ -141,6 +141,44 @@ def test_get_ok_and_return_are_byte_identical_to_pamqp(props, body, tag, count, 
         pamqp_content(2, props, body, 4096))
 
 
+class _Stored:
+    """A delivery as the broker holds it: exchange and routing key as bytes."""
+
+    def __init__(self, exchange, routing_key, properties, body, redelivered):
+        self.exchange = exchange.encode()
+        self.routing_key = routing_key.encode()
+        self.properties = properties
+        self.body = body
+        self.redelivered = redelivered
+
+
+@settings(max_examples=100, deadline=None)
+@given(deliveries=st.lists(st.tuples(properties(), st.binary(max_size=9000), st.booleans(),
+                                     st.sampled_from(["", "amq.direct", "x"]),
+                                     st.sampled_from(["", "k", "orders.created"])),
+                           max_size=8),
+       frame_max=st.integers(4096, 12000), channel=st.integers(1, 65535),
+       consumer_tag=shortstr, first_tag=st.integers(1, 2**40))
+def test_deliver_many_is_each_deliver_in_turn(deliveries, frame_max, channel, consumer_tag,
+                                              first_tag):
+    messages = [_Stored(exchange, routing_key, props.marshal(), body, redelivered)
+                for props, body, redelivered, exchange, routing_key in deliveries]
+    parts = []
+    fastpath.deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_max)
+    expected = b"".join(
+        fastpath.encode_deliver(channel, consumer_tag, first_tag + i, m.redelivered,
+                                m.exchange.decode(), m.routing_key.decode(), m.properties,
+                                m.body, frame_max)
+        for i, m in enumerate(messages))
+    assert b"".join(parts) == expected
+
+
+def test_deliver_many_refuses_an_oversized_routing_key():
+    with pytest.raises(ValueError):
+        fastpath.deliver_many_parts([], 1, "c", 1, [_Stored("", "k" * 256, b"\x00\x00", b"",
+                                                            False)], 4096)
+
+
 def test_oversized_shortstr_is_refused():
     with pytest.raises(ValueError):
         fastpath.encode_deliver(1, "c" * 256, 1, False, "", "", b"\x00\x00", b"", 4096)
