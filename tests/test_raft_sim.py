@@ -186,3 +186,9 @@ def test_core_throughput_bench_runs():
     from warrenmq.cluster.raft import sim_bench
 
     assert sim_bench.run(nodes=3, entries=2000, batch=50, entry_bytes=10) > 0
+
+
+@pytest.mark.slow
+def test_two_hundred_five_node_seeds():
+    for seed in range(200):
+        run_seed(seed, 5)
