@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import batch as batch_codec
-from .batch import HEADER_BYTES, RECORD_HEADER_BYTES, BatchHeader, RawRecord, Record
+from .batch import HEADER_BYTES, BatchHeader, RawRecord, Record
 from .config import LogConfig
 from .errors import CorruptBatchError
 
