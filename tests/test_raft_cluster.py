@@ -477,16 +477,23 @@ def test_reads_on_a_node_that_lost_its_quorum_are_never_served_stale(tmp_path):
 # -- real processes -----------------------------------------------------------------------
 
 
-def test_local_cluster_moves_to_new_ports_when_one_is_taken(tmp_path):
+@pytest.mark.parametrize("node", [1, 2])
+def test_local_cluster_moves_to_new_ports_when_one_is_taken(tmp_path, node):
+    """A port found free may be bound by another process (another test's cluster) before
+    our node binds it. The squatter accepts connections, so a connect proves nothing: a
+    cluster that took it for our node would send that node's clients to a foreign one (a
+    foreign leader holding b"k" = b"old" once failed the thawed-leader test with "stale
+    read b'old'"). Node 1 is checked first, before it can have died of EADDRINUSE."""
     local = LocalCluster(tmp_path, size=3)
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    squatter.bind(local.clients[2])
+    squatter.bind(local.clients[node])
     squatter.listen()
-    taken = local.clients[2]
+    taken = local.clients[node]
     try:
         local.start_all()
-        assert local.clients[2] != taken
+        assert local.clients[node] != taken
+        time.sleep(0.5)  # a node that lost its port would have exited by now
         assert all(p.poll() is None for p in local.processes.values())
     finally:
         local.stop_all()

@@ -699,3 +699,52 @@ def test_proposals_beyond_the_uncommitted_bound_are_refused():
         leader.propose(b"one too many")
     with pytest.raises(ProposalRefused):
         leader.transfer_leadership(9)  # not a voter
+
+
+def test_a_thawed_leader_releases_no_read_on_answers_from_before_its_freeze():
+    """The thawed-leader interleaving, stepped by hand: the old leader takes a read before it
+    hears of its successor, then steps every frame queued while it was frozen (a late answer
+    to its last read round, the successor's election and appends) in order. No read may be
+    released below the successor's write: old answers name old rounds, the new round's
+    heartbeats are answered in the new term."""
+    net = Net()
+    old = net.elect(1)
+    old.propose(b"old")
+    net.deliver()
+    old.read_index(b"before")
+    net.process(1)
+    late = [m for m in net.queue if m.dst == 3]  # node 3's copy of the round is slow
+    net.queue = [m for m in net.queue if m.dst != 3]
+    net.deliver()
+    assert [r.context for r in net.read_states[1]] == [b"before"]
+    frozen_inbox: list[Message] = []
+
+    def hold(m: Message) -> bool:
+        if m.dst == 1:
+            frozen_inbox.append(m)
+            return True
+        return False
+
+    for m in late:  # answered while node 1 is frozen: the answer waits in its socket
+        net.nodes[3].step(m)
+    net.process(3)
+    for _ in range(200):  # node 1 frozen: neither ticked nor stepped
+        if any(net.nodes[i].role == LEADER for i in (2, 3)):
+            break
+        net.tick(2)
+        net.tick(3)
+        net.deliver(drop=hold)
+    successor = next(net.nodes[i] for i in (2, 3) if net.nodes[i].role == LEADER)
+    assert successor.term > old.term
+    new_index = successor.propose(b"new")
+    net.deliver(drop=hold)
+    assert successor.commit_index >= new_index
+    old.read_index(b"after")  # thawed: the client's read is handled first
+    net.process(1)
+    for m in frozen_inbox:
+        old.step(m)
+        net.process(1)
+    net.deliver()
+    net.tick_all(5)
+    assert old.role == FOLLOWER and old.term == successor.term
+    assert all(r.index >= new_index for r in net.read_states[1] if r.context == b"after")

@@ -751,6 +751,8 @@ class LocalCluster:
     peers: dict[int, tuple[str, int]] = field(default_factory=dict)
     clients: dict[int, tuple[str, int]] = field(default_factory=dict)
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # node -> size of its log file when its current process was started
+    _log_offsets: dict[int, int] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._pick_ports()
@@ -782,6 +784,7 @@ class LocalCluster:
             *self.extra_args,
         ]
         with open(self.base_dir / f"node-{node}.log", "ab") as log:
+            self._log_offsets[node] = log.tell()
             self.processes[node] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
     def start_all(self, attempts: int = 3) -> None:
@@ -805,19 +808,28 @@ class LocalCluster:
                 self._pick_ports()
 
     def wait_listening(self, nodes: Sequence[int] | None = None, timeout_s: float = 20.0) -> None:
+        """Wait until each node's current process has bound its ports.
+
+        Proof is the node's own "serving" line (printed once both its servers are bound),
+        not a successful connect: a port found free may since have been bound by another
+        process (another test's cluster on this machine), which would accept the connect
+        while our node dies of EADDRINUSE; its clients would then talk to a foreign node.
+        """
         deadline = time.monotonic() + timeout_s
         for node in nodes or list(self.clients):
+            serving = f"raft node {node} serving".encode()
+            log_path = self.base_dir / f"node-{node}.log"
             while True:
                 process = self.processes[node]
                 if process.poll() is not None:
                     raise RuntimeError(f"node {node} exited with {process.returncode}: {self.log_tail(node)}")
-                try:
-                    with socket.create_connection(self.clients[node], timeout=0.5):
+                with open(log_path, "rb") as log:
+                    log.seek(self._log_offsets.get(node, 0))
+                    if serving in log.read():
                         break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"node {node} not listening after {timeout_s} s") from None
-                    time.sleep(0.05)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {node} not listening after {timeout_s} s")
+                time.sleep(0.05)
 
     def kill(self, node: int, signum: int = signal.SIGKILL) -> None:
         process = self.processes[node]
