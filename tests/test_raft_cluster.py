@@ -180,6 +180,18 @@ def _addresses(configs: dict[int, ServerConfig], nodes=None) -> list[str]:
     return [f"{h}:{p}" for i, (h, p) in sorted(config.clients.items()) if nodes is None or i in nodes]
 
 
+async def _start_all(configs: dict[int, ServerConfig]) -> dict[int, RaftServer]:
+    servers = {i: RaftServer(c) for i, c in configs.items()}
+    for server in servers.values():
+        await server.start()
+    return servers
+
+
+async def _stop_all(servers: dict[int, RaftServer]) -> None:
+    for server in servers.values():
+        await server.stop()
+
+
 async def _leader(servers: dict[int, RaftServer], timeout_s: float = 5.0) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -193,9 +205,7 @@ async def _leader(servers: dict[int, RaftServer], timeout_s: float = 5.0) -> int
 def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3)
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         try:
             leader = await _leader(servers)
             follower = next(i for i in servers if i != leader)
@@ -230,8 +240,7 @@ def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
             assert servers[leader].ready_count < servers[leader].entries_persisted
             await client.close()
         finally:
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
 
@@ -239,9 +248,7 @@ def test_in_process_cluster_serves_puts_gets_and_cas_through_any_node(tmp_path):
 def test_a_follower_serves_linearizable_reads_itself(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3)
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         try:
             leader = await _leader(servers)
             follower = next(i for i in servers if i != leader)
@@ -264,8 +271,7 @@ def test_a_follower_serves_linearizable_reads_itself(tmp_path):
             await writer.close()
             await reader.close()
         finally:
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
 
@@ -273,9 +279,7 @@ def test_a_follower_serves_linearizable_reads_itself(tmp_path):
 def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3, proposals_pending_max=16, reads_pending_max=16)
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         client = KVClient(_addresses(configs))
         try:
             leader = await _leader(servers)
@@ -290,8 +294,7 @@ def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
             assert not servers[leader]._reading_paused
         finally:
             await client.close()
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
 
@@ -299,9 +302,7 @@ def test_a_flood_of_pipelined_writes_is_throttled_not_dropped(tmp_path):
 def test_a_leader_that_stops_hands_over_its_leadership_first(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3)
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         client = KVClient(_addresses(configs))
         try:
             leader = await _leader(servers)
@@ -315,8 +316,7 @@ def test_a_leader_that_stops_hands_over_its_leadership_first(tmp_path):
             assert await client.get(b"k") == b"v"
         finally:
             await client.close()
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
 
@@ -324,9 +324,7 @@ def test_a_leader_that_stops_hands_over_its_leadership_first(tmp_path):
 def test_a_leader_whose_disk_fails_halts_and_the_others_carry_on(tmp_path, capsys):
     async def scenario():
         configs = _configs(tmp_path, 3)
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         client = KVClient(_addresses(configs))
         try:
             leader = await _leader(servers)
@@ -346,8 +344,7 @@ def test_a_leader_whose_disk_fails_halts_and_the_others_carry_on(tmp_path, capsy
             assert await client.get(b"k") == b"v"
         finally:
             await client.close()
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
     assert "Input/output error" in capsys.readouterr().err
@@ -359,9 +356,7 @@ def test_membership_changes_add_a_node_and_remove_the_leader(tmp_path):
             i: replace(c, voters=(1, 2, 3), snapshot_entries=100)
             for i, c in _configs(tmp_path, 4).items()
         }
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         client = KVClient(_addresses(configs, [1, 2, 3]))
         try:
             leader = await _leader(servers)
@@ -398,8 +393,7 @@ def test_membership_changes_add_a_node_and_remove_the_leader(tmp_path):
                 await client.add_voter(9)  # no address for it
         finally:
             await client.close()
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
 
@@ -407,9 +401,7 @@ def test_membership_changes_add_a_node_and_remove_the_leader(tmp_path):
 def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3, snapshot_entries=100)
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         client = KVClient(_addresses(configs))
         try:
             leader = await _leader(servers)
@@ -431,8 +423,7 @@ def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
             assert restarted.kv.get(b"k399") == b"v399"
         finally:
             await client.close()
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
 
@@ -445,9 +436,7 @@ def test_reads_on_a_node_that_lost_its_quorum_are_never_served_stale(tmp_path):
             i: replace(c, raft=replace(c.raft, check_quorum=False))
             for i, c in _configs(tmp_path, 3).items()
         }
-        servers = {i: RaftServer(c) for i, c in configs.items()}
-        for server in servers.values():
-            await server.start()
+        servers = await _start_all(configs)
         try:
             leader = await _leader(servers)
             stale = KVClient(_addresses(configs, [leader]), request_timeout_s=1.5)
@@ -468,8 +457,7 @@ def test_reads_on_a_node_that_lost_its_quorum_are_never_served_stale(tmp_path):
                 await stale.get(b"k")
             await stale.close()
         finally:
-            for server in servers.values():
-                await server.stop()
+            await _stop_all(servers)
 
     asyncio.run(scenario())
 
