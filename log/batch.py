@@ -80,6 +80,27 @@ def record_size(record: Record) -> int:
     return RECORD_HEADER_BYTES + len(record.exchange) + len(record.routing_key) + len(record.properties) + len(record.body)
 
 
+def batch_bounds(records: Sequence[RawRecord], records_max: int, bytes_max: int) -> list[tuple[int, int]]:
+    """Split `records` into runs `[start, end)` that each encode to a batch within the bounds.
+
+    A record too large for any batch gets a run of its own (the append then refuses it), so a
+    caller can tell exactly which records a failed append took with it.
+    """
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    size = HEADER_BYTES
+    for index, (exchange, routing_key, properties, body) in enumerate(records):
+        record_bytes = RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
+        if index > start and (size + record_bytes > bytes_max or index - start >= records_max):
+            bounds.append((start, index))
+            start = index
+            size = HEADER_BYTES
+        size += record_bytes
+    if start < len(records):
+        bounds.append((start, len(records)))
+    return bounds
+
+
 def encode_records(records: Sequence[RawRecord], record_bytes_max: int) -> bytes:
     """The records' framing and bytes, one after another. Raises LogError past a bound."""
     parts: list[bytes] = []

@@ -19,7 +19,7 @@ class LogConfig:
     record_bytes_max: int = 16 << 20
     """Largest encoded record (header, exchange, routing key, properties, body)."""
     batch_bytes_max: int = 64 << 20
-    """Largest encoded batch."""
+    """Largest encoded batch. A batch larger than `segment_bytes_max` gets a segment of its own."""
     batch_records_max: int = 100_000
     """Most records in one batch."""
     retention_ms: int | None = None
@@ -40,8 +40,9 @@ class LogConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise LogError(f"{name} must be positive, got {value}")
-        if self.segment_bytes_max > _U32_MAX:
-            raise LogError(f"segment_bytes_max must fit 32 bits, got {self.segment_bytes_max}")
+        for name in ("segment_bytes_max", "batch_bytes_max"):
+            if getattr(self, name) > _U32_MAX:
+                raise LogError(f"{name} must fit 32 bits, got {getattr(self, name)}")
         if self.tail_cache_bytes_max < 0:
             raise LogError(f"tail_cache_bytes_max must not be negative, got {self.tail_cache_bytes_max}")
         for name, value in (("retention_ms", self.retention_ms), ("retention_bytes", self.retention_bytes)):

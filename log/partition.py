@@ -215,8 +215,6 @@ class PartitionLog:
         total = HEADER_BYTES + len(payload)
         if total > config.batch_bytes_max:
             raise LogError(f"batch of {total} bytes exceeds batch_bytes_max {config.batch_bytes_max}")
-        if total > config.segment_bytes_max:
-            raise LogError(f"batch of {total} bytes exceeds segment_bytes_max {config.segment_bytes_max}")
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
         timestamp_ms = max(timestamp_ms, self._last_timestamp_ms)
@@ -225,7 +223,13 @@ class PartitionLog:
         segment = self._segments[-1]
         if not segment.fits(total, count):
             segment = self._roll()
-        segment.append(header, payload, base, count, timestamp_ms)
+        try:
+            segment.append(header, payload, base, count, timestamp_ms)
+        except OSError as exc:
+            if segment.write_failed:
+                # The partial batch could not be taken back out: the file's tail is unknown.
+                self._failed = exc
+            raise
         self._end_offset = base + count
         self._last_timestamp_ms = timestamp_ms
         self._last_term = term

@@ -9,6 +9,7 @@ the truth.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from array import array
@@ -60,6 +61,8 @@ class Segment:
         self._time_fd = -1
         # Set when data, or a rolled segment's indexes, await an fsync.
         self.dirty = False
+        # Set when a failed append could not be undone: the file holds bytes of unknown state.
+        self.write_failed = False
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -179,18 +182,37 @@ class Segment:
         return self.end_offset + record_count - self.base_offset <= _REL_OFFSET_MAX
 
     def append(self, header: bytes, payload: bytes, base_offset: int, record_count: int, timestamp_ms: int) -> None:
+        """Write one batch; on any failure (disk full, a short write) nothing of it remains."""
         assert base_offset == self.end_offset, (base_offset, self.end_offset)
         total = len(header) + len(payload)
         position = self.size
-        written = os.writev(self.fd, (header, payload))
-        if written != total:
-            # A short write (disk full): take the partial batch back out before reporting.
-            os.ftruncate(self.fd, position)
-            raise OSError(f"short write to {self.log_path}: {written} of {total} bytes")
-        self._note_batch(position, base_offset, timestamp_ms, total, write_index=True)
+        index_entries = len(self._index_rel)
+        bytes_since_index, max_timestamp_ms = self._bytes_since_index, self.max_timestamp_ms
+        try:
+            written = os.writev(self.fd, (header, payload))
+            if written != total:
+                raise OSError(errno.ENOSPC, f"short write to {self.log_path}: {written} of {total} bytes")
+            self._note_batch(position, base_offset, timestamp_ms, total, write_index=True)
+        except OSError:
+            self._bytes_since_index, self.max_timestamp_ms = bytes_since_index, max_timestamp_ms
+            self._undo_append(position, index_entries)
+            raise
         self.size = position + total
         self.end_offset = base_offset + record_count
         self.dirty = True
+
+    def _undo_append(self, position: int, index_entries: int) -> None:
+        """Cut the log file back to `position` and the indexes back to `index_entries`."""
+        del self._index_rel[index_entries:]
+        del self._index_pos[index_entries:]
+        del self._time_ts[index_entries:]
+        try:
+            # Truncation frees blocks, so it works on a full disk too.
+            os.ftruncate(self.fd, position)
+            os.ftruncate(self._index_fd, index_entries * INDEX_ENTRY.size)
+            os.ftruncate(self._time_fd, index_entries * TIME_ENTRY.size)
+        except OSError:
+            self.write_failed = True
 
     def _note_batch(self, position: int, base_offset: int, timestamp_ms: int, total: int, write_index: bool = False) -> None:
         if position > 0 and self._bytes_since_index >= self.config.index_interval_bytes:

@@ -384,3 +384,71 @@ def test_a_closed_log_refuses_work(tmp_path):
     log.close()
     with pytest.raises(LogError, match="closed"):
         log.append(records(1))
+
+
+def test_batch_bounds_keep_every_batch_within_count_and_bytes():
+    record_bytes = batch_codec.RECORD_HEADER_BYTES + 100
+    small = [(b"", b"", b"", b"x" * 100)] * 10
+    bytes_max = batch_codec.HEADER_BYTES + 3 * record_bytes
+    assert batch_codec.batch_bounds(small, 4, bytes_max) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert batch_codec.batch_bounds(small, 2, 1 << 20) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    # A record larger than any batch stands alone, so its refusal takes nothing else with it.
+    mixed = [small[0], (b"", b"", b"", b"y" * 5000), small[0]]
+    assert batch_codec.batch_bounds(mixed, 100, 1000) == [(0, 1), (1, 2), (2, 3)]
+    assert batch_codec.batch_bounds([], 10, 1000) == []
+
+
+def test_a_batch_larger_than_a_segment_gets_a_segment_of_its_own(tmp_path):
+    config = LogConfig(segment_bytes_max=4096, batch_bytes_max=1 << 20, record_bytes_max=1 << 20)
+    big = [(b"", b"k", b"", b"b" * 100_000)]
+    with PartitionLog.open(tmp_path, config) as log:
+        log.append(records(3))
+        assert log.append(big) == 3
+        log.append(records(2, 3))
+        assert log.segment_count == 3
+        log.sync()
+    with PartitionLog.open(tmp_path, config) as log:
+        got = all_records(log)
+    assert raw(got) == records(3) + big + records(2, 3)
+
+
+class _FailingWrites:
+    """Makes os.writev / os.write fail (or write short) while armed, as a full disk does."""
+
+    def __init__(self, monkeypatch, short=False, index_only=False):
+        self.armed = False
+        real_writev, real_write = os.writev, os.write
+
+        def writev(fd, buffers):
+            if self.armed and not index_only:
+                if short:
+                    return real_writev(fd, [bytes(buffers[0])[:7]])
+                raise OSError(28, "No space left on device")
+            return real_writev(fd, buffers)
+
+        def write(fd, data):
+            if self.armed:
+                raise OSError(28, "No space left on device")
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "writev", writev)
+        monkeypatch.setattr(os, "write", write)
+
+
+@pytest.mark.parametrize("mode", ["enospc", "short", "index"])
+def test_a_failed_append_leaves_nothing_behind_and_the_log_stays_usable(tmp_path, monkeypatch, mode):
+    failing = _FailingWrites(monkeypatch, short=mode == "short", index_only=mode == "index")
+    config = LogConfig(segment_bytes_max=1 << 20, index_interval_bytes=64)
+    with PartitionLog.open(tmp_path, config) as log:
+        log.append(records(5))
+        size = log.size_bytes
+        failing.armed = True
+        with pytest.raises(OSError):
+            log.append(records(5, 5))
+        failing.armed = False
+        assert (log.end_offset, log.size_bytes) == (5, size)
+        assert log.append(records(5, 100)) == 5
+        log.sync()
+        assert raw(all_records(log)) == records(5) + records(5, 100)
+    with PartitionLog.open(tmp_path, config) as log:
+        assert raw(all_records(log)) == records(5) + records(5, 100)
