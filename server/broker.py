@@ -25,6 +25,7 @@ from typing import Any
 from pamqp import commands
 from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import LogConfig
+from warrenmq.log.batch import HEADER_BYTES
 from warrenmq.server.metadata import MetadataStore, is_loopback
 from warrenmq.server.queue import DurableQueue, QueueConfig
 
@@ -42,12 +43,24 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 METADATA_FILE = "metadata.sqlite3"
+# A record's framing with the longest exchange name and routing key (short strings).
+RECORD_NAMES_BYTES = 10 + 2 * 255
+
+
+def message_log_config(config: BrokerConfig) -> LogConfig:
+    """A queue's message log: it must hold any message the broker accepts, so its record
+    bound follows the broker's maximum message size (body, plus a content header of up to a
+    frame, plus exchange and routing key)."""
+    record_bytes_max = config.message_bytes_max + config.frame_bytes_max + RECORD_NAMES_BYTES
+    return LogConfig(segment_bytes_max=config.segment_bytes_max, tail_cache_bytes_max=2 << 20,
+                     record_bytes_max=record_bytes_max,
+                     batch_bytes_max=max(64 << 20, record_bytes_max + HEADER_BYTES))
 
 
 class _Tick:
     """The confirms and tx waiters of one tick, released once its commit is done."""
 
-    __slots__ = ("confirms", "nacks", "waiters", "ready", "failed")
+    __slots__ = ("confirms", "nacks", "waiters", "ready")
 
     def __init__(self, confirms: dict[BrokerChannel, int],
                  nacks: dict[BrokerChannel, list[int]],
@@ -56,7 +69,6 @@ class _Tick:
         self.nacks = nacks
         self.waiters = waiters
         self.ready = False
-        self.failed = False
 
 
 class Broker:
@@ -65,6 +77,7 @@ class Broker:
         self.amqp_config = ConnectionConfig(
             frame_bytes_max=config.frame_bytes_max, channel_max=config.channel_max,
             heartbeat_s=config.heartbeat_s, message_bytes_max=config.message_bytes_max)
+        self.message_log_config = message_log_config(config)
         self.data_dir = Path(config.data_dir)
         self.store: MetadataStore | None = None
         self.vhosts: dict[str, VirtualHost] = {}
@@ -106,14 +119,11 @@ class Broker:
         # A quorum queue hands out only fsynced messages, as RabbitMQ's does (a consumer then
         # never sees a message a crash could take back); a classic one delivers at once.
         quorum = arguments.get("x-queue-type") in ("quorum", b"quorum")
-        config = QueueConfig(
-            message_log=LogConfig(segment_bytes_max=self.config.segment_bytes_max,
-                                  tail_cache_bytes_max=2 << 20),
-            deliver_uncommitted=not quorum)
+        config = QueueConfig(message_log=self.message_log_config, deliver_uncommitted=not quorum)
         max_priority = arguments.get("x-max-priority")
         if isinstance(max_priority, int) and not isinstance(max_priority, bool) \
                 and max_priority > 0:
-            return PriorityQueue(directory, max_priority,
+            return PriorityQueue(directory, max_priority, config.message_log.batch_bytes_max,
                                  lambda level_directory: DurableQueue.open(level_directory,
                                                                            config))
         return DurableQueue.open(directory, config)
@@ -347,21 +357,29 @@ class Broker:
 
     def _tick(self) -> None:
         self._tick_scheduled = False
-        needs_commit = []
+        to_commit: list[tuple[HostedQueue, list[Any]]] = []
         staged, self._staged = self._staged, {}
         for queue in staged:
             if queue.deleted:
                 continue
             queue.flush()
-            if queue.take_commit_wanted():
-                needs_commit.append(queue)
+            written, failed, commit_wanted = queue.take_written()
+            for publisher in failed:
+                _publish_failed(publisher)
+            if commit_wanted:
+                to_commit.append((queue, written))
             self._dispatch[queue] = None
         dispatch, self._dispatch = self._dispatch, {}
         for queue in dispatch:
-            if queue.dispatch():
-                self._dispatch[queue] = None
-            if queue.expires_messages:
-                self.arm_message_expiry(queue)
+            try:
+                if queue.dispatch():
+                    self._dispatch[queue] = None
+                if queue.expires_messages:
+                    self.arm_message_expiry(queue)
+            except Exception as error:
+                # A queue whose log cannot be read stops delivering; the others carry on.
+                log.error("queue '%s' in vhost '%s': delivery failed: %r", queue.name,
+                          queue.vhost, error)
         if self._dispatch:
             self._schedule()
         confirms, self._confirms = self._confirms, {}
@@ -370,19 +388,20 @@ class Broker:
         if confirms or waiters:
             tick = _Tick(confirms, nacks, waiters)
             self._ticks.append(tick)
-            if needs_commit:
-                self._track(self._commit(tick, needs_commit))
+            if to_commit:
+                self._track(self._commit(tick, to_commit))
             else:
                 # Nothing to fsync in this tick; the in-order release still holds it behind
                 # earlier ticks whose commit is running.
                 tick.ready = True
                 self._release()
         else:
-            needs_commit.clear()
+            to_commit.clear()
         # Acks, the delivered mark and unconfirmed appends: the engine asks for a commit, and
         # may hold back deliveries until it has one.
+        committing = {queue for queue, _ in to_commit}
         for queue in dispatch:
-            if queue.needs_commit and not queue.committing and queue not in needs_commit:
+            if queue.needs_commit and not queue.committing and queue not in committing:
                 self._track(self._commit_queue(queue))
         output, self._output = self._output, {}
         for connection in output:
@@ -402,31 +421,37 @@ class Broker:
             return
         self.want_dispatch(queue)
 
-    async def _commit(self, tick: _Tick, queues: list[HostedQueue]) -> None:
-        try:
-            await asyncio.gather(*(queue.commit() for queue in queues))
-        except Exception as error:
-            log.error("commit failed, nacking the tick's confirms: %r", error)
-            tick.failed = True
+    async def _commit(self, tick: _Tick, to_commit: list[tuple[HostedQueue, list[Any]]]) -> None:
+        """fsync the tick's queues; a queue whose fsync fails fails exactly the publishes
+        written to it in this tick, and the others' are confirmed."""
+        outcomes = await asyncio.gather(*(queue.commit() for queue, _ in to_commit),
+                                        return_exceptions=True)
+        for (queue, written), outcome in zip(to_commit, outcomes):
+            if isinstance(outcome, BaseException):
+                log.error("queue '%s' in vhost '%s': fsync failed, refusing %d publish(es) "
+                          "written to it: %r", queue.name, queue.vhost, len(written), outcome)
+                for publisher in written:
+                    _publish_failed(publisher)
         tick.ready = True
         self._release()
-        for queue in queues:
+        for queue, _ in to_commit:
             self.want_dispatch(queue)
 
     @staticmethod
-    def _send_confirms(channel: BrokerChannel, tag: int, nacked: Any, failed: bool) -> None:
-        """Confirm everything up to `tag`: runs of acks with multiple=true, a single nack for
-        each refused message (x-overflow reject-publish), all nacks if the commit failed."""
+    def _send_confirms(channel: BrokerChannel, tag: int, refused: Any) -> None:
+        """Confirm everything up to `tag`: runs of acks with multiple=true, and a single nack
+        for each refused message (x-overflow reject-publish) or failed write."""
         amqp = channel.connection.amqp
         number = channel.number
         done = channel.confirmed_through
-        for refused in nacked:
-            if refused - 1 > done:
-                amqp.confirm(number, refused - 1, multiple=True, nack=failed)
-            amqp.confirm(number, refused, multiple=False, nack=True)
-            done = refused
+        failed = channel.take_failed_confirms(tag)
+        for nack in sorted({*refused, *failed}) if failed else refused:
+            if nack - 1 > done:
+                amqp.confirm(number, nack - 1, multiple=True, nack=False)
+            amqp.confirm(number, nack, multiple=False, nack=True)
+            done = nack
         if tag > done:
-            amqp.confirm(number, tag, multiple=True, nack=failed)
+            amqp.confirm(number, tag, multiple=True, nack=False)
         channel.confirmed_through = tag
 
     def _release(self) -> None:
@@ -436,8 +461,13 @@ class Broker:
             for channel, tag in tick.confirms.items():
                 connection = channel.connection
                 if connection.channels.get(channel.number) is channel:
-                    self._send_confirms(channel, tag, tick.nacks.get(channel, ()), tick.failed)
+                    self._send_confirms(channel, tag, tick.nacks.get(channel, ()))
                     self.want_flush(connection)
             for waiter in tick.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+
+
+def _publish_failed(publisher: tuple[BrokerChannel, int]) -> None:
+    channel, tag = publisher
+    channel.publish_failed(tag)

@@ -55,6 +55,10 @@ class BrokerChannel:
         self.reply_to_name = ""
         # The highest publisher-confirm tag already answered on this channel.
         self.confirmed_through = 0
+        # Confirm tags whose message could not be stored: nacked when their tick is released.
+        self.failed_confirms: set[int] = set()
+        # A message of the transaction being committed could not be stored.
+        self.tx_failed = False
         self.tx = False
         self.tx_publishes: list[Any] = []
         self.tx_settles: list[tuple[list[Unacked], bool | None]] = []
@@ -179,6 +183,30 @@ class BrokerChannel:
 
     def queues_consumed(self) -> Iterable[HostedQueue]:
         return {consumer.queue for consumer in self.consumers.values()}
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def publisher(self, confirm_tag: int) -> tuple[BrokerChannel, int] | None:
+        """Who waits for a message published on this channel to be stored: its confirm
+        (tag > 0) or the transaction being committed (tag 0); None when nobody does."""
+        if confirm_tag or self.tx:
+            return (self, confirm_tag)
+        return None
+
+    def publish_failed(self, confirm_tag: int) -> None:
+        if confirm_tag:
+            self.failed_confirms.add(confirm_tag)
+        else:
+            self.tx_failed = True
+
+    def take_failed_confirms(self, through_tag: int) -> list[int]:
+        """The failed confirm tags up to `through_tag`, forgotten as they are answered."""
+        failed = self.failed_confirms
+        if not failed:
+            return []
+        taken = [tag for tag in failed if tag <= through_tag]
+        failed.difference_update(taken)
+        return taken
 
     def tx_check(self) -> None:
         if not self.tx:

@@ -21,6 +21,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 ENV_PREFIX = "WARREN_"
 
 
+# RabbitMQ refuses a max_message_size above 512 MiB; a queue's log records must hold a
+# whole message, content header included, within 32-bit positions.
+MESSAGE_BYTES_LIMIT = 512 << 20
+FRAME_BYTES_LIMIT = 1 << 30
+
+
 class ConfigError(ValueError):
     """A setting is unknown or its value is out of range."""
 
@@ -60,8 +66,8 @@ class BrokerConfig:
             raise ConfigError(f"port must be 0..65535, got {self.port}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        if not 4096 <= self.frame_bytes_max <= 0xFFFFFFFF:
-            raise ConfigError(f"frame_bytes_max must be 4096..4294967295, got {self.frame_bytes_max}")
+        if self.frame_bytes_max < 4096:
+            raise ConfigError(f"frame_bytes_max must be at least 4096, got {self.frame_bytes_max}")
         if not 1 <= self.channel_max <= 65535:
             raise ConfigError(f"channel_max must be 1..65535, got {self.channel_max}")
         if not 0 <= self.heartbeat_s <= 65535:
@@ -71,6 +77,11 @@ class BrokerConfig:
                      "queue_batch_records_max", "segment_bytes_max"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.message_bytes_max > MESSAGE_BYTES_LIMIT:
+            raise ConfigError(f"message_bytes_max must be at most {MESSAGE_BYTES_LIMIT} (as RabbitMQ's "
+                              f"max_message_size), got {self.message_bytes_max}")
+        if self.frame_bytes_max > FRAME_BYTES_LIMIT:
+            raise ConfigError(f"frame_bytes_max must be at most {FRAME_BYTES_LIMIT}, got {self.frame_bytes_max}")
         if self.shutdown_timeout_s < 0:
             raise ConfigError(f"shutdown_timeout_s must not be negative, got {self.shutdown_timeout_s}")
 

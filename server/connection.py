@@ -395,14 +395,18 @@ class BrokerConnection(asyncio.Protocol):
             record = (exchange, routing_key, properties, event.body)
             persistent = event.delivery_mode == 2
             expiring = event.expiration is not None
+            publisher = channel.publisher(event.confirm_tag)
             queues = self.vhost.queues
             for name in targets:
                 queue = queues.get(name)
                 if queue is not None:
-                    if queue.stage(record, persistent, expiring):
+                    if queue.stage(record, persistent, expiring, publisher):
                         broker.staged(queue)
                     else:
                         refused = True
+            if refused and channel.tx:
+                # A queue refused the transaction's message (x-overflow reject-publish).
+                channel.tx_failed = True
         elif targets is not None and event.mandatory:
             self.amqp.basic_return(event.channel, replies.NO_ROUTE, "", event.exchange,
                                    event.routing_key, properties, event.body)
@@ -782,6 +786,10 @@ def _tx_commit(conn: BrokerConnection, channel: BrokerChannel,
 async def _tx_commit_ok(conn: BrokerConnection, channel: BrokerChannel,
                         committed: Awaitable[None]) -> None:
     await committed
+    if channel.tx_failed:
+        channel.tx_failed = False
+        # rabbit_channel:complete_tx when a queue refused one of the transaction's messages.
+        raise precondition_failed("partial tx completion")
     conn.reply(channel, commands.Tx.CommitOk())
 
 

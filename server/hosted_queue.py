@@ -16,16 +16,22 @@ Dead-lettering (x-dead-letter-*) is accepted and stored but belongs to the DLQ w
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import fastpath
+from warrenmq.log.batch import HEADER_BYTES, RECORD_HEADER_BYTES, batch_bounds
 from warrenmq.server.queue import DurableQueue
 
 if TYPE_CHECKING:
     from .channel import BrokerChannel
+
+log = logging.getLogger("warrenmq.server")
+
+_RECORD_NAMES_BYTES_MAX = RECORD_HEADER_BYTES + 2 * 255
 
 # A dispatch pass stops after this many deliveries and is rescheduled, so one busy queue
 # cannot hold the event loop for long.
@@ -126,6 +132,10 @@ class HostedQueue:
         # The timer that drops the head when it expires (x-message-ttl, expiration).
         self.ttl_timer: Any = None
         self._staged: list[tuple[bytes, bytes, bytes, bytes]] = []
+        self._staged_publishers: list[Any] = []
+        self._staged_bytes = 0
+        self.written_publishers: list[Any] = []
+        self.failed_publishers: list[Any] = []
         self.staged_persistent = False
         self.commit_wanted = False
         # Consumers by priority, highest first; each level rotates for round-robin.
@@ -135,12 +145,18 @@ class HostedQueue:
     # -- publishing -----------------------------------------------------------------------
 
     def stage(self, record: tuple[bytes, bytes, bytes, bytes], persistent: bool,
-              expiring: bool = False) -> bool:
+              expiring: bool = False, publisher: Any = None) -> bool:
         """Buffer a record for this tick's append; False if x-overflow reject-publish
-        refuses it because the queue is full."""
+        refuses it because the queue is full.
+
+        `publisher` is whoever waits for the record to be stored (a (channel, confirm tag)
+        pair, or None): a failed write hands it back, so exactly its publish is nacked.
+        """
         if self.reject_when_full and self._full(len(record[3])):
             return False
         self._staged.append(record)
+        self._staged_publishers.append(publisher)
+        self._staged_bytes += len(record[2]) + len(record[3])
         if self.bytes_max is not None:
             self.ready_bytes += len(record[3])
         if expiring:
@@ -157,30 +173,73 @@ class HostedQueue:
 
     def flush(self) -> None:
         """Write the records staged so far (the tick does; so does a method that must see
-        them, such as basic.get after publishes on the same channel)."""
+        them, such as basic.get after publishes on the same channel).
+
+        Records go in batches within the log's bounds, in order. When a write fails (a full
+        disk), that batch and every later one are not stored: their publishers are kept for
+        `take_written()` to report as failed, and the queue stays usable for later writes.
+        """
         staged = self._staged
         if not staged:
             return
+        publishers = self._staged_publishers
         self._staged = []
-        step = self._batch_records_max
-        for start in range(0, len(staged), step):
-            self.engine.append(staged[start:start + step])
-        if self.staged_persistent:
-            self.staged_persistent = False
-            self.commit_wanted = True
+        self._staged_publishers = []
+        staged_bytes, self._staged_bytes = self._staged_bytes, 0
+        written = len(staged)
+        for start, end in self._batch_bounds(staged, staged_bytes):
+            try:
+                self.engine.append(staged[start:end])
+            except Exception as error:
+                written = start
+                self.failed_publishers.extend(p for p in publishers[start:] if p is not None)
+                if self.bytes_max is not None:
+                    self.ready_bytes -= sum(len(record[3]) for record in staged[start:])
+                log.error("queue '%s' in vhost '%s': storing %d message(s) failed, their "
+                          "publishes are refused: %r", self.name, self.vhost,
+                          len(staged) - start, error)
+                break
+        if written:
+            self.written_publishers.extend(p for p in publishers[:written] if p is not None)
+            if self.staged_persistent:
+                self.commit_wanted = True
+        self.staged_persistent = False
         self.enforce_length()
 
-    def take_commit_wanted(self) -> bool:
-        """True once after persistent records were written: confirms wait for a commit."""
-        wanted = self.commit_wanted
-        self.commit_wanted = False
-        return wanted
+    def _batch_bounds(self, staged: list[tuple[bytes, bytes, bytes, bytes]],
+                      staged_bytes: int) -> Any:
+        step = self._batch_records_max
+        bytes_max = self.engine.batch_bytes_max
+        # Exchange and routing key are short strings: with them a record is at most this
+        # much more than its properties and body, so the common tick needs no measuring.
+        if len(staged) <= step and staged_bytes + len(staged) * _RECORD_NAMES_BYTES_MAX \
+                + HEADER_BYTES <= bytes_max:
+            return ((0, len(staged)),)
+        return batch_bounds(staged, step, bytes_max)
+
+    def take_written(self) -> tuple[list[Any], list[Any], bool]:
+        """(publishers whose records were written, publishers whose writes failed, whether
+        a commit must make the written ones durable before they are confirmed), since the
+        last call."""
+        written, self.written_publishers = self.written_publishers, []
+        failed, self.failed_publishers = self.failed_publishers, []
+        wanted, self.commit_wanted = self.commit_wanted, False
+        return written, failed, wanted
 
     async def commit(self) -> None:
-        """Make appends, acks and the delivered mark durable (group commit in the engine)."""
+        """Make appends, acks and the delivered mark durable (group commit in the engine).
+
+        A queue deleted meanwhile has nothing left to make durable: its messages are gone
+        with it, and their publishes count as handled (RabbitMQ confirms them too).
+        """
+        if self.deleted:
+            return
         self.committing = True
         try:
             await self.engine.commit()
+        except Exception:
+            if not self.deleted:
+                raise
         finally:
             self.committing = False
 

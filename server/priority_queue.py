@@ -28,11 +28,12 @@ _LEVEL_PREFIX = "priority-"
 
 
 class PriorityQueue:
-    def __init__(self, directory: Path, max_priority: int,
+    def __init__(self, directory: Path, max_priority: int, batch_bytes_max: int,
                  open_level: Callable[[Path], Any]) -> None:
         assert 0 <= max_priority < LEVELS_MAX, max_priority
         self.directory = directory
         self.max_priority = max_priority
+        self.batch_bytes_max = batch_bytes_max
         self._open_level = open_level
         # Open levels, highest priority first.
         self._levels: dict[int, Any] = {}

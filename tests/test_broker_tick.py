@@ -11,6 +11,7 @@ import asyncio
 from warrenmq.server.broker import Broker
 from warrenmq.server.channel import BrokerChannel
 from warrenmq.server.config import BrokerConfig
+from warrenmq.server.hosted_queue import HostedQueue
 
 
 class RecordingAmqp:
@@ -36,42 +37,40 @@ class FakeConnection:
         self.flushes += 1
 
 
-class GatedQueue:
-    """A queue whose records need an fsync that completes when the test says so."""
+class GatedEngine:
+    """A queue engine whose appends can fail and whose fsync completes when the test says."""
 
-    def __init__(self, name):
-        self.name = name
-        self.vhost = "/"
-        self.deleted = False
-        self.committing = False
-        self.expires_messages = False
+    batch_bytes_max = 1 << 20
+
+    def __init__(self):
         self.gate = asyncio.Event()
-        self.failure = None
-        self._wanted = False
-        self.staged_records = 0
+        self.gate.set()
+        self.commit_failure = None
+        self.append_failure = None
+        self.records = []
+        self.batches = []
 
-    def stage(self, persistent):
-        self.staged_records += 1
-        self._wanted = self._wanted or persistent
+    def append(self, records):
+        if self.append_failure is not None:
+            raise self.append_failure
+        self.records.extend(records)
+        self.batches.append(len(records))
 
-    def flush(self):
-        pass
-
-    def take_commit_wanted(self):
-        wanted, self._wanted = self._wanted, False
-        return wanted
-
-    def dispatch(self):
-        return False
-
-    @property
-    def needs_commit(self):
-        return False
+    ready_count = 0
+    needs_commit = False
 
     async def commit(self):
         await self.gate.wait()
-        if self.failure is not None:
-            raise self.failure
+        if self.commit_failure is not None:
+            raise self.commit_failure
+
+
+def gated_queue(name, *, durable=True):
+    engine = GatedEngine()
+    queue = HostedQueue("/", name, engine, durable=durable, auto_delete=False,
+                        exclusive_owner=None, arguments={}, queue_type="classic",
+                        batch_records_max=128)
+    return queue, engine
 
 
 def make_broker():
@@ -88,8 +87,9 @@ async def settle():
         await asyncio.sleep(0)
 
 
-def publish(broker, channel, queue, tag, persistent):
-    queue.stage(persistent)
+def publish(broker, channel, queue, tag, persistent, body=b"body"):
+    """What the AMQP session does for one confirmed publish routed to `queue`."""
+    queue.stage((b"", queue.name.encode(), b"", body), persistent, False, channel.publisher(tag))
     broker.staged(queue)
     broker.stage_confirm(channel, tag)
 
@@ -97,8 +97,9 @@ def publish(broker, channel, queue, tag, persistent):
 def test_confirms_wait_for_the_fsync_and_keep_tick_order():
     async def scenario():
         broker, connection, channel = make_broker()
-        durable = GatedQueue("durable")
-        transient = GatedQueue("transient")
+        durable, durable_engine = gated_queue("durable")
+        transient, _ = gated_queue("transient")
+        durable_engine.gate.clear()
         publish(broker, channel, durable, 1, persistent=True)
         publish(broker, channel, durable, 2, persistent=True)
         await settle()
@@ -107,31 +108,84 @@ def test_confirms_wait_for_the_fsync_and_keep_tick_order():
         publish(broker, channel, transient, 3, persistent=False)
         await settle()
         assert connection.amqp.confirms == []
-        durable.gate.set()
+        durable_engine.gate.set()
         await settle()
         assert connection.amqp.confirms == [(2, True, False), (3, True, False)]
     asyncio.run(scenario())
 
 
-def test_a_failed_fsync_nacks_its_tick():
+def test_a_failed_fsync_nacks_the_publishes_written_to_that_queue_only():
     async def scenario():
         broker, connection, channel = make_broker()
-        queue = GatedQueue("q")
-        queue.failure = OSError("disk gone")
+        failing, failing_engine = gated_queue("failing")
+        healthy, healthy_engine = gated_queue("healthy")
+        failing_engine.commit_failure = OSError(5, "Input/output error")
+        publish(broker, channel, healthy, 1, persistent=True)
+        publish(broker, channel, failing, 2, persistent=True)
+        publish(broker, channel, healthy, 3, persistent=True)
+        await settle()
+        assert connection.amqp.confirms == [(1, True, False), (2, False, True),
+                                            (3, True, False)]
+        assert len(healthy_engine.records) == 2
+    asyncio.run(scenario())
+
+
+def test_a_failed_append_nacks_its_publishes_and_leaves_the_other_queues_of_the_tick_correct():
+    async def scenario():
+        broker, connection, channel = make_broker()
+        first, first_engine = gated_queue("first")
+        failing, failing_engine = gated_queue("failing")
+        last, last_engine = gated_queue("last")
+        failing_engine.append_failure = OSError(28, "No space left on device")
+        publish(broker, channel, first, 1, persistent=True)
+        publish(broker, channel, failing, 2, persistent=True)
+        publish(broker, channel, failing, 3, persistent=True)
+        publish(broker, channel, last, 4, persistent=True)
+        await settle()
+        assert connection.amqp.confirms == [(1, True, False), (2, False, True),
+                                            (3, False, True), (4, True, False)]
+        assert len(first_engine.records) == len(last_engine.records) == 1
+        # The disk has room again: the same queue takes and confirms the next publish.
+        failing_engine.append_failure = None
+        publish(broker, channel, failing, 5, persistent=True)
+        await settle()
+        assert connection.amqp.confirms[-1] == (5, True, False)
+        assert len(failing_engine.records) == 1
+    asyncio.run(scenario())
+
+
+def test_a_failed_append_is_reported_by_the_next_tick_even_when_nothing_else_happens():
+    """The original defect: the tick raised, and the confirm waited for another client."""
+    async def scenario():
+        broker, connection, channel = make_broker()
+        queue, engine = gated_queue("q")
+        engine.append_failure = OSError(28, "No space left on device")
         publish(broker, channel, queue, 1, persistent=True)
         await settle()
-        queue.gate.set()
+        assert connection.amqp.confirms == [(1, False, True)]
+        assert not broker._ticks
+    asyncio.run(scenario())
+
+
+def test_a_tick_splits_what_it_writes_into_batches_within_the_logs_bound():
+    async def scenario():
+        broker, connection, channel = make_broker()
+        queue, engine = gated_queue("q")
+        body = b"x" * (300 << 10)
+        for tag in range(1, 8):
+            publish(broker, channel, queue, tag, persistent=True, body=body)
         await settle()
-        assert connection.amqp.confirms == [(1, True, True)]
+        assert sum(engine.batches) == 7 and len(engine.batches) == 3
+        assert connection.amqp.confirms == [(7, True, False)]
     asyncio.run(scenario())
 
 
 def test_refused_messages_get_single_nacks_between_multiple_acks():
     async def scenario():
         broker, connection, channel = make_broker()
-        queue = GatedQueue("q")
+        queue, _ = gated_queue("q")
         for tag in range(1, 7):
-            queue.stage(False)
+            queue.stage((b"", b"q", b"", b""), False, False, channel.publisher(tag))
             broker.staged(queue)
             broker.stage_confirm(channel, tag, refused=tag in (1, 4))
         await settle()
@@ -143,26 +197,60 @@ def test_refused_messages_get_single_nacks_between_multiple_acks():
 def test_tx_commit_waiters_resolve_after_the_commit():
     async def scenario():
         broker, connection, channel = make_broker()
-        queue = GatedQueue("q")
-        queue.stage(True)
+        queue, engine = gated_queue("q")
+        engine.gate.clear()
+        queue.stage((b"", b"q", b"", b""), True)
         broker.staged(queue)
         waiter = broker.after_commit()
         await settle()
         assert not waiter.done()
-        queue.gate.set()
+        engine.gate.set()
         await settle()
         assert waiter.done()
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_fails_the_transaction_being_committed():
+    async def scenario():
+        broker, connection, channel = make_broker()
+        channel.tx = True
+        queue, engine = gated_queue("q")
+        engine.commit_failure = OSError(5, "Input/output error")
+        queue.stage((b"", b"q", b"", b""), True, False, channel.publisher(0))
+        broker.staged(queue)
+        waiter = broker.after_commit()
+        await settle()
+        assert waiter.done() and channel.tx_failed
+    asyncio.run(scenario())
+
+
+def test_a_queue_deleted_while_its_commit_runs_does_not_fail_the_other_queues():
+    async def scenario():
+        broker, connection, channel = make_broker()
+        doomed, doomed_engine = gated_queue("doomed")
+        kept, _ = gated_queue("kept")
+        doomed_engine.gate.clear()
+        doomed_engine.commit_failure = OSError("log is closed")
+        publish(broker, channel, doomed, 1, persistent=True)
+        publish(broker, channel, kept, 2, persistent=True)
+        await settle()
+        doomed.deleted = True
+        doomed_engine.gate.set()
+        await settle()
+        # RabbitMQ confirms messages whose queue was deleted normally.
+        assert connection.amqp.confirms == [(2, True, False)]
     asyncio.run(scenario())
 
 
 def test_confirms_for_a_closed_channel_are_not_sent_to_its_successor():
     async def scenario():
         broker, connection, channel = make_broker()
-        queue = GatedQueue("q")
+        queue, engine = gated_queue("q")
+        engine.gate.clear()
         publish(broker, channel, queue, 1, persistent=True)
         await settle()
         connection.channels[1] = BrokerChannel(connection, 1, unacked_max=100)
-        queue.gate.set()
+        engine.gate.set()
         await settle()
         assert connection.amqp.confirms == []
     asyncio.run(scenario())

@@ -250,6 +250,11 @@ class DurableQueue:
         return len(self._in_flight)
 
     @property
+    def batch_bytes_max(self) -> int:
+        """The largest batch `append` takes."""
+        return self.config.message_log.batch_bytes_max
+
+    @property
     def end_offset(self) -> int:
         """The offset the next appended message will get."""
         return self._log.end_offset
@@ -491,7 +496,8 @@ class DurableQueue:
             self._pending.append((self._run_start, self._run_end))
             self._run_start = self._run_end = -1
         floor = self._acked.floor
-        writable = [(max(start, floor), end) for start, end in coalesce(self._pending) if end > floor]
+        pending = coalesce(self._pending)
+        writable = [(max(start, floor), end) for start, end in pending if end > floor]
         self._pending = []
         mark = self._mark_written
         if self._next + self.config.delivered_mark_lead // 2 >= mark:
@@ -504,7 +510,12 @@ class DurableQueue:
         else:
             return None
         size = sum(len(record[3]) for record in records)
-        first = self._append_acks(records)
+        try:
+            first = self._append_acks(records)
+        except Exception:
+            # Not written (a full disk): the acks stay pending for the next commit.
+            self._pending = pending
+            raise
         self._mark_written = mark
         self._floor_written = floor
         if snapshot:
