@@ -186,3 +186,17 @@ def test_reply_to_a_gone_client_is_dropped(connection, open_connection, uid):
     server_ch.basic_publish("", props.reply_to, b"pong")
     sync(server_ch)
     assert server_ch.is_open
+
+
+def test_a_transaction_with_a_refused_message_fails_as_partial_completion(connection, uid):
+    """rabbit_channel:complete_tx: a queue refused one of the messages (reject-publish)."""
+    channel = connection.channel()
+    queue = f"{uid}-full"
+    channel.queue_declare(queue, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    channel.tx_select()
+    channel.basic_publish("", queue, b"fits")
+    channel.basic_publish("", queue, b"refused")
+    assert channel_error(channel.tx_commit) == (406, "PRECONDITION_FAILED - partial tx completion")
+    channel = connection.channel()
+    assert drain(channel, queue) == [b"fits"]
+    channel.queue_delete(queue)
