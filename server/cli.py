@@ -31,7 +31,7 @@ def _bench(args: argparse.Namespace) -> int:
 # argparse sub-parsers object; a parser's `handler` default receives the parsed args.
 COMMAND_MODULES: tuple[str, ...] = ("warrenmq.server.serve", "warrenmq.server.admin_cli")
 # Modules that add `warren bench TARGET` scenarios: `register(targets)` likewise.
-BENCH_MODULES: tuple[str, ...] = ("warrenmq.server.loadgen", "warrenmq.server.queue.bench")
+BENCH_MODULES: tuple[str, ...] = ("warrenmq.server.bench.loadgen", "warrenmq.server.queue.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,9 +27,9 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 
 from warrenmq.amqp import Connection, ConnectionConfig, events, fastpath, frames, testing
-from warrenmq.server import loadgen, loadgen_stats, loadgen_wire as wire
-from warrenmq.server.loadgen_client import BenchError
-from warrenmq.server.loadgen_roles import Consumer, ConsumerTally, Publisher
+from warrenmq.server.bench import loadgen, stats as loadgen_stats, wire
+from warrenmq.server.bench.client import BenchError
+from warrenmq.server.bench.roles import Consumer, ConsumerTally, Publisher
 
 shortstr = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
 exchange_name = st.from_regex(r"[a-zA-Z0-9_.:-]{0,40}", fullmatch=True)

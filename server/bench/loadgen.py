@@ -40,10 +40,10 @@ from typing import Any
 
 from pamqp import commands
 
-from . import loadgen_wire as wire
-from .loadgen_client import BenchError, ClientConnection, close_all
-from .loadgen_roles import Consumer, ConsumerTally, Publisher
-from .loadgen_stats import LatencyHistogram
+from . import wire
+from .client import BenchError, ClientConnection, close_all
+from .roles import Consumer, ConsumerTally, Publisher
+from .stats import LatencyHistogram
 
 QUEUE_TYPES = ("classic", "quorum")
 WINDOW_MAX = 1_000_000
@@ -494,7 +494,7 @@ def register(targets: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m warrenmq.server.loadgen SCENARIO ...`, the same as `warren bench SCENARIO`."""
+    """`python -m warrenmq.server.bench.loadgen SCENARIO ...`, the same as `warren bench SCENARIO`."""
     parser = argparse.ArgumentParser(prog="warren bench")
     register(parser.add_subparsers(dest="target", metavar="SCENARIO", required=True))
     args = parser.parse_args(argv)

@@ -20,9 +20,9 @@ import time
 
 from warrenmq.amqp import frames
 
-from . import loadgen_wire as wire
-from .loadgen_client import BenchError, ClientConnection
-from .loadgen_stats import LatencyHistogram
+from . import wire
+from .client import BenchError, ClientConnection
+from .stats import LatencyHistogram
 
 WRITE_MESSAGES_MAX = 4096  # messages per transport.write, so one write stays a few MB at most
 RATE_TICK_S = 0.001

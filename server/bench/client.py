@@ -22,7 +22,7 @@ from pamqp import commands
 import warrenmq
 from warrenmq.amqp import frames
 
-from . import loadgen_wire as wire
+from . import wire
 
 CLIENT_PROPERTIES: dict[str, Any] = {
     "product": "warren bench",
