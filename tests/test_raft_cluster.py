@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from warrenmq.cluster.raft.core import RaftConfig
-from warrenmq.cluster.raft.kv import (
+from warrenmq.cluster.kv import (
     CasFailed,
     Command,
     CommandError,
@@ -33,13 +33,8 @@ from warrenmq.cluster.raft.kv import (
 )
 from warrenmq.cluster.raft.linearizability import KvModel, Operation, check
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind
-from warrenmq.cluster.raft.node import (
-    LocalCluster,
-    RaftServer,
-    ServerConfig,
-    coalesce_appends,
-    free_port,
-)
+from warrenmq.cluster.local_cluster import LocalCluster, free_port
+from warrenmq.cluster.node import RaftServer, ServerConfig, coalesce_appends
 
 keys = st.binary(max_size=40)
 values = st.binary(max_size=200)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from warrenmq.cluster.raft.core import HardState
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Snapshot, encode_snapshot
-from warrenmq.cluster.raft.storage import (
+from warrenmq.cluster.storage import (
     _SNAPSHOT_MAGIC,
     HARD_STATE_FILE,
     LOG_DIR,

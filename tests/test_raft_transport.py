@@ -8,7 +8,7 @@ import socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warrenmq.cluster.raft.transport import (
+from warrenmq.cluster.transport import (
     FrameDecoder,
     FrameTooLarge,
     PeerTransport,

@@ -1,1 +1,1 @@
-"""A sans-I/O Raft core, its deterministic simulator and its asyncio transport."""
+"""A sans-I/O Raft core (`core.py`, `messages.py`), its deterministic simulator and checker."""

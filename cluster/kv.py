@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-from warrenmq.cluster.raft.transport import FrameDecoder, encode_frame
+from warrenmq.cluster.transport import FrameDecoder, encode_frame
 
 
 class Op(IntEnum):

@@ -1,6 +1,6 @@
 """Commit throughput and latency of a 3-node Raft cluster on loopback, with fsync.
 
-    python -m warrenmq.cluster.raft.bench [--json] [--count 100000] [--inflight 4096]
+    python -m warrenmq.cluster.bench [--json] [--count 100000] [--inflight 4096]
                                           [--rate 1000] [--latency-seconds 5]
                                           [--data-dir DIR] [--skip-throughput]
                                           [-- NODE OPTIONS, e.g. --no-overlap-fsync]
@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from warrenmq.cluster.raft.kv import (
+from warrenmq.cluster.kv import (
     KVClient,
     KVError,
     Status,
@@ -40,8 +40,8 @@ from warrenmq.cluster.raft.kv import (
     encode_put,
     encode_request,
 )
-from warrenmq.cluster.raft.node import LocalCluster
-from warrenmq.cluster.raft.transport import FrameDecoder
+from warrenmq.cluster.local_cluster import LocalCluster
+from warrenmq.cluster.transport import FrameDecoder
 
 COMMAND_BYTES = 64
 _KEY_BYTES = 12
@@ -224,7 +224,7 @@ async def _run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m warrenmq.cluster.raft.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m warrenmq.cluster.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--count", type=int, default=100_000, help="puts in the throughput run")
     parser.add_argument("--inflight", type=int, default=4096, help="outstanding puts in the throughput run")
