@@ -331,18 +331,3 @@ def test_broker_raised_error_takes_the_last_method_ids():
     [(_, close)] = testing.parse(conn.data_to_send())
     assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
         406, "PRECONDITION_FAILED - unknown delivery tag 9", 60, 80)
-
-
-def test_rabbitmq_texts_for_common_broker_errors():
-    assert replies.not_found("queue", "q", "/").reply_text == (
-        "NOT_FOUND - no queue 'q' in vhost '/'")
-    assert replies.access_refused("configure", "queue", "q", "/", "bob").reply_text == (
-        "ACCESS_REFUSED - configure access to queue 'q' in vhost '/' refused for user 'bob'")
-    locked = replies.resource_locked("q", "/")
-    assert locked.code == 405 and locked.reply_text.startswith(
-        "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'q' in vhost '/'. ")
-    assert replies.unknown_delivery_tag(7).reply_text == (
-        "PRECONDITION_FAILED - unknown delivery tag 7")
-    assert replies.inequivalent_arg("durable", "queue", "q", "/", "'true'", "'false'").reply_text \
-        == ("PRECONDITION_FAILED - inequivalent arg 'durable' for queue 'q' in vhost '/': "
-            "received 'true' but current is 'false'")

@@ -43,14 +43,15 @@ class ToyBroker:
         elif isinstance(event, events.Acked):
             unacked = shell.unacked.setdefault(event.channel, set())
             if event.delivery_tag not in unacked:
-                raise replies.unknown_delivery_tag(event.delivery_tag)
+                raise replies.ChannelError(replies.PRECONDITION_FAILED,
+                                           f"unknown delivery tag {event.delivery_tag}")
             unacked.discard(event.delivery_tag)
 
     def method(self, shell, channel, method):
         conn = shell.conn
         if isinstance(method, commands.Queue.Declare):
             if method.passive and method.queue not in self.queues:
-                raise replies.not_found("queue", method.queue, "/")
+                raise replies.ChannelError(replies.NOT_FOUND, f"no queue '{method.queue}' in vhost '/'")
             self.queues.setdefault(method.queue, [])
             conn.send_method(channel, commands.Queue.DeclareOk(
                 queue=method.queue, message_count=len(self.queues[method.queue]),

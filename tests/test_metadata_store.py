@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords
-from warrenmq.server.metadata.errors import MetadataError
 from warrenmq.server.metadata.state import MetadataState
 from warrenmq.server.metadata.store import MetadataStore, StoreFailed
 
@@ -200,7 +199,7 @@ def test_apply_all_writes_what_came_before_a_refusal(tmp_path):
 
     async def scenario():
         store = await MetadataStore.open(path)
-        with pytest.raises(MetadataError):
+        with pytest.raises(RoutingError):
             await store.apply_all([
                 c.DeclareQueue("/", "a", durable=True),
                 c.DeclareQueue("/", "a", durable=False),

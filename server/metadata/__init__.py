@@ -8,7 +8,7 @@
   `await store.apply(command)`, `await store.authenticate(user, password)`,
   `await store.sync_external_changes()`.
 * `passwords` — scrypt hashing; `permissions` — regex checks and refusal texts;
-  `errors` — MetadataError and its reply-coded subclasses; `encoding` — field tables as JSON.
+  `errors` — the reply-coded refusals (the routing layer's family); `encoding` — field tables as JSON.
 """
 
 from warrenmq.server.metadata.commands import (
@@ -30,7 +30,6 @@ from warrenmq.server.metadata.commands import (
 )
 from warrenmq.server.metadata.errors import (
     AccessRefused,
-    MetadataError,
     NotAllowed,
     NotFound,
     PreconditionFailed,
@@ -56,7 +55,6 @@ __all__ = [
     "DeleteUser",
     "DeleteVhost",
     "Limits",
-    "MetadataError",
     "MetadataState",
     "MetadataStore",
     "NotAllowed",

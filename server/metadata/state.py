@@ -9,7 +9,7 @@ Exchanges and bindings live in one `warrenmq.exchanges.router.Router` per vhost:
 delete, bind and unbind checks are RabbitMQ's (errors are `exchanges.errors.RoutingError`),
 and the broker routes publishes through the same Router (`state.router(vhost)`), so there is
 one copy of the routing topology, not two to keep in step. Everything else raises
-`metadata.errors.MetadataError`; both carry `reply_code`, `reply_text`, `connection_level`.
+`exchanges.errors.RoutingError` (as `metadata.errors` re-exports it); both carry `reply_code`, `reply_text`, `connection_level`.
 A command that raises changes nothing.
 
 Queue declaration follows RabbitMQ 3.10 (rabbit_channel, rabbit_amqqueue, rabbit_misc):
@@ -152,7 +152,7 @@ class MetadataState:
     # --- the state machine -----------------------------------------------------------------
 
     def apply(self, command: c.Command) -> Outcome:
-        """Apply one command; raises MetadataError/RoutingError (state unchanged) if refused."""
+        """Apply one command; raises RoutingError (state unchanged) if refused."""
         handler = self._handlers.get(type(command))
         if handler is None:
             raise TypeError(f"not a metadata command: {command!r}")

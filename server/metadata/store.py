@@ -144,7 +144,7 @@ class MetadataStore:
     async def apply(self, command: c.Command) -> Outcome:
         """Apply `command`; returns once its rows (if any are durable) are on disk.
 
-        Raises the state's MetadataError/RoutingError (nothing changed), or StoreFailed.
+        Raises the state's RoutingError (nothing changed), or StoreFailed.
         """
         if self._failure is not None:
             raise StoreFailed("metadata store failed earlier") from self._failure
