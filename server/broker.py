@@ -27,13 +27,13 @@ from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import LogConfig
 from warrenmq.log.batch import HEADER_BYTES
 from warrenmq.server.metadata import MetadataStore, is_loopback
-from warrenmq.server.queue import DurableQueue, QueueConfig
+from warrenmq.server.queue import LogQueue, QueueConfig
 
-from .channel import BrokerChannel
+from .session.channel import BrokerChannel
 from .config import BrokerConfig
-from .connection import REPLY_TO_PREFIX, BrokerConnection
-from .hosted_queue import HostedQueue
-from .priority_queue import PriorityQueue
+from .session.connection import REPLY_TO_PREFIX, BrokerConnection
+from .queue.priority import PriorityQueue
+from .queue.work_queue import WorkQueue
 from .vhost import VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
@@ -87,8 +87,8 @@ class Broker:
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_scheduled = False
-        self._staged: dict[HostedQueue, None] = {}
-        self._dispatch: dict[HostedQueue, None] = {}
+        self._staged: dict[WorkQueue, None] = {}
+        self._dispatch: dict[WorkQueue, None] = {}
         self._output: dict[BrokerConnection, None] = {}
         self._confirms: dict[BrokerChannel, int] = {}
         self._nacks: dict[BrokerChannel, list[int]] = {}
@@ -124,9 +124,9 @@ class Broker:
         if isinstance(max_priority, int) and not isinstance(max_priority, bool) \
                 and max_priority > 0:
             return PriorityQueue(directory, max_priority, config.message_log.batch_bytes_max,
-                                 lambda level_directory: DurableQueue.open(level_directory,
+                                 lambda level_directory: LogQueue.open(level_directory,
                                                                            config))
-        return DurableQueue.open(directory, config)
+        return LogQueue.open(directory, config)
 
     def _recover(self) -> None:
         """Host every queue the metadata kept; drop directories of transient leftovers."""
@@ -256,7 +256,7 @@ class Broker:
             assert self._loop is not None
             self._loop.call_soon(self._tick)
 
-    def staged(self, queue: HostedQueue) -> None:
+    def staged(self, queue: WorkQueue) -> None:
         staged = self._staged
         if queue not in staged:
             staged[queue] = None
@@ -268,7 +268,7 @@ class Broker:
             self._nacks.setdefault(channel, []).append(tag)
         self._schedule()
 
-    def want_dispatch(self, queue: HostedQueue) -> None:
+    def want_dispatch(self, queue: WorkQueue) -> None:
         self._dispatch[queue] = None
         self._schedule()
 
@@ -295,7 +295,7 @@ class Broker:
         if not task.cancelled() and task.exception() is not None:
             log.error("background metadata write failed: %r", task.exception())
 
-    def drop_queue(self, queue: HostedQueue) -> None:
+    def drop_queue(self, queue: WorkQueue) -> None:
         """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""
         vhost = self.vhosts.get(queue.vhost)
         if vhost is None:
@@ -304,7 +304,7 @@ class Broker:
         if vhost.take_queue(queue):
             self.background(vhost.delete_queue(queue))
 
-    def touch(self, queue: HostedQueue) -> None:
+    def touch(self, queue: WorkQueue) -> None:
         """A use of the queue (declare, basic.get, last consumer gone) renews its x-expires."""
         if queue.expires_ms is None:
             return
@@ -314,7 +314,7 @@ class Broker:
             queue.expiry_timer = self._loop.call_at(
                 queue.last_used_s + queue.expires_ms / 1000, self._expire, queue)
 
-    def _expire(self, queue: HostedQueue) -> None:
+    def _expire(self, queue: WorkQueue) -> None:
         assert self._loop is not None
         queue.expiry_timer = None
         if queue.deleted or queue.consumers:
@@ -328,7 +328,7 @@ class Broker:
                  queue.expires_ms)
         self.drop_queue(queue)
 
-    def arm_message_expiry(self, queue: HostedQueue) -> None:
+    def arm_message_expiry(self, queue: WorkQueue) -> None:
         """Drop expired messages at the head now and when the next head expires, so counts
         and queue depth follow TTL as RabbitMQ's classic queues do."""
         if not queue.expires_messages or queue.ttl_timer is not None:
@@ -339,11 +339,11 @@ class Broker:
             delay_s = max(0.0, (next_ms - now_ms()) / 1000)
             queue.ttl_timer = self._loop.call_later(delay_s, self._message_expiry, queue)
 
-    def _message_expiry(self, queue: HostedQueue) -> None:
+    def _message_expiry(self, queue: WorkQueue) -> None:
         queue.ttl_timer = None
         self.arm_message_expiry(queue)
 
-    def cancel_consumers(self, queue: HostedQueue) -> None:
+    def cancel_consumers(self, queue: WorkQueue) -> None:
         """The queue is gone: its consumers get basic.cancel if their client asked for it."""
         for consumer in list(queue.consumers.values()):
             channel = consumer.channel
@@ -357,7 +357,7 @@ class Broker:
 
     def _tick(self) -> None:
         self._tick_scheduled = False
-        to_commit: list[tuple[HostedQueue, list[Any]]] = []
+        to_commit: list[tuple[WorkQueue, list[Any]]] = []
         staged, self._staged = self._staged, {}
         for queue in staged:
             if queue.deleted:
@@ -412,7 +412,7 @@ class Broker:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _commit_queue(self, queue: HostedQueue) -> None:
+    async def _commit_queue(self, queue: WorkQueue) -> None:
         try:
             await queue.commit()
         except Exception as error:
@@ -421,7 +421,7 @@ class Broker:
             return
         self.want_dispatch(queue)
 
-    async def _commit(self, tick: _Tick, to_commit: list[tuple[HostedQueue, list[Any]]]) -> None:
+    async def _commit(self, tick: _Tick, to_commit: list[tuple[WorkQueue, list[Any]]]) -> None:
         """fsync the tick's queues; a queue whose fsync fails fails exactly the publishes
         written to it in this tick, and the others' are confirmed."""
         outcomes = await asyncio.gather(*(queue.commit() for queue, _ in to_commit),

@@ -3,7 +3,7 @@
 The metadata state machine (``server/metadata``) is the one authority for topology: it holds
 the vhost's Router (exchanges and bindings) and queue records, checks every declare, delete,
 bind and unbind as RabbitMQ does, and persists what is durable. This class turns channel
-methods into its commands and keeps the running side in step: a ``HostedQueue`` (engine plus
+methods into its commands and keeps the running side in step: a ``WorkQueue`` (engine plus
 consumers) for every queue record.
 
 Every topology change is awaited before the client gets its -ok, so a declare-ok for a
@@ -26,9 +26,9 @@ from warrenmq.exchanges.binding import Destination
 from warrenmq.exchanges.router import Router
 from warrenmq.server.metadata import commands as mc
 
-from . import arguments as queue_arguments
+from .queue import arguments as queue_arguments
 from .errors import from_routing, precondition_failed
-from .hosted_queue import HostedQueue
+from .queue.work_queue import WorkQueue
 
 log = logging.getLogger("warrenmq.server")
 
@@ -62,7 +62,7 @@ class VirtualHost:
                  batch_records_max: int) -> None:
         self.name = name
         self.store = store
-        self.queues: dict[str, HostedQueue] = {}
+        self.queues: dict[str, WorkQueue] = {}
         self.directory = data_dir / "queues" / directory_name(name)
         self._open_engine = open_engine
         self._batch_records_max = batch_records_max
@@ -88,7 +88,7 @@ class VirtualHost:
     def queue_directory(self, name: str) -> Path:
         return self.directory / directory_name(name)
 
-    def get_queue(self, name: str, owner: str) -> HostedQueue:
+    def get_queue(self, name: str, owner: str) -> WorkQueue:
         """The queue for passive declare, consume, get, bind, purge: 404, or 405 if locked."""
         record = self._run(lambda: self.store.state.lookup_queue(self.name, name, owner))
         queue = self.queues[record.name]
@@ -98,7 +98,7 @@ class VirtualHost:
 
     async def declare_queue(self, name: str, *, durable: bool, exclusive: bool,
                             auto_delete: bool, arguments: Mapping[str, Any], owner: str,
-                            server_named: bool) -> HostedQueue:
+                            server_named: bool) -> WorkQueue:
         if self.store.state.queue(self.name, name) is None:
             queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete,
                                           arguments)
@@ -111,7 +111,7 @@ class VirtualHost:
             hosted = self._host(record)
         return hosted
 
-    def _host(self, record: Any) -> HostedQueue:
+    def _host(self, record: Any) -> WorkQueue:
         directory = self.queue_directory(record.name)
         if not record.persisted and directory.exists():
             # Left by a transient queue of an earlier run.
@@ -119,7 +119,7 @@ class VirtualHost:
         engine = self._open_engine(directory, record.name, record.arguments)
         arguments = record.arguments
         queue_type = queue_arguments.queue_type(arguments)
-        queue = HostedQueue(self.name, record.name, engine, durable=record.durable,
+        queue = WorkQueue(self.name, record.name, engine, durable=record.durable,
                             auto_delete=record.auto_delete,
                             exclusive_owner=record.exclusive_owner, arguments=arguments,
                             queue_type=queue_type, batch_records_max=self._batch_records_max)
@@ -134,14 +134,14 @@ class VirtualHost:
             kept.append(directory_name(record.name))
         return kept
 
-    def check_delete(self, queue: HostedQueue, *, if_unused: bool, if_empty: bool) -> None:
+    def check_delete(self, queue: WorkQueue, *, if_unused: bool, if_empty: bool) -> None:
         rs = queue_arguments.resource("queue", queue.name, self.name)
         if if_unused and queue.consumer_count:
             raise precondition_failed(f"{rs} in use")
         if if_empty and queue.ready_count:
             raise precondition_failed(f"{rs} not empty")
 
-    def take_queue(self, queue: HostedQueue) -> bool:
+    def take_queue(self, queue: WorkQueue) -> bool:
         """Stop hosting a queue (its engine data is deleted); False if already gone."""
         if self.queues.get(queue.name) is not queue:
             return False
@@ -154,7 +154,7 @@ class VirtualHost:
         queue.engine.delete()
         return True
 
-    async def delete_queue(self, queue: HostedQueue) -> None:
+    async def delete_queue(self, queue: WorkQueue) -> None:
         """Remove the queue's record (and bindings); the caller took it with take_queue."""
         await self._apply(mc.DeleteQueue(self.name, queue.name))
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 from warrenmq.server.broker import Broker
-from warrenmq.server.channel import BrokerChannel
+from warrenmq.server.session.channel import BrokerChannel
 from warrenmq.server.config import BrokerConfig
-from warrenmq.server.hosted_queue import HostedQueue
+from warrenmq.server.queue.work_queue import WorkQueue
 
 
 class RecordingAmqp:
@@ -67,7 +67,7 @@ class GatedEngine:
 
 def gated_queue(name, *, durable=True):
     engine = GatedEngine()
-    queue = HostedQueue("/", name, engine, durable=durable, auto_delete=False,
+    queue = WorkQueue("/", name, engine, durable=durable, auto_delete=False,
                         exclusive_owner=None, arguments={}, queue_type="classic",
                         batch_records_max=128)
     return queue, engine

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 from warrenmq.log import LogConfig
-from warrenmq.server.queue import DurableQueue, QueueConfig, QueueError
-from warrenmq.server.queue import durable
-from warrenmq.server.queue.durable import ACKS_DIR, MESSAGES_DIR
+from warrenmq.server.queue import LogQueue, QueueConfig, QueueError
+from warrenmq.server.queue import log_queue
+from warrenmq.server.queue.log_queue import ACKS_DIR, MESSAGES_DIR
 
 
 def records(start, n):
@@ -29,7 +29,7 @@ SMALL = QueueConfig(
 
 
 def test_messages_come_out_in_order_with_every_field(tmp_path):
-    queue = DurableQueue.open(tmp_path)
+    queue = LogQueue.open(tmp_path)
     assert queue.append(records(0, 3), timestamp_ms=1234) == 0
     assert queue.append(records(3, 2), timestamp_ms=1235) == 3
     assert (queue.ready_count, queue.unacked_count) == (5, 0)
@@ -44,7 +44,7 @@ def test_messages_come_out_in_order_with_every_field(tmp_path):
 
 
 def test_in_order_acks_move_the_floor_and_out_of_order_ones_leave_ranges(tmp_path):
-    queue = DurableQueue.open(tmp_path)
+    queue = LogQueue.open(tmp_path)
     queue.append(records(0, 10))
     queue.take_many(10)
     assert queue.ack_many([0, 1, 2]) == 3
@@ -60,7 +60,7 @@ def test_in_order_acks_move_the_floor_and_out_of_order_ones_leave_ranges(tmp_pat
 
 
 def test_acking_what_is_not_in_flight_is_refused_without_effect(tmp_path):
-    queue = DurableQueue.open(tmp_path)
+    queue = LogQueue.open(tmp_path)
     queue.append(records(0, 3))
     assert not queue.ack(0)  # ready, never delivered
     queue.take()
@@ -73,7 +73,7 @@ def test_acking_what_is_not_in_flight_is_refused_without_effect(tmp_path):
 
 
 def test_requeued_messages_come_back_first_in_offset_order_with_counts(tmp_path):
-    queue = DurableQueue.open(tmp_path)
+    queue = LogQueue.open(tmp_path)
     queue.append(records(0, 6))
     queue.take_many(4)
     assert queue.requeue([3, 1]) == 2
@@ -85,7 +85,7 @@ def test_requeued_messages_come_back_first_in_offset_order_with_counts(tmp_path)
 
 
 def test_purge_removes_ready_messages_and_keeps_those_in_flight(tmp_path):
-    queue = DurableQueue.open(tmp_path)
+    queue = LogQueue.open(tmp_path)
     queue.append(records(0, 8))
     queue.take_many(3)
     queue.requeue([1])
@@ -101,7 +101,7 @@ def test_purge_removes_ready_messages_and_keeps_those_in_flight(tmp_path):
 
 def test_committed_acks_survive_a_crash_and_in_flight_messages_come_back_redelivered(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         queue.append(records(0, 10))
         await queue.commit()
         queue.take_many(6)
@@ -109,7 +109,7 @@ def test_committed_acks_survive_a_crash_and_in_flight_messages_come_back_redeliv
         await queue.commit()
         queue.ack(2)  # not committed: may come back
         queue.close()  # the crash: no further fsync
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         assert queue.ready_count == 7
         got = taken(queue)
         queue.close()
@@ -124,13 +124,13 @@ def test_committed_acks_survive_a_crash_and_in_flight_messages_come_back_redeliv
 
 def test_a_clean_shutdown_flags_only_what_was_delivered(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         queue.append(records(0, 10))
         queue.take_many(3)
         queue.ack(0)
         queue.requeue([1, 2])
         await queue.shutdown()
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         got = taken(queue)
         queue.close()
         return got
@@ -140,7 +140,7 @@ def test_a_clean_shutdown_flags_only_what_was_delivered(tmp_path):
 
 def test_a_message_is_delivered_only_below_a_durable_delivered_mark(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path, QueueConfig(delivered_mark_lead=4))
+        queue = LogQueue.open(tmp_path, QueueConfig(delivered_mark_lead=4))
         queue.append(records(0, 10))
         assert len(queue.take_many(10)) == 4  # the mark granted at open
         assert queue.needs_commit
@@ -158,7 +158,7 @@ def test_a_mark_written_but_not_yet_fsynced_does_not_allow_delivery(tmp_path):
     """Otherwise a crash before that fsync would bring a delivered message back as new."""
 
     async def scenario():
-        queue = DurableQueue.open(tmp_path, QueueConfig(delivered_mark_lead=4))
+        queue = LogQueue.open(tmp_path, QueueConfig(delivered_mark_lead=4))
         queue.append(records(0, 10))
         await queue.commit()
         queue.take_many(4)
@@ -174,7 +174,7 @@ def test_a_mark_written_but_not_yet_fsynced_does_not_allow_delivery(tmp_path):
 
 def test_quorum_style_delivery_waits_for_the_fsync(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path, QueueConfig(deliver_uncommitted=False))
+        queue = LogQueue.open(tmp_path, QueueConfig(deliver_uncommitted=False))
         queue.append(records(0, 3))
         assert queue.take() is None and queue.ready_count == 3
         await queue.commit()
@@ -188,7 +188,7 @@ def test_acks_of_messages_lost_in_a_crash_do_not_ack_their_successors(tmp_path):
     """The ack log can be fsynced while the message log is not; the CLIP at open covers that."""
 
     async def scenario():
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         queue.append(records(0, 2))
         await queue.commit()
         queue.append(records(2, 3))
@@ -199,12 +199,12 @@ def test_acks_of_messages_lost_in_a_crash_do_not_ack_their_successors(tmp_path):
         queue._acks.sync()
         queue._log.truncate(2)
         queue.close()
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         assert (queue.end_offset, queue.floor, queue.ready_count) == (2, 2, 0)
         queue.append(records(100, 3))  # takes offsets 2, 3, 4
         await queue.commit()
         queue.close()  # crash again
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         got = [m.body for m in queue.take_many(10)]
         queue.close()
         return got
@@ -214,7 +214,7 @@ def test_acks_of_messages_lost_in_a_crash_do_not_ack_their_successors(tmp_path):
 
 def test_acked_segments_are_deleted_and_the_ack_log_stays_small(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path, SMALL)
+        queue = LogQueue.open(tmp_path, SMALL)
         for batch in range(200):
             queue.append(records(batch * 5, 5))
             for message in queue.take_many(5):
@@ -229,7 +229,7 @@ def test_acked_segments_are_deleted_and_the_ack_log_stays_small(tmp_path):
         ack_bytes = sum(p.stat().st_size for p in (tmp_path / ACKS_DIR).glob("*.log"))
         floor = queue.floor
         queue.close()
-        queue = DurableQueue.open(tmp_path, SMALL)
+        queue = LogQueue.open(tmp_path, SMALL)
         state = (queue.floor, queue.ready_count, queue.unacked_count)
         queue.close()
         return log_segments, ack_bytes, floor, state
@@ -243,7 +243,7 @@ def test_acked_segments_are_deleted_and_the_ack_log_stays_small(tmp_path):
 
 def test_holes_survive_compaction(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path, SMALL)
+        queue = LogQueue.open(tmp_path, SMALL)
         for start in range(0, 300, 5):
             queue.append(records(start, 5))
         queue.take_many(300)
@@ -255,7 +255,7 @@ def test_holes_survive_compaction(tmp_path):
                 await queue.commit()
         await queue.commit()
         queue.close()
-        queue = DurableQueue.open(tmp_path, SMALL)
+        queue = LogQueue.open(tmp_path, SMALL)
         got = sorted(m.offset for m in queue.take_many(1000))
         queue.close()
         return got
@@ -265,7 +265,7 @@ def test_holes_survive_compaction(tmp_path):
 
 def test_needs_commit_is_false_once_everything_is_durable(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         assert not queue.needs_commit
         queue.append(records(0, 2))
         assert queue.needs_commit
@@ -283,7 +283,7 @@ def test_needs_commit_is_false_once_everything_is_durable(tmp_path):
 
 def test_a_closed_queue_refuses_work_and_delete_removes_it(tmp_path):
     directory = tmp_path / "q"
-    queue = DurableQueue.open(directory)
+    queue = LogQueue.open(directory)
     queue.append(records(0, 1))
     queue.close()
     with pytest.raises(QueueError):
@@ -292,7 +292,7 @@ def test_a_closed_queue_refuses_work_and_delete_removes_it(tmp_path):
         queue.append(records(1, 1))
     with pytest.raises(QueueError):
         run(queue.commit())
-    queue = DurableQueue.open(directory)
+    queue = LogQueue.open(directory)
     assert queue.ready_count == 1
     queue.delete()
     assert not directory.exists()
@@ -308,17 +308,17 @@ class _HeldExecutor:
 
 def test_delete_takes_the_directory_away_at_once_and_removes_it_in_a_worker(tmp_path, monkeypatch):
     executor = _HeldExecutor()
-    monkeypatch.setattr(durable, "_REMOVE_EXECUTOR", executor)
+    monkeypatch.setattr(log_queue, "_REMOVE_EXECUTOR", executor)
     directory = tmp_path / "q"
-    queue = DurableQueue.open(directory)
+    queue = LogQueue.open(directory)
     queue.append(records(0, 3))
     run(queue.commit())
     queue.delete()
     assert not directory.exists()
     (removed,) = list(tmp_path.iterdir())
-    assert removed.name.startswith("q" + durable.REMOVED_SUFFIX)
+    assert removed.name.startswith("q" + log_queue.REMOVED_SUFFIX)
     # The same name opens empty while the old files still wait for the worker.
-    queue = DurableQueue.open(directory)
+    queue = LogQueue.open(directory)
     assert queue.ready_count == 0
     queue.close()
     for fn, args, kwargs in executor.held:
@@ -335,7 +335,7 @@ def test_config_bounds_are_checked():
 
 def test_peek_shows_the_head_and_drop_head_removes_it_undelivered(tmp_path):
     async def scenario():
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         queue.append(records(0, 10))
         queue.take_many(3)
         queue.requeue([1])
@@ -350,7 +350,7 @@ def test_peek_shows_the_head_and_drop_head_removes_it_undelivered(tmp_path):
         assert (queue.ready_count, queue.unacked_count) == (0, 4)
         await queue.commit()
         queue.close()
-        queue = DurableQueue.open(tmp_path)
+        queue = LogQueue.open(tmp_path)
         # Dropped messages stay gone; the four in flight come back.
         assert sorted(m.offset for m in queue.take_many(10)) == [0, 2, 5, 6]
         queue.close()

@@ -24,13 +24,13 @@ import time
 
 import pytest
 from warrenmq.log import LogConfig
-from warrenmq.server.queue import DurableQueue, QueueConfig
+from warrenmq.server.queue import LogQueue, QueueConfig
 
 WORKER = textwrap.dedent(
     """
     import asyncio, random, sys
     from warrenmq.log import LogConfig
-    from warrenmq.server.queue import DurableQueue, QueueConfig
+    from warrenmq.server.queue import LogQueue, QueueConfig
 
     def say(line):
         sys.stdout.write(line + "\\n")
@@ -38,7 +38,7 @@ WORKER = textwrap.dedent(
 
     async def main(directory, seed, config):
         rng = random.Random(seed)
-        queue = DurableQueue.open(directory, config)
+        queue = LogQueue.open(directory, config)
         say("O")
         in_flight = []
         while True:
@@ -131,7 +131,7 @@ def test_sigkill_at_random_moments_never_breaks_the_guarantees(tmp_path):
                 committing = None
             else:
                 raise AssertionError(line)
-        queue = DurableQueue.open(directory, CONFIG)
+        queue = LogQueue.open(directory, CONFIG)
         try:
             end = queue.end_offset
             assert end >= committed_end

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 from warrenmq.log import LogConfig
-from warrenmq.server.queue import DurableQueue, QueueConfig
+from warrenmq.server.queue import LogQueue, QueueConfig
 
 # A broker appends one batch per queue per event-loop tick; 100 messages is a busy tick.
 BATCH = 100
@@ -26,7 +26,7 @@ def traced_bytes():
 
 def measure(directory, config):
     async def scenario():
-        queue = DurableQueue.open(directory, config)
+        queue = LogQueue.open(directory, config)
         tracemalloc.start()
         try:
             empty = traced_bytes()

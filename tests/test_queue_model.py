@@ -4,7 +4,7 @@ Between crashes the queue must behave exactly like a plain in-memory model (whic
 each take returns, its redelivered flag and delivery count, the counts). At a crash, each log
 keeps its fsynced part plus an arbitrary prefix of what was written after the last fsync (the
 partition log's own crash recovery is tested to leave exactly that); the reopened queue must
-then satisfy the guarantees stated in `warrenmq.server.queue.durable`:
+then satisfy the guarantees stated in `warrenmq.server.queue.log_queue`:
 
 * every committed message is there, once, and every message present is intact;
 * no message whose ack was durable comes back; every message not acked comes back;
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from warrenmq.log import LogConfig
-from warrenmq.server.queue import DurableQueue, QueueConfig
+from warrenmq.server.queue import LogQueue, QueueConfig
 
 
 class Model:
@@ -102,7 +102,7 @@ class Harness:
         self.config = config
         self.executor = ManualExecutor()
         self.model = Model()
-        self.queue = DurableQueue.open(directory, config, executor=self.executor)
+        self.queue = LogQueue.open(directory, config, executor=self.executor)
         self.in_flight_commit = None  # (task, what the model gets when it returns)
 
     async def begin_commit(self):
@@ -143,7 +143,7 @@ class Harness:
         queue.close()
 
     def reopen(self):
-        self.queue = DurableQueue.open(self.directory, self.config, executor=self.executor)
+        self.queue = LogQueue.open(self.directory, self.config, executor=self.executor)
 
 
 def config_strategy():

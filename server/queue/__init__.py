@@ -1,11 +1,14 @@
-"""Queues on the log: a durable queue is a partition log of messages plus an ack log.
+"""Everything about a work queue.
 
-`DurableQueue.open(directory, QueueConfig(...))` opens (or creates and recovers) one queue; see
-`durable.py` for its state, API and crash guarantees, `ack_log.py` for the ack log's records
-and `ranges.py` for the acked-offset set.
+`LogQueue` (`log_queue.py`) is the engine behind every queue, durable or not: a partition log
+of messages plus an ack log (`ack_log.py`, with `ranges.py` for the acked-offset set); see
+its docstring for its state, API and crash guarantees. `PriorityQueue` (`priority.py`) is one
+engine per priority level. `WorkQueue` (`work_queue.py`) is the queue as the broker hosts it:
+the engine, its limits, TTL and overflow, its consumers and dispatch. `arguments.py` checks
+queue and consumer arguments as RabbitMQ does.
 """
 
-from .durable import DurableQueue, Message, QueueConfig
 from .errors import QueueError
+from .log_queue import LogQueue, Message, QueueConfig
 
-__all__ = ["DurableQueue", "Message", "QueueConfig", "QueueError"]
+__all__ = ["LogQueue", "Message", "QueueConfig", "QueueError"]

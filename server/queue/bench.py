@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .durable import DurableQueue
+from .log_queue import LogQueue
 
 PROPERTIES = b"\x10\x00\x02"  # delivery-mode only: persistent
 
@@ -25,7 +25,7 @@ def _records(count: int, body_bytes: int) -> list[tuple[bytes, bytes, bytes, byt
     return [(b"", b"bench", PROPERTIES, body)] * count
 
 
-async def _ticks(queue: DurableQueue, messages: int, batch: int, body_bytes: int, commit: bool) -> dict[str, Any]:
+async def _ticks(queue: LogQueue, messages: int, batch: int, body_bytes: int, commit: bool) -> dict[str, Any]:
     records = _records(batch, body_bytes)
     ticks = messages // batch
     start = time.perf_counter()
@@ -44,7 +44,7 @@ async def _ticks(queue: DurableQueue, messages: int, batch: int, body_bytes: int
     return {"messages": ticks * batch, "seconds": round(seconds, 3), "msgs_per_s": round(ticks * batch / seconds)}
 
 
-async def _backlog(queue: DurableQueue, messages: int, batch: int, body_bytes: int) -> dict[str, Any]:
+async def _backlog(queue: LogQueue, messages: int, batch: int, body_bytes: int) -> dict[str, Any]:
     records = _records(batch, body_bytes)
     start = time.perf_counter()
     for _ in range(messages // batch):
@@ -73,13 +73,13 @@ async def _backlog(queue: DurableQueue, messages: int, batch: int, body_bytes: i
 async def _run(directory: Path, messages: int, batch: int, body_bytes: int) -> dict[str, Any]:
     report: dict[str, Any] = {"batch": batch, "body_bytes": body_bytes}
     for name, commit in (("no_commit", False), ("commit_every_tick", True)):
-        queue = DurableQueue.open(directory / name)
+        queue = LogQueue.open(directory / name)
         try:
             count = messages if not commit else max(batch, messages // 10)
             report[name] = await _ticks(queue, count, batch, body_bytes, commit)
         finally:
             queue.delete()
-    queue = DurableQueue.open(directory / "backlog")
+    queue = LogQueue.open(directory / "backlog")
     try:
         report["backlog"] = await _backlog(queue, messages, batch, body_bytes)
     finally:

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import fastpath
 from warrenmq.log.batch import HEADER_BYTES, RECORD_HEADER_BYTES, batch_bounds
-from warrenmq.server.queue import DurableQueue
+from .log_queue import LogQueue
 
 if TYPE_CHECKING:
-    from .channel import BrokerChannel
+    from warrenmq.server.session.channel import BrokerChannel
 
 log = logging.getLogger("warrenmq.server")
 
@@ -51,7 +51,7 @@ def _now_ms() -> int:
 class Consumer:
     tag: str
     channel: BrokerChannel
-    queue: HostedQueue
+    queue: WorkQueue
     no_ack: bool
     exclusive: bool
     priority: int
@@ -81,7 +81,7 @@ class Consumer:
         return max(0, min(count_max, channel.credit()))
 
 
-class HostedQueue:
+class WorkQueue:
     """One queue of a vhost: engine, metadata flags, consumers, per-tick publish buffer."""
 
     def __init__(self, vhost: str, name: str, engine: Any, *, durable: bool, auto_delete: bool,
@@ -308,7 +308,7 @@ class HostedQueue:
             return False
         engine = self.engine
         if (len(self.consumers) == 1 and self.bytes_max is None and not self.expires_messages
-                and isinstance(engine, DurableQueue)):
+                and isinstance(engine, LogQueue)):
             # One consumer takes every message it has credit for: hand them out a slice at
             # a time (the same messages, in the same order, as one take() per message).
             consumer = next(iter(self.consumers.values()))

@@ -4,9 +4,9 @@ RabbitMQ semantics: a queue declared with ``x-max-priority`` N has levels 0..N; 
 ``priority`` property picks its level, values above N count as N and a missing priority as 0.
 Consumers always get the highest non-empty level first, FIFO within a level.
 
-Each level is a ``DurableQueue`` in its own subdirectory, opened on its first message (a
+Each level is a ``LogQueue`` in its own subdirectory, opened on its first message (a
 queue declared with N = 255 but used with three priorities costs three logs, not 256). The
-adapter has the engine's interface, so ``HostedQueue`` does not know the difference; offsets
+adapter has the engine's interface, so ``WorkQueue`` does not know the difference; offsets
 it hands out carry the level in their low byte (``offset * 256 + level``) so acks and
 requeues find their level again.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from warrenmq.amqp import fastpath
-from warrenmq.server.queue.durable import remove_directory
+from .log_queue import remove_directory
 
 LEVEL_BITS = 8
 LEVELS_MAX = 1 << LEVEL_BITS

@@ -19,7 +19,7 @@ from typing import Any
 
 from warrenmq.exchanges.field_values import amqp_type_name
 
-from .errors import precondition_failed
+from warrenmq.exchanges.errors import PreconditionFailed as precondition_failed
 
 QUEUE_TYPES_SUPPORTED = ("classic", "quorum")
 # RabbitMQ's ?MAX_EXPIRY_TIMER: the largest TTL or expiry an Erlang timer accepts.

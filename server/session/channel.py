@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import replies
 
-from .errors import precondition_failed
+from warrenmq.server.errors import precondition_failed
 
 if TYPE_CHECKING:
     from .connection import BrokerConnection
-    from .hosted_queue import Consumer, HostedQueue
+    from warrenmq.server.queue.work_queue import Consumer, WorkQueue
 
 
 class Unacked:
@@ -29,7 +29,7 @@ class Unacked:
 
     __slots__ = ("tag", "queue", "offset", "consumer")
 
-    def __init__(self, tag: int, queue: HostedQueue, offset: int,
+    def __init__(self, tag: int, queue: WorkQueue, offset: int,
                  consumer: Consumer | None) -> None:
         self.tag = tag
         self.queue = queue
@@ -112,7 +112,7 @@ class BrokerChannel:
             self.consumer_unacked += len(messages)
         self.connection.send_deliveries(self.number, consumer.tag, first, messages)
 
-    def record_get(self, queue: HostedQueue, offset: int, no_ack: bool) -> int:
+    def record_get(self, queue: WorkQueue, offset: int, no_ack: bool) -> int:
         """A basic.get delivery: its tag (and an unacked entry unless no_ack)."""
         self.delivery_tag += 1
         if no_ack:
@@ -157,9 +157,9 @@ class BrokerChannel:
         merged = {**self.unacked, **{entry.tag: entry for entry in taken}}
         self.unacked = {tag: merged[tag] for tag in sorted(merged)}
 
-    def apply(self, taken: list[Unacked], requeue: bool | None) -> set[HostedQueue]:
+    def apply(self, taken: list[Unacked], requeue: bool | None) -> set[WorkQueue]:
         """ack (requeue None or False drops) or requeue: returns queues that may dispatch."""
-        by_queue: dict[HostedQueue, list[int]] = {}
+        by_queue: dict[WorkQueue, list[int]] = {}
         for entry in taken:
             by_queue.setdefault(entry.queue, []).append(entry.offset)
         for queue, offsets in by_queue.items():
@@ -172,16 +172,16 @@ class BrokerChannel:
         touched.update(consumer.queue for consumer in self.consumers.values())
         return touched
 
-    def settle(self, delivery_tag: int, multiple: bool, requeue: bool | None) -> set[HostedQueue]:
+    def settle(self, delivery_tag: int, multiple: bool, requeue: bool | None) -> set[WorkQueue]:
         return self.apply(self.take(delivery_tag, multiple), requeue)
 
-    def requeue_all(self) -> set[HostedQueue]:
+    def requeue_all(self) -> set[WorkQueue]:
         """basic.recover and channel close: every unacked message goes back, redelivered."""
         if not self.unacked:
             return set()
         return self.settle(0, True, True)
 
-    def queues_consumed(self) -> Iterable[HostedQueue]:
+    def queues_consumed(self) -> Iterable[WorkQueue]:
         return {consumer.queue for consumer in self.consumers.values()}
 
     # -- publishing -----------------------------------------------------------------------

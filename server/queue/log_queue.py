@@ -148,7 +148,7 @@ class _Flush(NamedTuple):
     snapshot_offset: int | None
 
 
-class DurableQueue:
+class LogQueue:
     """A queue stored in `directory`: `messages/` (the partition log) and `acks/` (the ack log).
 
     Single-threaded: call it from the event loop. `append`, `take`, `ack`, `requeue` and
@@ -191,7 +191,7 @@ class DurableQueue:
     # -- opening and closing ---------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | Path, config: QueueConfig | None = None, *, executor: Executor | None = None) -> DurableQueue:
+    def open(cls, directory: str | Path, config: QueueConfig | None = None, *, executor: Executor | None = None) -> LogQueue:
         """Open or create the queue in `directory`, recovering its state after any crash."""
         config = config or QueueConfig()
         path = Path(directory)

@@ -25,10 +25,12 @@ from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.exchanges.router import EXCHANGE_TYPES
 
-from . import arguments as queue_arguments
-from .arguments import EXPIRY_MS_MAX
+from warrenmq.server.queue import arguments as queue_arguments
+from warrenmq.server.queue.arguments import EXPIRY_MS_MAX
+from warrenmq.server.queue.work_queue import Consumer, WorkQueue
+from warrenmq.server.vhost import REPLY_TO_QUEUE, VirtualHost, generated_name
 from .channel import BrokerChannel
-from .errors import (
+from warrenmq.server.errors import (
     access_refused,
     command_invalid,
     from_routing,
@@ -37,11 +39,9 @@ from .errors import (
     not_implemented,
     precondition_failed,
 )
-from .hosted_queue import Consumer, HostedQueue
-from .vhost import REPLY_TO_QUEUE, VirtualHost, generated_name
 
 if TYPE_CHECKING:
-    from .broker import Broker
+    from warrenmq.server.broker import Broker
 
 log = logging.getLogger("warrenmq.server")
 
@@ -66,7 +66,7 @@ class BrokerConnection(asyncio.Protocol):
         self.vhost: VirtualHost | None = None
         self.username = ""
         self.writable = True
-        self.exclusive_queues: dict[str, HostedQueue] = {}
+        self.exclusive_queues: dict[str, WorkQueue] = {}
         # The exclusive-owner identity the metadata state records for this connection.
         self.owner = f"connection-{self.id}"
         self.decoded_names: dict[bytes, str] = {}
@@ -125,6 +125,10 @@ class BrokerConnection(asyncio.Protocol):
             except replies.ProtocolError as error:
                 self._fail(error, getattr(event, "channel", 0))
                 continue
+            except RoutingError as error:
+                # The core refuses with a reply code and RabbitMQ's text; here it becomes AMQP.
+                self._fail(from_routing(error), getattr(event, "channel", 0))
+                continue
             except Exception as error:
                 # A bug or a storage failure: this connection ends, the broker carries on.
                 log.exception("connection %s: internal error handling %s", self.name,
@@ -155,6 +159,8 @@ class BrokerConnection(asyncio.Protocol):
             error = future.exception()
             if isinstance(error, replies.ProtocolError):
                 self._fail(error, channel)
+            elif isinstance(error, RoutingError):
+                self._fail(from_routing(error), channel)
             elif error is not None:
                 log.error("connection %s: internal error: %r", self.name, error,
                           exc_info=error)
