@@ -31,10 +31,10 @@ from warrenmq.server.queue import LogQueue, QueueConfig
 
 from .session.channel import BrokerChannel
 from .config import BrokerConfig
-from .session.connection import REPLY_TO_PREFIX, BrokerConnection
+from .session.connection import BrokerConnection
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
-from .vhost import VirtualHost, generated_name
+from .vhost import REPLY_TO_PREFIX, VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
 
@@ -111,7 +111,8 @@ class Broker:
 
     def _new_vhost(self, name: str) -> VirtualHost:
         vhost = VirtualHost(name, self.data_dir, self.store, open_engine=self._open_engine,
-                            batch_records_max=self.config.queue_batch_records_max)
+                            batch_records_max=self.config.queue_batch_records_max,
+                            staged=self.staged, deliver_reply=self.deliver_reply)
         self.vhosts[name] = vhost
         return vhost
 

@@ -13,6 +13,7 @@ durable entity means it survives a restart.
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import logging
 import os
@@ -20,8 +21,9 @@ import shutil
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import Destination
 from warrenmq.exchanges.router import Router
 from warrenmq.server.metadata import commands as mc
@@ -33,7 +35,48 @@ from .queue.work_queue import WorkQueue
 log = logging.getLogger("warrenmq.server")
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 _DIRECTORY_NAME_CHARS_MAX = 200
+_HEADERS_FLAG_BYTE0 = 0x20  # Basic properties flag 0x2000: the headers table is present
+# Exchange names and routing keys keep their encoded form in a small cache; a flood of
+# distinct keys just clears it.
+_ENCODED_NAMES_MAX = 1024
+
+
+class Published(enum.Enum):
+    """What became of one publish."""
+
+    ROUTED = "routed"
+    """Staged on every queue it was routed to."""
+    REFUSED = "refused"
+    """Routed, and refused by at least one queue (x-overflow reject-publish): nack it."""
+    UNROUTABLE = "unroutable"
+    """No queue took it: return it to a mandatory publisher."""
+    REPLIED = "replied"
+    """A direct reply-to message, handed to the waiting reply consumer (never stored)."""
+
+
+class Route(NamedTuple):
+    """Where a message goes: queue names, and its properties as they are to be stored (BCC
+    removed)."""
+
+    queues: Any
+    properties: bytes
+
+
+def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
+    """The routing key plus the CC and BCC headers' strings (RabbitMQ's sender-selected
+    distribution: arrays of long strings; anything else in them is ignored)."""
+    keys = [routing_key]
+    for header in ("CC", "BCC"):
+        values = headers.get(header)
+        if isinstance(values, list):
+            for value in values:
+                if isinstance(value, bytes):
+                    value = value.decode("utf-8", "replace")
+                if isinstance(value, str) and value not in keys:
+                    keys.append(value)
+    return keys
 
 
 def generated_name(prefix: str) -> str:
@@ -57,12 +100,24 @@ def _metadata_error(error: Exception) -> Exception:
 
 
 class VirtualHost:
+    """The broker core for one vhost: every caller (the AMQP session, dead-lettering, the
+    HTTP API) publishes, declares and consumes through it.
+
+    `staged(queue)` tells the broker's tick that a queue has records to write;
+    `deliver_reply(routing_key, exchange, properties, body)` hands a direct reply-to message
+    to its waiting consumer, False if there is none.
+    """
+
     def __init__(self, name: str, data_dir: Path, store: Any, *,
                  open_engine: Callable[[Path, str, Mapping[str, Any]], Any],
-                 batch_records_max: int) -> None:
+                 batch_records_max: int, staged: Callable[[WorkQueue], None],
+                 deliver_reply: Callable[[str, str, bytes, bytes], bool]) -> None:
         self.name = name
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
+        self._staged = staged
+        self._deliver_reply = deliver_reply
+        self._encoded_names: dict[str, bytes] = {}
         self.directory = data_dir / "queues" / directory_name(name)
         self._open_engine = open_engine
         self._batch_records_max = batch_records_max
@@ -82,6 +137,71 @@ class VirtualHost:
             return call()
         except Exception as error:
             raise _metadata_error(error) from None
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes, *,
+                persistent: bool, expiring: bool = False, publisher: Any = None) -> Published:
+        """Route a message and stage it on its queues (written by the next tick).
+
+        `publisher` is whoever waits for it to be stored (see `WorkQueue.stage`).
+        """
+        if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
+            replied = self._deliver_reply(routing_key, exchange, properties, body)
+            return Published.REPLIED if replied else Published.UNROUTABLE
+        route = self.route(exchange, routing_key, properties)
+        return self.stage(route, exchange, routing_key, body, persistent=persistent,
+                          expiring=expiring, publisher=publisher)
+
+    def route(self, exchange: str, routing_key: str, properties: bytes) -> Route:
+        """The queues a message goes to (sender-selected CC/BCC included), without staging
+        it: a transaction routes at publish and stages at commit, as RabbitMQ does."""
+        headers = None
+        routing_keys = None
+        if properties and properties[0] & _HEADERS_FLAG_BYTE0:
+            decoded = frames.decode_properties(properties)
+            headers = decoded.headers
+            if headers and ("CC" in headers or "BCC" in headers):
+                routing_keys = _sender_selected_keys(routing_key, headers)
+                if "BCC" in headers:
+                    # RabbitMQ removes BCC before storing; CC stays visible.
+                    decoded.headers = {k: v for k, v in headers.items() if k != "BCC"}
+                    properties = frames.encode_properties(decoded)
+        if exchange == "" and routing_keys is None:
+            # The default exchange routes to the queue named by the key: no Router call (and
+            # no set built) on the commonest path.
+            return Route((routing_key,) if routing_key in self.queues else (), properties)
+        router = self.router
+        if routing_keys is None:
+            return Route(router.route(exchange, routing_key, headers), properties)
+        return Route(router.route_keys(exchange, routing_keys, headers), properties)
+
+    def stage(self, route: Route, exchange: str, routing_key: str, body: bytes, *,
+              persistent: bool, expiring: bool, publisher: Any) -> Published:
+        """Stage a routed message on each of its queues that still exists."""
+        if not route.queues:
+            return Published.UNROUTABLE
+        record = (self._encoded(exchange), self._encoded(routing_key), route.properties, body)
+        refused = False
+        queues = self.queues
+        staged = self._staged
+        for name in route.queues:
+            queue = queues.get(name)
+            if queue is not None:
+                if queue.stage(record, persistent, expiring, publisher):
+                    staged(queue)
+                else:
+                    refused = True
+        return Published.REFUSED if refused else Published.ROUTED
+
+    def _encoded(self, name: str) -> bytes:
+        names = self._encoded_names
+        encoded = names.get(name)
+        if encoded is None:
+            if len(names) >= _ENCODED_NAMES_MAX:
+                names.clear()
+            encoded = names[name] = name.encode()
+        return encoded
 
     # -- queues ---------------------------------------------------------------------------
 

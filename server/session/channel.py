@@ -62,7 +62,6 @@ class BrokerChannel:
         self.tx = False
         self.tx_publishes: list[Any] = []
         self.tx_settles: list[tuple[list[Unacked], bool | None]] = []
-        self.encoded_names: dict[str, bytes] = {}
         # Exchanges this channel may write to (checked once, as permissions change rarely).
         self.writable_exchanges: set[str] = set()
 

@@ -28,7 +28,14 @@ from warrenmq.exchanges.router import EXCHANGE_TYPES
 from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.arguments import EXPIRY_MS_MAX
 from warrenmq.server.queue.work_queue import Consumer, WorkQueue
-from warrenmq.server.vhost import REPLY_TO_QUEUE, VirtualHost, generated_name
+from warrenmq.server.vhost import (
+    REPLY_TO_PREFIX,
+    REPLY_TO_QUEUE,
+    Published,
+    Route,
+    VirtualHost,
+    generated_name,
+)
 from .channel import BrokerChannel
 from warrenmq.server.errors import (
     access_refused,
@@ -45,9 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("warrenmq.server")
 
-REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 _REPLY_TO_BYTES = REPLY_TO_QUEUE.encode()
-_HEADERS_FLAG_BYTE0 = 0x20  # Basic properties flag 0x2000: the headers table is present
 _connection_ids = itertools.count(1)
 # Exchange names and routing keys keep their encoded (publish) and decoded (deliver) forms
 # in small per-channel/per-connection caches; a flood of distinct keys just clears them.
@@ -350,74 +355,40 @@ class BrokerConnection(asyncio.Protocol):
         if _REPLY_TO_BYTES in properties:
             properties = self._rewrite_reply_to(channel, properties)
         routing_key = event.routing_key
+        vhost = self.vhost
+        publisher = channel.publisher(event.confirm_tag)
         if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
-            delivered = self.broker.deliver_reply(routing_key, exchange, properties, event.body)
-            targets: Any = ()
-            if delivered:
-                targets = None
-        else:
-            headers = None
-            routing_keys = None
-            if properties and properties[0] & _HEADERS_FLAG_BYTE0:
-                decoded = frames.decode_properties(properties)
-                headers = decoded.headers
-                if headers and ("CC" in headers or "BCC" in headers):
-                    routing_keys = _sender_selected_keys(routing_key, headers)
-                    if "BCC" in headers:
-                        # RabbitMQ removes BCC before storing; CC stays visible.
-                        decoded.headers = {k: v for k, v in headers.items() if k != "BCC"}
-                        properties = frames.encode_properties(decoded)
-            try:
-                if exchange == "" and routing_keys is None:
-                    # The default exchange routes to the queue named by the key: no Router
-                    # call (and no set built) on the commonest path.
-                    targets = (routing_key,) if routing_key in self.vhost.queues else ()
-                elif routing_keys is None:
-                    targets = self.vhost.router.route(exchange, routing_key, headers)
-                else:
-                    targets = self.vhost.router.route_keys(exchange, routing_keys, headers)
-            except RoutingError as error:
-                raise from_routing(error) from None
-        if channel.tx:
-            channel.tx_publishes.append((event, properties, targets))
+            # Direct reply-to goes out at once, in a transaction too (RabbitMQ does the same).
+            outcome = vhost.publish(exchange, routing_key, properties, event.body,
+                                    persistent=False, publisher=publisher)
+            self._published(channel, event, properties, outcome)
             return
-        self._deliver_published(channel, event, properties, targets)
-        return
+        route = vhost.route(exchange, routing_key, properties)
+        if channel.tx:
+            channel.tx_publishes.append((event, route))
+            return
+        self._stage(channel, event, route)
 
-    def _deliver_published(self, channel: BrokerChannel, event: events.MessagePublished,
-                           properties: bytes, targets: Any) -> None:
-        broker = self.broker
-        refused = False
-        if targets:
-            names = channel.encoded_names
-            exchange = names.get(event.exchange)
-            if exchange is None:
-                exchange = names[event.exchange] = event.exchange.encode()
-            routing_key = names.get(event.routing_key)
-            if routing_key is None:
-                routing_key = names[event.routing_key] = event.routing_key.encode()
-            if len(names) > _ENCODED_NAMES_MAX:
-                names.clear()
-            record = (exchange, routing_key, properties, event.body)
-            persistent = event.delivery_mode == 2
-            expiring = event.expiration is not None
-            publisher = channel.publisher(event.confirm_tag)
-            queues = self.vhost.queues
-            for name in targets:
-                queue = queues.get(name)
-                if queue is not None:
-                    if queue.stage(record, persistent, expiring, publisher):
-                        broker.staged(queue)
-                    else:
-                        refused = True
-            if refused and channel.tx:
-                # A queue refused the transaction's message (x-overflow reject-publish).
-                channel.tx_failed = True
-        elif targets is not None and event.mandatory:
+    def _stage(self, channel: BrokerChannel, event: events.MessagePublished,
+               route: Route) -> None:
+        outcome = self.vhost.stage(route, event.exchange, event.routing_key, event.body,
+                                   persistent=event.delivery_mode == 2,
+                                   expiring=event.expiration is not None,
+                                   publisher=channel.publisher(event.confirm_tag))
+        self._published(channel, event, route.properties, outcome)
+
+    def _published(self, channel: BrokerChannel, event: events.MessagePublished,
+                   properties: bytes, outcome: Published) -> None:
+        """Answer the publisher: basic.return, a confirm, a failed transaction."""
+        refused = outcome is Published.REFUSED
+        if refused and channel.tx:
+            # A queue refused the transaction's message (x-overflow reject-publish).
+            channel.tx_failed = True
+        elif outcome is Published.UNROUTABLE and event.mandatory:
             self.amqp.basic_return(event.channel, replies.NO_ROUTE, "", event.exchange,
                                    event.routing_key, properties, event.body)
         if event.confirm_tag:
-            broker.stage_confirm(channel, event.confirm_tag, refused)
+            self.broker.stage_confirm(channel, event.confirm_tag, refused)
 
     def _rewrite_reply_to(self, channel: BrokerChannel, properties: bytes) -> bytes:
         decoded = frames.decode_properties(properties)
@@ -515,21 +486,6 @@ def _check_expiration(expiration: str) -> None:
     else:
         return
     raise precondition_failed(f"invalid expiration '{expiration}': {reason}")
-
-
-def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
-    """The routing key plus the CC and BCC headers' strings (RabbitMQ's sender-selected
-    distribution: arrays of long strings; anything else in them is ignored)."""
-    keys = [routing_key]
-    for header in ("CC", "BCC"):
-        values = headers.get(header)
-        if isinstance(values, list):
-            for value in values:
-                if isinstance(value, bytes):
-                    value = value.decode("utf-8", "replace")
-                if isinstance(value, str) and value not in keys:
-                    keys.append(value)
-    return keys
 
 
 # -- channel methods ---------------------------------------------------------------------------
@@ -781,8 +737,8 @@ def _tx_commit(conn: BrokerConnection, channel: BrokerChannel,
     channel.tx_check()
     publishes, channel.tx_publishes = channel.tx_publishes, []
     settles, channel.tx_settles = channel.tx_settles, []
-    for event, properties, targets in publishes:
-        conn._deliver_published(channel, event, properties, targets)
+    for event, route in publishes:
+        conn._stage(channel, event, route)
     for taken, requeue in settles:
         for queue in channel.apply(taken, requeue):
             conn.broker.want_dispatch(queue)
