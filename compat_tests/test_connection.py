@@ -220,6 +220,28 @@ def test_channel_above_channel_max_closes_connection(broker):
     )
 
 
+def test_channel_numbers_above_channel_max_open_while_the_count_allows(broker, uid):
+    # rabbit_reader:create_channel/2 compares the count of open channels with channel_max,
+    # never the channel number; clients' own test suites open channel 65535.
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        assert raw.tune.channel_max == 2047
+        raw.open_channel(65535)
+        raw.send(65535, commands.Queue.Declare(queue=f"{uid}-q", exclusive=True))
+        channel, ok = raw.expect(commands.Queue.DeclareOk)
+        assert (channel, ok.queue) == (65535, f"{uid}-q")
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(channel_max=2)
+        raw.open_channel(7)
+        raw.open_channel(65535)
+        raw.send(3, commands.Channel.Open())
+        close = raw.expect_connection_close()
+    assert close.reply_code == 530
+    assert close.reply_text == (
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+    )
+
+
 def test_frame_above_frame_max_closes_with_501(broker):
     with RawClient(broker.host, broker.port) as raw:
         raw.handshake(frame_max=4096)

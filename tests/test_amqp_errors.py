@@ -271,15 +271,19 @@ def test_frames_on_channels_before_open_close_silently():
 
 # -- channel limits --------------------------------------------------------------------------
 
-def test_channel_max_is_enforced_by_count_and_by_number():
+def test_channel_max_is_enforced_by_count_only():
     conn = connected(channels=(1, 2), channel_max=2)
     assert connection_close(conn, testing.marshal(3, commands.Channel.Open())) == (
         530, "NOT_ALLOWED - number of channels opened (2) has reached the negotiated "
              "channel_max (2)", 0, 0)
-    conn = connected(channels=(1,), channel_max=2)
-    assert connection_close(conn, testing.marshal(7, commands.Channel.Open())) == (
-        530, "NOT_ALLOWED - channel number 7 is higher than the negotiated channel_max (2)",
-        0, 0)
+    # As rabbit_reader:create_channel/2: numbers above channel_max open while the count allows.
+    conn = connected(channels=(65535,), channel_max=2)
+    conn.receive_data(testing.marshal(7, commands.Channel.Open()), 1.0)
+    assert testing.drain(conn) == [events.ChannelOpened(7)]
+    assert conn.channel_is_open(65535) and conn.channel_is_open(7)
+    assert connection_close(conn, testing.marshal(3, commands.Channel.Open())) == (
+        530, "NOT_ALLOWED - number of channels opened (2) has reached the negotiated "
+             "channel_max (2)", 0, 0)
 
 
 # -- after close ------------------------------------------------------------------------------
