@@ -678,7 +678,11 @@ class Connection:
         return ch is not None and ch.state is ChannelState.OPEN
 
     def send_method(self, channel, method):
-        """Queue a pamqp method. Returns False (and sends nothing) if the channel is not open."""
+        """Queue a pamqp method. Returns False (and sends nothing) if the channel is not open.
+
+        Replies that carry a queue name or consumer tag go through ``declare_ok``,
+        ``consume_ok`` and ``cancel_ok`` instead: pamqp refuses names RabbitMQ accepts.
+        """
         assert not isinstance(method, (commands.Channel.Close, commands.Connection.Close)), \
             "close with fail() or close(), so the machine tracks the handshake"
         if channel != 0 and not self.channel_is_open(channel):
@@ -686,6 +690,28 @@ class Connection:
         if channel == 0 and self.state is not S.OPEN:
             return False
         self._send(frames.encode_method(channel, method))
+        return True
+
+    def declare_ok(self, channel, queue, message_count, consumer_count):
+        """Queue queue.declare-ok for any name RabbitMQ accepts. False if the channel is not
+        open."""
+        if not self.channel_is_open(channel):
+            return False
+        self._send(fastpath.encode_declare_ok(channel, queue, message_count, consumer_count))
+        return True
+
+    def consume_ok(self, channel, consumer_tag):
+        """Queue basic.consume-ok. False if the channel is not open."""
+        if not self.channel_is_open(channel):
+            return False
+        self._send(fastpath.encode_consume_ok(channel, consumer_tag))
+        return True
+
+    def cancel_ok(self, channel, consumer_tag):
+        """Queue basic.cancel-ok. False if the channel is not open."""
+        if not self.channel_is_open(channel):
+            return False
+        self._send(fastpath.encode_cancel_ok(channel, consumer_tag))
         return True
 
     def deliver(self, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,

@@ -9,6 +9,11 @@ Decoders take a method payload *including* its 4 class/method id bytes and raise
 on anything malformed (RabbitMQ's generated decoders are exact binary patterns, so trailing
 bytes are an error too). Encoders return complete frames.
 
+The replies that carry a queue name or a consumer tag (queue.declare-ok, basic.consume-ok,
+basic.cancel-ok) are encoded here too, though they are not on the message path: pamqp checks
+names against a pattern narrower than what RabbitMQ accepts (any UTF-8 up to 255 bytes), and
+would refuse a reply for a queue RabbitMQ declares.
+
 Content properties stay as the bytes the client sent. ``scan_properties`` walks them once to
 check their structure and pick out the few fields the broker acts on, without building an
 object; ``frames.decode_properties`` does the full (pamqp) decode when a header is needed.
@@ -18,7 +23,11 @@ import struct
 
 from . import frames
 
+QUEUE_CLASS = 50
+DECLARE_OK_METHOD = 11
 BASIC_CLASS = 60
+CONSUME_OK_METHOD = 21
+CANCEL_OK_METHOD = 31
 PUBLISH_METHOD = 40
 RETURN_METHOD = 50
 DELIVER_METHOD = 60
@@ -36,6 +45,7 @@ _BODY_HEAD = frames.HEADER
 _TAG_AND_BITS = struct.Struct(">QB")
 _REPLY_CODE = struct.Struct(">H")
 _MESSAGE_COUNT = struct.Struct(">I")
+_DECLARE_OK_COUNTS = struct.Struct(">II")
 _ACK_PAYLOAD = struct.Struct(">HHQB")
 _ACK_PAYLOAD_BYTES = _ACK_PAYLOAD.size
 _ACK_FRAME = struct.Struct(">BHIHHQBB")
@@ -375,6 +385,35 @@ def encode_return(channel, reply_code, reply_text, exchange, routing_key, proper
     ]
     _content_frames(parts, channel, property_bytes, body, frame_max)
     return b"".join(parts)
+
+
+def encode_declare_ok(channel, queue, message_count, consumer_count):
+    """A queue.declare-ok frame, for any queue name RabbitMQ accepts."""
+    name = _shortstr(queue)
+    return b"".join((
+        _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 13 + len(name), QUEUE_CLASS,
+                          DECLARE_OK_METHOD),
+        bytes((len(name),)), name, _DECLARE_OK_COUNTS.pack(message_count, consumer_count),
+        _FRAME_END,
+    ))
+
+
+def encode_consume_ok(channel, consumer_tag):
+    """A basic.consume-ok frame, for any consumer tag."""
+    return _consumer_tag_frame(channel, CONSUME_OK_METHOD, consumer_tag)
+
+
+def encode_cancel_ok(channel, consumer_tag):
+    """A basic.cancel-ok frame, for any consumer tag."""
+    return _consumer_tag_frame(channel, CANCEL_OK_METHOD, consumer_tag)
+
+
+def _consumer_tag_frame(channel, method_id, consumer_tag):
+    tag = _shortstr(consumer_tag)
+    return b"".join((
+        _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 5 + len(tag), BASIC_CLASS, method_id),
+        bytes((len(tag),)), tag, _FRAME_END,
+    ))
 
 
 def encode_ack(channel, delivery_tag, multiple):

@@ -398,6 +398,23 @@ def test_passive_declare_of_missing_queue_is_404(conn):
     assert closed_with(excinfo) == (404, "NOT_FOUND - no queue 'missing-queue' in vhost '/'")
 
 
+@pytest.mark.parametrize("suffix", ["café", "a%b", "star*", "paren(1)", "tab\there",
+                                    "rabbit-\N{RABBIT}"])
+def test_any_utf8_name_is_declared_consumed_and_deleted(broker, conn, suffix):
+    queue = f"{name()}-{suffix}"
+    ch = conn.channel()
+    assert ch.queue_declare(queue, durable=True).method.queue == queue
+    assert broker.broker.store.state.queue("/", queue).durable
+    ch.basic_publish("", queue, b"x")
+    tag = ch.basic_consume(queue, lambda *args: None, consumer_tag=f"ctag-{suffix}")
+    assert tag == f"ctag-{suffix}"
+    ch.basic_cancel(tag)
+    ok = ch.queue_declare(queue, passive=True).method
+    assert (ok.queue, ok.consumer_count) == (queue, 0)
+    ch.queue_delete(queue)
+    assert broker.broker.store.state.queue("/", queue) is None
+
+
 def test_reserved_queue_name_is_403(conn):
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:

@@ -258,6 +258,17 @@ def test_declare_queue_persisted_only_when_durable_and_not_exclusive():
     assert exclusive.writes == () and exclusive.queue.exclusive
 
 
+def test_declare_queue_refuses_a_name_no_reply_could_carry_before_any_write():
+    # queue.declare-ok carries the name as a shortstr (255 bytes); a longer name is refused
+    # here, before its row is written, so no durable queue exists that a reply cannot name.
+    state = fresh()
+    longest = "é" * 127 + "a"
+    assert kinds(state.apply(c.DeclareQueue("/", longest, durable=True))) == ["put_queue"]
+    with pytest.raises(PreconditionFailed, match="queue name longer than 255 bytes"):
+        state.apply(c.DeclareQueue("/", "é" * 128, durable=True))
+    assert set(state.queues("/")) == {longest}
+
+
 def test_declare_queue_reserved_prefix_and_server_named():
     state = fresh()
     with pytest.raises(AccessRefused) as error:
