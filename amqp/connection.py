@@ -43,9 +43,13 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
   A header or body frame on channel 0, or a heartbeat on another channel, is 505
   UNEXPECTED_FRAME "type T, all octets = <<...>>".
 * Methods on channel 0 in the wrong state: 504 CHANNEL_ERROR "unexpected method in connection
-  state running" (or starting, tuning, opening). Undecodable arguments: 501 "cannot decode
-  <<...>>" with the method's ids. A method id pamqp does not know: 540 NOT_IMPLEMENTED
-  "unknown method {C,M}" (RabbitMQ's reader crashes on it, which drops the socket).
+  state running" (or starting, tuning, opening). Undecodable arguments (truncated, or bytes
+  after the last field): 501 "cannot decode <<...>>" with the method's ids. A field table
+  among them that does not parse (``field_table``) crashes RabbitMQ's reader: the socket
+  closes with no connection.close, and so it does here; only on channel 0 of an open
+  connection is the crash caught, and answered 541 INTERNAL_ERROR "INTERNAL_ERROR" with ids
+  0. A method id pamqp does not know: 540 NOT_IMPLEMENTED "unknown method {C,M}" (RabbitMQ's
+  reader crashes on it, which drops the socket).
 * Channels: a frame for a new channel when channel_max channels are open is 530 NOT_ALLOWED
   "number of channels opened (N) has reached the negotiated channel_max (M)". channel_max
   bounds how many channels are open, not their numbers: any number from 1 to 65535 may be
@@ -69,7 +73,7 @@ from dataclasses import dataclass, field
 
 from pamqp import commands
 
-from . import auth, events, fastpath, frames, replies
+from . import auth, events, fastpath, field_table, frames, replies
 from .channel import (
     AWAIT_METHOD,
     CHANNEL_CLOSE,
@@ -330,6 +334,15 @@ class Connection:
                     event = self._frame_handshake(frame_type, channel_number, payload)
             except replies.ProtocolError as error:
                 self._fail(error, channel_number)
+                event = None
+            except field_table.MalformedFieldTable as error:
+                if state is _OPEN and channel_number == 0:
+                    # rabbit_reader:handle_method0 catches the crash and answers a bare 541.
+                    self._fail(replies.AMQPConnectionError(replies.INTERNAL_ERROR, ""), 0)
+                else:
+                    # Anywhere else the crash ends RabbitMQ's reader: the socket closes and
+                    # nothing is sent.
+                    self._abort(0, f"malformed field table: {error}")
                 event = None
             if pending:
                 if event is not None:

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import body as pamqp_body
 from pamqp import commands
+from pamqp import encode as pamqp_encode
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
-from warrenmq.amqp import Connection, fastpath, frames, testing
+from warrenmq.amqp import Connection, fastpath, field_table, frames, testing
 
 shortstr = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
 # pamqp validates exchange names on marshal (RabbitMQ's name alphabet, 127 bytes at most).
@@ -255,12 +256,27 @@ def test_property_check_lets_through_only_what_a_client_parses(props, damage):
 
 def test_header_tables_nested_too_deep_are_refused():
     deep = {}
-    for _ in range(fastpath.TABLE_DEPTH_MAX + 1):
+    for _ in range(field_table.TABLE_DEPTH_MAX + 1):
         deep = {"n": deep}
     with pytest.raises(ValueError):
         fastpath.scan_properties(commands.Basic.Properties(headers=deep).marshal())
-    wide = {f"k{i}": {"n": {}} for i in range(fastpath.TABLE_DEPTH_MAX * 2)}
+    wide = {f"k{i}": {"n": {}} for i in range(field_table.TABLE_DEPTH_MAX * 2)}
     assert fastpath.scan_properties(commands.Basic.Properties(headers=wide).marshal())
+
+
+def test_field_table_check_tells_bytes_that_are_no_table_from_refused_tables():
+    for table in (b"\x01aS" + struct.pack(">I", 50) + b"hi", b"\x01aS\x00\x00\x00\x00\x00",
+                  b"\x01aZ\x00", b"\x01a", b"\x01al\x00"):
+        with pytest.raises(field_table.MalformedFieldTable):
+            field_table.check(table, 0, len(table))
+    with pytest.raises(UnicodeDecodeError):
+        field_table.check(b"\x02\xff\xfeV", 0, 4)
+    deep = {}
+    for _ in range(field_table.TABLE_DEPTH_MAX + 1):
+        deep = {"n": deep}
+    table = pamqp_encode.field_table(deep)
+    with pytest.raises(ValueError):
+        field_table.check(table, 4, len(table))
 
 
 def test_unknown_property_flags_are_refused():
