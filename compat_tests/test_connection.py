@@ -145,6 +145,36 @@ def test_other_users_may_log_in_remotely(seeded):
     conn.close()
 
 
+@pytest.fixture
+def loopback_users(seeded):
+    """Set loopback_users on the seeded broker for one test; RabbitMQ's default comes back."""
+    if seeded.external_host is None:
+        pytest.skip("the broker is not reachable on a non-loopback address here")
+    yield seeded.set_loopback_users
+    seeded.set_loopback_users(("guest",))
+
+
+def _remote_login(broker, user: str, password: str) -> None:
+    conn = amqp.Connection(f"{broker.external_host}:{broker.port}", userid=user, password=password,
+                           login_method="PLAIN", connect_timeout=5)
+    conn.connect()
+    conn.close()
+
+
+def test_loopback_users_names_who_may_log_in_from_loopback_only(seeded, loopback_users):
+    from compat_harness import LIMITED_USER
+
+    loopback_users(())
+    _remote_login(seeded, "guest", "guest")
+    loopback_users((LIMITED_USER[0],))
+    _remote_login(seeded, "guest", "guest")
+    with pytest.raises(amqp.exceptions.AccessRefused) as refused:
+        _remote_login(seeded, *LIMITED_USER)
+    assert refused.value.reply_code == 403
+    assert refused.value.reply_text == LOGIN_REFUSED.format("PLAIN")
+    pika.BlockingConnection(seeded.params(credentials=pika.PlainCredentials(*LIMITED_USER))).close()
+
+
 def test_unknown_vhost_refused_with_530(broker):
     with pytest.raises(amqp.exceptions.NotAllowed) as refused:
         _py_amqp(broker, virtual_host="no-such-vhost")

@@ -777,6 +777,30 @@ def test_guest_is_refused_from_a_non_loopback_address(broker):
     assert remote is None and local is not None
 
 
+def test_loopback_users_setting_is_who_may_log_in_from_loopback_only(tmp_path):
+    from warrenmq.server.metadata import commands as metadata_commands
+    from warrenmq.server.metadata import passwords
+
+    running = ThreadBroker(tmp_path, loopback_users=("bob",)).start()
+    try:
+        broker = running.broker
+        running.call(broker.store.apply(metadata_commands.AddUser(
+            "bob", passwords.hash_password("pw", log2_n=2))))
+        running.call(broker.store.apply(metadata_commands.SetPermissions(
+            "bob", "/", ".*", ".*", ".*")))
+
+        async def login(user, password, host):
+            return await broker.authenticate(user, password, host, "PLAIN") is not None
+
+        assert running.call(login("guest", "guest", "10.1.2.3"))
+        assert not running.call(login("bob", "pw", "10.1.2.3"))
+        assert running.call(login("bob", "pw", "127.0.0.1"))
+        local = running.connect(credentials=pika.PlainCredentials("bob", "pw"))
+        local.close()
+    finally:
+        running.stop()
+
+
 def test_bad_protocol_header_gets_ours_and_a_close(broker):
     import socket
     with socket.create_connection(("127.0.0.1", broker.port), timeout=2) as sock:

@@ -30,7 +30,7 @@ HASH = passwords.hash_password("secret", log2_n=2, salt=b"saltsalt")
 def fresh() -> MetadataState:
     state = MetadataState()
     state.apply(c.DeclareVhost("/"))
-    state.apply(c.AddUser("guest", HASH, ("administrator",), loopback_only=True))
+    state.apply(c.AddUser("guest", HASH, ("administrator",)))
     state.apply(c.SetPermissions("guest", "/", ".*", ".*", ".*"))
     return state
 
@@ -120,7 +120,7 @@ def test_change_password_and_tags_keep_the_rest():
     state.apply(c.ChangePassword("guest", other))
     state.apply(c.SetUserTags("guest", ("monitoring",)))
     user = state.users["guest"]
-    assert user.password_hash == other and user.tags == ("monitoring",) and user.loopback_only
+    assert user.password_hash == other and user.tags == ("monitoring",)
     with pytest.raises(NotFound):
         state.apply(c.ChangePassword("nobody", other))
     with pytest.raises(NotFound):
@@ -499,7 +499,6 @@ def test_snapshot_round_trip_keeps_transient_and_exclusive_entities():
     assert copy.snapshot() == snapshot
     assert copy.queue("v1", "amq.gen-1").exclusive_owner == "c1"
     assert copy.router("v1").route("h", "", {"k": b"\x00v"}) == frozenset({"amq.gen-1"})
-    assert copy.users["guest"].loopback_only
 
 
 @pytest.mark.parametrize("data", [b"", b"{}", b"[1]", b'{"format": 1}', b"\xff"])
