@@ -13,6 +13,12 @@ event. Errors follow RabbitMQ's ``rabbit_command_assembler`` and ``rabbit_channe
   class 60, got one for class N instead" / "... got non content header frame instead";
 * a body frame longer than what remains of the announced body size: 501 FRAME_ERROR "content
   body frame exceeds remaining content size";
+* content-header property bytes that do not parse (a length past the end, trailing bytes, a
+  malformed headers table): 541 INTERNAL_ERROR with no explanation and ids 0, as RabbitMQ's
+  reader answers when the channel process crashes decoding them. Properties that parse but
+  are refused here though RabbitMQ takes them (text that is not UTF-8, an unknown flag,
+  headers nested deeper than ``field_table.TABLE_DEPTH_MAX``) are 501 FRAME_ERROR with the
+  reason;
 * a body larger than the configured maximum: 406 PRECONDITION_FAILED "message size N is larger
   than configured max size M" (``rabbit_channel:check_msg_size``). RabbitMQ checks after the
   whole body arrived; this machine checks the size announced in the header, so it never
@@ -232,6 +238,8 @@ class Channel:
                              f"got one for class {class_id} instead")
         try:
             self._scan = fastpath.scan_properties(properties)
+        except fastpath.MalformedProperties:
+            raise replies.AMQPConnectionError(replies.INTERNAL_ERROR, "") from None
         except ValueError as error:
             raise replies.AMQPConnectionError(replies.FRAME_ERROR, str(error), 60, 40) from None
         if body_size > self.message_bytes_max:

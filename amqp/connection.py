@@ -43,14 +43,19 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
   A header or body frame on channel 0, or a heartbeat on another channel, is 505
   UNEXPECTED_FRAME "type T, all octets = <<...>>".
 * Methods on channel 0 in the wrong state: 504 CHANNEL_ERROR "unexpected method in connection
-  state running" (or starting, tuning, opening). Undecodable arguments: 501 "cannot decode
-  <<...>>" with the method's ids. A method id pamqp does not know: 540 NOT_IMPLEMENTED
-  "unknown method {C,M}" (RabbitMQ's reader crashes on it, which drops the socket).
+  state running" (or starting, tuning, opening). Undecodable arguments (truncated, or bytes
+  after the last field): 501 "cannot decode <<...>>" with the method's ids. A field table
+  among them that does not parse (``field_table``) crashes RabbitMQ's reader: the socket
+  closes with no connection.close, and so it does here; only on channel 0 of an open
+  connection is the crash caught, and answered 541 INTERNAL_ERROR "INTERNAL_ERROR" with ids
+  0. A method id pamqp does not know: 540 NOT_IMPLEMENTED "unknown method {C,M}" (RabbitMQ's
+  reader crashes on it, which drops the socket).
 * Channels: a frame for a new channel when channel_max channels are open is 530 NOT_ALLOWED
-  "number of channels opened (N) has reached the negotiated channel_max (M)"; a channel
-  number above channel_max is refused the same way ("channel number N is higher than the
-  negotiated channel_max (M)"), which RabbitMQ does not check. A method other than
-  channel.open on a channel that is not open is 504 CHANNEL_ERROR "expected 'channel.open'".
+  "number of channels opened (N) has reached the negotiated channel_max (M)". channel_max
+  bounds how many channels are open, not their numbers: any number from 1 to 65535 may be
+  opened below the count (``rabbit_reader:create_channel/2``), and clients' own test suites
+  rely on that. A method other than channel.open on a channel that is not open is 504
+  CHANNEL_ERROR "expected 'channel.open'".
   After sending channel.close, everything on that channel but close and close-ok is dropped;
   after sending connection.close, everything but close and close-ok.
 * Heartbeats: one is sent when nothing was sent for half the negotiated interval. A client
@@ -68,7 +73,7 @@ from dataclasses import dataclass, field
 
 from pamqp import commands
 
-from . import auth, events, fastpath, frames, replies
+from . import auth, events, fastpath, field_table, frames, replies
 from .channel import (
     AWAIT_METHOD,
     CHANNEL_CLOSE,
@@ -330,6 +335,15 @@ class Connection:
             except replies.ProtocolError as error:
                 self._fail(error, channel_number)
                 event = None
+            except field_table.MalformedFieldTable as error:
+                if state is _OPEN and channel_number == 0:
+                    # rabbit_reader:handle_method0 catches the crash and answers a bare 541.
+                    self._fail(replies.AMQPConnectionError(replies.INTERNAL_ERROR, ""), 0)
+                else:
+                    # Anywhere else the crash ends RabbitMQ's reader: the socket closes and
+                    # nothing is sent.
+                    self._abort(0, f"malformed field table: {error}")
+                event = None
             if pending:
                 if event is not None:
                     pending.append(event)
@@ -516,11 +530,6 @@ class Connection:
                 replies.NOT_ALLOWED,
                 f"number of channels opened ({len(self._channels)}) has reached the "
                 f"negotiated channel_max ({self.channel_max})")
-        if number > self.channel_max:
-            raise replies.AMQPConnectionError(
-                replies.NOT_ALLOWED,
-                f"channel number {number} is higher than the negotiated channel_max "
-                f"({self.channel_max})")
         if key is None:
             raise replies.AMQPConnectionError(
                 replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
@@ -682,7 +691,11 @@ class Connection:
         return ch is not None and ch.state is ChannelState.OPEN
 
     def send_method(self, channel, method):
-        """Queue a pamqp method. Returns False (and sends nothing) if the channel is not open."""
+        """Queue a pamqp method. Returns False (and sends nothing) if the channel is not open.
+
+        Replies that carry a queue name or consumer tag go through ``declare_ok``,
+        ``consume_ok`` and ``cancel_ok`` instead: pamqp refuses names RabbitMQ accepts.
+        """
         assert not isinstance(method, (commands.Channel.Close, commands.Connection.Close)), \
             "close with fail() or close(), so the machine tracks the handshake"
         if channel != 0 and not self.channel_is_open(channel):
@@ -690,6 +703,28 @@ class Connection:
         if channel == 0 and self.state is not S.OPEN:
             return False
         self._send(frames.encode_method(channel, method))
+        return True
+
+    def declare_ok(self, channel, queue, message_count, consumer_count):
+        """Queue queue.declare-ok for any name RabbitMQ accepts. False if the channel is not
+        open."""
+        if not self.channel_is_open(channel):
+            return False
+        self._send(fastpath.encode_declare_ok(channel, queue, message_count, consumer_count))
+        return True
+
+    def consume_ok(self, channel, consumer_tag):
+        """Queue basic.consume-ok. False if the channel is not open."""
+        if not self.channel_is_open(channel):
+            return False
+        self._send(fastpath.encode_consume_ok(channel, consumer_tag))
+        return True
+
+    def cancel_ok(self, channel, consumer_tag):
+        """Queue basic.cancel-ok. False if the channel is not open."""
+        if not self.channel_is_open(channel):
+            return False
+        self._send(fastpath.encode_cancel_ok(channel, consumer_tag))
         return True
 
     def deliver(self, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,

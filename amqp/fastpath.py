@@ -9,6 +9,11 @@ Decoders take a method payload *including* its 4 class/method id bytes and raise
 on anything malformed (RabbitMQ's generated decoders are exact binary patterns, so trailing
 bytes are an error too). Encoders return complete frames.
 
+The replies that carry a queue name or a consumer tag (queue.declare-ok, basic.consume-ok,
+basic.cancel-ok) are encoded here too, though they are not on the message path: pamqp checks
+names against a pattern narrower than what RabbitMQ accepts (any UTF-8 up to 255 bytes), and
+would refuse a reply for a queue RabbitMQ declares.
+
 Content properties stay as the bytes the client sent. ``scan_properties`` walks them once to
 check their structure and pick out the few fields the broker acts on, without building an
 object; ``frames.decode_properties`` does the full (pamqp) decode when a header is needed.
@@ -16,9 +21,13 @@ object; ``frames.decode_properties`` does the full (pamqp) decode when a header 
 
 import struct
 
-from . import frames
+from . import field_table, frames
 
+QUEUE_CLASS = 50
+DECLARE_OK_METHOD = 11
 BASIC_CLASS = 60
+CONSUME_OK_METHOD = 21
+CANCEL_OK_METHOD = 31
 PUBLISH_METHOD = 40
 RETURN_METHOD = 50
 DELIVER_METHOD = 60
@@ -36,6 +45,7 @@ _BODY_HEAD = frames.HEADER
 _TAG_AND_BITS = struct.Struct(">QB")
 _REPLY_CODE = struct.Struct(">H")
 _MESSAGE_COUNT = struct.Struct(">I")
+_DECLARE_OK_COUNTS = struct.Struct(">II")
 _ACK_PAYLOAD = struct.Struct(">HHQB")
 _ACK_PAYLOAD_BYTES = _ACK_PAYLOAD.size
 _ACK_FRAME = struct.Struct(">BHIHHQBB")
@@ -114,22 +124,27 @@ def decode_content_header(payload):
     return class_id, weight, body_size, payload[frames.CONTENT_HEADER_PREFIX_BYTES:]
 
 
+class MalformedProperties(ValueError):
+    """Content-header property bytes that do not parse (RabbitMQ cannot decode them either)."""
+
+
 def scan_properties(property_bytes):
     """Check the structure of content-header property bytes; return what the broker acts on.
 
     Returns (delivery_mode, priority, expiration, user_id), each None when absent. Raises
-    ValueError when a length runs past the end, bytes trail, or an unknown flag is set.
-    Table contents are not decoded: only their length is checked.
+    MalformedProperties when a length runs past the end, bytes trail or the headers table is
+    malformed, and ValueError for what parses but is refused all the same: an unknown flag,
+    text that is not UTF-8, tables nested too deep. Table contents are walked, not decoded.
     """
     end = len(property_bytes)
     if end < 2:
-        raise ValueError("content header flags are truncated")
+        raise MalformedProperties("content header flags are truncated")
     flags = _SHORT.unpack_from(property_bytes)[0]
     if flags & ~_PROPERTY_FLAGS_KNOWN:
         raise ValueError(f"unknown content header flags {flags:#06x}")
     if not flags:
         if end != 2:
-            raise ValueError("trailing bytes after content properties")
+            raise MalformedProperties("trailing bytes after content properties")
         return None, None, None, None
     delivery_mode = priority = expiration = user_id = None
     offset = 2
@@ -150,8 +165,8 @@ def scan_properties(property_bytes):
                 start = offset + 4
                 offset = start + _LONG.unpack_from(property_bytes, offset)[0]
                 if offset > end:
-                    raise ValueError("headers table runs past the content header")
-                check_table(property_bytes, start, offset)
+                    raise MalformedProperties("headers table runs past the content header")
+                field_table.check(property_bytes, start, offset)
             else:
                 if flag == _DELIVERY_MODE_FLAG:
                     delivery_mode = property_bytes[offset]
@@ -160,69 +175,13 @@ def scan_properties(property_bytes):
                 offset += width
     except UnicodeDecodeError:
         raise ValueError("Malformed UTF-8 in shortstr") from None
+    except field_table.MalformedFieldTable as error:
+        raise MalformedProperties(f"headers: {error}") from None
     except (IndexError, struct.error) as error:
-        raise ValueError(f"content properties are truncated: {error}") from error
+        raise MalformedProperties(f"content properties are truncated: {error}") from error
     if offset != end:
-        raise ValueError("content properties length does not match their flags")
+        raise MalformedProperties("content properties length does not match their flags")
     return delivery_mode, priority, expiration, user_id
-
-
-# Field-value types RabbitMQ's rabbit_binary_parser accepts in tables and arrays, with their
-# fixed widths; "S", "x", "F" and "A" carry a 32-bit length instead.
-_FIELD_WIDTHS = {ord(t): w for t, w in (
-    ("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("I", 4), ("i", 4), ("f", 4),
-    ("D", 5), ("l", 8), ("L", 8), ("d", 8), ("T", 8), ("V", 0),
-)}
-_LENGTH_PREFIXED = frozenset(map(ord, "Sx"))
-_TABLE = ord("F")
-_ARRAY = ord("A")
-TABLE_DEPTH_MAX = 32
-
-
-def check_table(data, start, end):
-    """Check that data[start:end] is a well-formed field table, without building it.
-
-    Nested tables and arrays are walked too (at most TABLE_DEPTH_MAX deep), so a message
-    whose headers a consumer's client library cannot parse is refused at publish, as
-    RabbitMQ refuses it when it decodes the properties. Raises ValueError (UnicodeDecodeError
-    for a key that is not UTF-8).
-    """
-    stack = []  # the tables and arrays we are inside of: (is_table, resume at, their end)
-    is_table, position, limit = True, start, end
-    while True:
-        if position >= limit:
-            if position > limit:
-                raise ValueError("field value runs past its table")
-            if not stack:
-                return
-            is_table, position, limit = stack.pop()
-            continue
-        if is_table:
-            key_start = position + 1
-            position = key_start + data[position]
-            if position >= limit:
-                raise ValueError("field table entry is truncated")
-            # Client libraries decode keys as UTF-8 and fail on anything else.
-            data[key_start:position].decode("utf-8")
-        kind = data[position]
-        position += 1
-        width = _FIELD_WIDTHS.get(kind)
-        if width is not None:
-            position += width
-            continue
-        if kind not in _LENGTH_PREFIXED and kind != _TABLE and kind != _ARRAY:
-            raise ValueError(f"unknown field value type {kind:#04x}")
-        if position + 4 > limit:
-            raise ValueError("field value length is truncated")
-        inner_start = position + 4
-        position = inner_start + _LONG.unpack_from(data, position)[0]
-        if position > limit:
-            raise ValueError("field value runs past its table")
-        if kind == _TABLE or kind == _ARRAY:
-            if len(stack) >= TABLE_DEPTH_MAX:
-                raise ValueError("field tables nested too deep")
-            stack.append((is_table, position, limit))
-            is_table, position, limit = kind == _TABLE, inner_start, position
 
 
 def _shortstr(text):
@@ -375,6 +334,35 @@ def encode_return(channel, reply_code, reply_text, exchange, routing_key, proper
     ]
     _content_frames(parts, channel, property_bytes, body, frame_max)
     return b"".join(parts)
+
+
+def encode_declare_ok(channel, queue, message_count, consumer_count):
+    """A queue.declare-ok frame, for any queue name RabbitMQ accepts."""
+    name = _shortstr(queue)
+    return b"".join((
+        _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 13 + len(name), QUEUE_CLASS,
+                          DECLARE_OK_METHOD),
+        bytes((len(name),)), name, _DECLARE_OK_COUNTS.pack(message_count, consumer_count),
+        _FRAME_END,
+    ))
+
+
+def encode_consume_ok(channel, consumer_tag):
+    """A basic.consume-ok frame, for any consumer tag."""
+    return _consumer_tag_frame(channel, CONSUME_OK_METHOD, consumer_tag)
+
+
+def encode_cancel_ok(channel, consumer_tag):
+    """A basic.cancel-ok frame, for any consumer tag."""
+    return _consumer_tag_frame(channel, CANCEL_OK_METHOD, consumer_tag)
+
+
+def _consumer_tag_frame(channel, method_id, consumer_tag):
+    tag = _shortstr(consumer_tag)
+    return b"".join((
+        _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 5 + len(tag), BASIC_CLASS, method_id),
+        bytes((len(tag),)), tag, _FRAME_END,
+    ))
 
 
 def encode_ack(channel, delivery_tag, multiple):

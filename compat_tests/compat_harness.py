@@ -91,6 +91,10 @@ class Broker(abc.ABC):
         """Restart the broker in place: same address, same data, every connection closed."""
 
     @abc.abstractmethod
+    def set_loopback_users(self, users: tuple[str, ...]) -> None:
+        """Set RabbitMQ's loopback_users: the users that may log in from loopback only."""
+
+    @abc.abstractmethod
     def destroy(self) -> None:
         """Stop the broker for good and remove what it wrote."""
 
@@ -107,6 +111,8 @@ class WarrenBroker(Broker):
         self.data_dir = Path(tempfile.mkdtemp(prefix="warren-compat-"))
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.process: subprocess.Popen | None = None
+        # WARREN_* settings for the next start, over those of our own environment.
+        self.settings: dict[str, str] = {}
 
     @staticmethod
     def _warren() -> list[str]:
@@ -124,6 +130,7 @@ class WarrenBroker(Broker):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **self.settings},
             )
         deadline = time.monotonic() + WARREN_BOOT_SECONDS_MAX
         while time.monotonic() < deadline:
@@ -153,6 +160,10 @@ class WarrenBroker(Broker):
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def set_loopback_users(self, users: tuple[str, ...]) -> None:
+        self.settings["WARREN_LOOPBACK_USERS"] = ",".join(users)
+        self.restart()
 
     def _admin(self, *args: str) -> None:
         # `warren users|vhosts …` are the admin module's commands; running the module itself
@@ -205,6 +216,11 @@ class ManagedRabbitMQ(Broker):
     def restart(self) -> None:
         self.node.restart_app()
 
+    def set_loopback_users(self, users: tuple[str, ...]) -> None:
+        # rabbit_access_control reads the setting at every login: no restart needed.
+        names = ",".join(f'<<"{user}">>' for user in users)
+        self.node.ctl("eval", f"application:set_env(rabbit, loopback_users, [{names}]).")
+
     def _seed(self) -> None:
         # A node started by the script may have been seeded by an earlier session.
         existing = self.node.ctl("list_users", "--quiet")
@@ -236,6 +252,9 @@ class ExternalRabbitMQ(Broker):
 
     def restart(self) -> None:
         pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not restart")
+
+    def set_loopback_users(self, users: tuple[str, ...]) -> None:
+        pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not configure")
 
     def _seed(self) -> None:
         pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not seed")

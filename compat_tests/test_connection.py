@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import time
 
 import amqp
@@ -10,6 +11,7 @@ import pika
 import pytest
 from pamqp import body, commands, frame, header
 
+from pika_helpers import channel_error
 from raw_client import PROTOCOL_HEADER, Closed, RawClient, raw_frame
 
 CAPABILITIES = (
@@ -143,6 +145,36 @@ def test_other_users_may_log_in_remotely(seeded):
     conn.close()
 
 
+@pytest.fixture
+def loopback_users(seeded):
+    """Set loopback_users on the seeded broker for one test; RabbitMQ's default comes back."""
+    if seeded.external_host is None:
+        pytest.skip("the broker is not reachable on a non-loopback address here")
+    yield seeded.set_loopback_users
+    seeded.set_loopback_users(("guest",))
+
+
+def _remote_login(broker, user: str, password: str) -> None:
+    conn = amqp.Connection(f"{broker.external_host}:{broker.port}", userid=user, password=password,
+                           login_method="PLAIN", connect_timeout=5)
+    conn.connect()
+    conn.close()
+
+
+def test_loopback_users_names_who_may_log_in_from_loopback_only(seeded, loopback_users):
+    from compat_harness import LIMITED_USER
+
+    loopback_users(())
+    _remote_login(seeded, "guest", "guest")
+    loopback_users((LIMITED_USER[0],))
+    _remote_login(seeded, "guest", "guest")
+    with pytest.raises(amqp.exceptions.AccessRefused) as refused:
+        _remote_login(seeded, *LIMITED_USER)
+    assert refused.value.reply_code == 403
+    assert refused.value.reply_text == LOGIN_REFUSED.format("PLAIN")
+    pika.BlockingConnection(seeded.params(credentials=pika.PlainCredentials(*LIMITED_USER))).close()
+
+
 def test_unknown_vhost_refused_with_530(broker):
     with pytest.raises(amqp.exceptions.NotAllowed) as refused:
         _py_amqp(broker, virtual_host="no-such-vhost")
@@ -212,6 +244,28 @@ def test_channel_above_channel_max_closes_connection(broker):
         raw.handshake(channel_max=2)
         raw.open_channel(1)
         raw.open_channel(2)
+        raw.send(3, commands.Channel.Open())
+        close = raw.expect_connection_close()
+    assert close.reply_code == 530
+    assert close.reply_text == (
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)"
+    )
+
+
+def test_channel_numbers_above_channel_max_open_while_the_count_allows(broker, uid):
+    # rabbit_reader:create_channel/2 compares the count of open channels with channel_max,
+    # never the channel number; clients' own test suites open channel 65535.
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        assert raw.tune.channel_max == 2047
+        raw.open_channel(65535)
+        raw.send(65535, commands.Queue.Declare(queue=f"{uid}-q", exclusive=True))
+        channel, ok = raw.expect(commands.Queue.DeclareOk)
+        assert (channel, ok.queue) == (65535, f"{uid}-q")
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake(channel_max=2)
+        raw.open_channel(7)
+        raw.open_channel(65535)
         raw.send(3, commands.Channel.Open())
         close = raw.expect_connection_close()
     assert close.reply_code == 530
@@ -445,6 +499,36 @@ def _content_header(class_id: int, size: int) -> bytes:
     return raw_frame(2, 1, class_id.to_bytes(2, "big") + b"\x00\x00" + size.to_bytes(8, "big") + b"\x00\x00")
 
 
+def _properties_header(properties: bytes) -> bytes:
+    """A content header frame on channel 1 for an empty body, with raw property bytes."""
+    return raw_frame(2, 1, struct.pack(">HHQ", 60, 0, 0) + properties)
+
+
+def _table(raw: bytes) -> bytes:
+    """A table (or long string) argument: its raw bytes after their 32-bit length."""
+    return struct.pack(">I", len(raw)) + raw
+
+
+def _headers(table: bytes) -> bytes:
+    """Property bytes holding only a headers table, given as its raw bytes."""
+    return struct.pack(">H", 0x2000) + _table(table)
+
+
+def _declare_arguments(queue: str, table: bytes) -> bytes:
+    """queue.declare's arguments (exclusive) with a raw arguments table."""
+    name = queue.encode()
+    return struct.pack(">HB", 0, len(name)) + name + b"\x04" + _table(table)
+
+
+# Field tables rabbit_binary_parser:parse_table has no clause for.
+_MALFORMED_TABLES = {
+    "string-past-table": b"\x01aS" + struct.pack(">I", 50) + b"hi",
+    "partial-entry-after-last": b"\x01aS" + struct.pack(">I", 2) + b"hi" + b"\x00",
+    "unknown-type": b"\x01aZ\x00",
+    "nested-table-past-its-end": b"\x01aF" + struct.pack(">I", 1) + b"\x00",
+}
+
+
 MALFORMED = {
     "header-of-other-class": (
         _publish_then(_content_header(50, 1)),
@@ -474,6 +558,29 @@ MALFORMED = {
         frame.marshal(commands.Connection.Open(virtual_host="/"), 1),
         503, "COMMAND_INVALID - unimplemented method", (10, 40),
     ),
+    "bytes-after-the-last-argument": (
+        raw_frame(1, 1, b"\x00\x32\x00\x0a" + _declare_arguments("x", b"") + b"\x00"),
+        501, "FRAME_ERROR - cannot decode <<0,0,1,120,4,0,0,0,0,0>>", (50, 10),
+    ),
+    # RabbitMQ's channel process crashes decoding the headers; its reader closes with 541.
+    "headers-string-past-its-table": (
+        _publish_then(_properties_header(_headers(_MALFORMED_TABLES["string-past-table"]))),
+        541, "INTERNAL_ERROR", (0, 0),
+    ),
+    "headers-partial-entry-after-last": (
+        _publish_then(_properties_header(_headers(_MALFORMED_TABLES["partial-entry-after-last"]))),
+        541, "INTERNAL_ERROR", (0, 0),
+    ),
+    "headers-table-past-the-properties": (
+        _publish_then(_properties_header(struct.pack(">HI", 0x2000, 40) + b"\x01aS")),
+        541, "INTERNAL_ERROR", (0, 0),
+    ),
+    # On channel 0 rabbit_reader:handle_method0 catches the parser's crash.
+    "malformed-table-on-channel-0": (
+        raw_frame(1, 0, b"\x00\x0a\x00\x0b" + _table(_MALFORMED_TABLES["partial-entry-after-last"])
+                  + b"\x05PLAIN" + _table(b"\0guest\0guest") + b"\x05en_US"),
+        541, "INTERNAL_ERROR", (0, 0),
+    ),
 }
 
 
@@ -488,6 +595,24 @@ def test_malformed_frames_close_the_connection(broker, channel, case):
     assert (close.reply_code, close.reply_text) == (code, text)
     assert (close.class_id, close.method_id) == method
     assert channel.queue_declare("", exclusive=True).method.queue
+
+
+@pytest.mark.parametrize("case", sorted(_MALFORMED_TABLES))
+def test_malformed_table_in_arguments_drops_the_connection_unannounced(broker, channel, uid, case):
+    # RabbitMQ's reader process crashes in rabbit_binary_parser:parse_table: the socket
+    # closes and no connection.close is sent.
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        arguments = _declare_arguments(f"{uid}-q", _MALFORMED_TABLES[case])
+        raw.send_bytes(raw_frame(1, 1, b"\x00\x32\x00\x0a" + arguments))
+        try:
+            got = raw.recv()
+        except (Closed, ConnectionResetError):
+            got = None
+        assert got is None, f"expected the socket to close, got {got}"
+    code, _ = channel_error(channel.queue_declare, f"{uid}-q", passive=True)
+    assert code == 404
 
 
 def test_nowait_methods_get_no_reply(broker, uid):

@@ -42,6 +42,50 @@ def test_passive_declare_of_missing_queue_is_404(channel, uid):
     assert (code, text) == (404, f"NOT_FOUND - no queue '{uid}-nope' in vhost '/'")
 
 
+# Names RabbitMQ accepts (any UTF-8 up to 255 bytes) that pamqp's name pattern refuses.
+UNUSUAL_NAMES = {
+    "accent": "café",
+    "percent": "a%b",
+    "star": "star*",
+    "parens": "paren(1)",
+    "tab": "tab\there",
+    "emoji": "rabbit-\N{RABBIT}",
+}
+
+
+@pytest.mark.parametrize("suffix", list(UNUSUAL_NAMES.values()), ids=list(UNUSUAL_NAMES))
+def test_any_utf8_queue_name_and_consumer_tag(connection, open_connection, uid, suffix):
+    name = f"{uid}-{suffix}"
+    try:
+        ch = connection.channel()
+        ok = ch.queue_declare(name, durable=True).method
+        assert (ok.queue, ok.message_count, ok.consumer_count) == (name, 0, 0)
+        ch.basic_publish("", name, b"body", pika.BasicProperties(delivery_mode=2))
+        method, _, body = wait_get(ch, name)
+        assert (method.routing_key, body) == (name, b"body")
+        ch.basic_ack(method.delivery_tag)
+        tag = ch.basic_consume(name, lambda *args: None, consumer_tag=f"ctag-{suffix}")
+        assert tag == f"ctag-{suffix}"
+        assert ch.queue_declare(name, passive=True).method.consumer_count == 1
+        ch.basic_cancel(tag)
+        assert ch.queue_delete(name).method.message_count == 0
+        code, text = channel_error(ch.queue_declare, name, passive=True)
+        assert (code, text) == (404, f"NOT_FOUND - no queue '{name}' in vhost '/'")
+    finally:
+        open_connection().channel().queue_delete(name)
+
+
+def test_queue_names_end_at_255_bytes(channel, uid):
+    # A shortstr's length is one octet: 255 bytes is the longest name a client can send. A
+    # longer one never reaches the broker; pika refuses to encode it.
+    prefix = f"{uid}-"
+    name = prefix + "é" * ((255 - len(prefix)) // 2) + "a" * ((255 - len(prefix)) % 2)
+    assert len(name.encode()) == 255
+    assert channel.queue_declare(name, exclusive=True).method.queue == name
+    with pytest.raises(pika.exceptions.ShortStringTooLong):
+        channel.queue_declare(name + "é", exclusive=True)
+
+
 def test_amq_prefix_is_reserved(channel):
     code, text = channel_error(channel.queue_declare, "amq.warren-compat")
     assert (code, text) == (

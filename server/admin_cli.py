@@ -48,9 +48,6 @@ def register(commands: Any) -> None:
     add.add_argument("name")
     add.add_argument("password", nargs="?", help="the password (read from stdin if omitted)")
     add.add_argument("--tags", default="", help="comma-separated tags, e.g. administrator")
-    add.add_argument(
-        "--loopback-only", action="store_true", help="allow logins from loopback addresses only"
-    )
     add.set_defaults(handler=_sync(_add_user))
 
     delete = user_actions.add_parser("delete", parents=[common], help="delete a user")
@@ -167,7 +164,6 @@ async def _add_user(store: MetadataStore, args: argparse.Namespace) -> None:
             args.name,
             passwords.hash_password(password),
             _split_tags(args.tags),
-            loopback_only=args.loopback_only,
         )
     )
     print(f'Added user "{args.name}".')
@@ -195,7 +191,7 @@ async def _list_users(store: MetadataStore, args: argparse.Namespace) -> None:
     users = sorted(store.state.users.values(), key=lambda user: user.name)
     if args.json:
         print(json.dumps([
-            {"name": u.name, "tags": list(u.tags), "loopback_only": u.loopback_only}
+            {"name": u.name, "tags": list(u.tags)}
             for u in users
         ]))
         return

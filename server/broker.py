@@ -26,7 +26,7 @@ from pamqp import commands
 from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import LogConfig
 from warrenmq.log.batch import HEADER_BYTES
-from warrenmq.server.metadata import MetadataStore, is_loopback
+from warrenmq.server.metadata import MetadataStore, loopback_refused
 from warrenmq.server.queue import LogQueue, QueueConfig
 
 from .session.channel import BrokerChannel
@@ -214,7 +214,7 @@ class Broker:
         if user is None:
             log.error("%s login refused: user '%s' - invalid credentials", mechanism, username)
             return None
-        if user.loopback_only and not is_loopback(address):
+        if loopback_refused(user.name, address, self.config.loopback_users):
             log.error("%s login refused: user '%s' can only connect via localhost", mechanism,
                       username)
             return None

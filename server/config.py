@@ -57,7 +57,9 @@ class BrokerConfig:
     1024 batches whatever its byte bound: 128-record batches keep that under ~35 MB."""
     segment_bytes_max: int = 64 << 20
     loopback_users: tuple[str, ...] = ("guest",)
-    """Users that may connect only from a loopback address (RabbitMQ's loopback_users)."""
+    """Users that may log in only from a loopback address, everyone else from anywhere
+    (RabbitMQ's loopback_users, and as there the one place this is set): empty lets guest
+    log in remotely."""
     shutdown_timeout_s: float = 5.0
     """How long SIGTERM waits for clients to answer connection.close."""
 

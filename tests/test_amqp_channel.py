@@ -159,6 +159,20 @@ def test_other_methods_reach_the_broker_as_pamqp_objects():
     assert declare_ok.queue == "jobs"
 
 
+def test_replies_carrying_names_pamqp_refuses_go_out_on_open_channels_only():
+    conn = connected()
+    assert conn.declare_ok(1, "café", 3, 1)
+    assert conn.consume_ok(1, "tag (1) \N{RABBIT}")
+    assert conn.cancel_ok(1, "tag (1) \N{RABBIT}")
+    [(_, declare_ok), (_, consume_ok), (_, cancel_ok)] = sent(conn)
+    assert (declare_ok.queue, declare_ok.message_count, declare_ok.consumer_count) == (
+        "café", 3, 1)
+    assert consume_ok.consumer_tag == cancel_ok.consumer_tag == "tag (1) \N{RABBIT}"
+    assert not conn.declare_ok(2, "café", 0, 0)
+    assert not conn.consume_ok(2, "t") and not conn.cancel_ok(2, "t")
+    assert conn.data_to_send() == b""
+
+
 def test_broker_channel_error_closes_only_that_channel_and_drops_what_follows():
     conn = connected(channels=(1, 2))
     conn.receive_data(

@@ -14,6 +14,7 @@ from warrenmq.amqp import (
     ConnectionConfig,
     ConnectionState,
     events,
+    frames,
     replies,
     testing,
 )
@@ -43,6 +44,11 @@ def connection_close(conn, data):
     close = closes[0]
     assert (got[0].reply_code, got[0].reply_text) == (close.reply_code, close.reply_text)
     return close.reply_code, close.reply_text, close.class_id, close.method_id
+
+
+def feed_events(conn, data):
+    conn.receive_data(data, 1.0)
+    return testing.drain(conn)
 
 
 def channel_close(conn, data, channel=1):
@@ -165,13 +171,46 @@ def test_body_frame_beyond_the_announced_size_is_501():
         501, "FRAME_ERROR - content body frame exceeds remaining content size", 60, 40)
 
 
-def test_malformed_property_bytes_are_501():
+def header_table(table):
+    """Property bytes with only the headers flag, holding ``table`` as its raw bytes."""
+    return struct.pack(">HI", 0x2000, len(table)) + table
+
+
+# Field tables rabbit_binary_parser:parse_table has no clause for.
+MALFORMED_TABLES = {
+    "string-past-table": b"\x01aS" + struct.pack(">I", 50) + b"hi",
+    "partial-entry-after-last": b"\x01aS" + struct.pack(">I", 2) + b"hi" + b"\x00",
+    "unknown-type": b"\x01aZ\x00",
+    "nested-past-table": b"\x01aF" + struct.pack(">I", 1) + b"\x00",
+    "array-unknown-type": b"\x01aA" + struct.pack(">I", 1) + b"Z",
+}
+
+
+PROPERTIES_THAT_DO_NOT_PARSE = {
+    # content-type flag set, but the shortstr claims 200 bytes that are not there.
+    "shortstr-past-end": struct.pack(">H", 0x8000) + b"\xc8abc",
+    "bytes-after-last-property": struct.pack(">HB", 0x1000, 2) + b"zz",
+    "headers-past-end": struct.pack(">HI", 0x2000, 40) + b"\x01aS",
+    **{f"headers-{case}": header_table(table) for case, table in MALFORMED_TABLES.items()},
+}
+
+
+@pytest.mark.parametrize("properties", list(PROPERTIES_THAT_DO_NOT_PARSE.values()),
+                         ids=list(PROPERTIES_THAT_DO_NOT_PARSE))
+def test_property_bytes_that_do_not_parse_are_a_bare_541(properties):
+    # RabbitMQ's channel process crashes decoding them; its reader closes with 541.
     conn = connected()
     publish = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"))
-    # content-type flag set, but the shortstr claims 200 bytes that are not there.
-    header = raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 0, 0x8000) + b"\xc8abc")
-    code, text, class_id, method_id = connection_close(conn, publish + header)
-    assert (code, class_id, method_id) == (501, 60, 40) and text.startswith("FRAME_ERROR - ")
+    header = raw_frame(2, 1, struct.pack(">HHQ", 60, 0, 0) + properties)
+    assert connection_close(conn, publish + header) == (541, "INTERNAL_ERROR", 0, 0)
+
+
+def test_property_bytes_refused_though_they_parse_are_501():
+    conn = connected()
+    publish = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"))
+    header = raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 0, 0x8000) + b"\x02\xff\xfe")
+    assert connection_close(conn, publish + header) == (
+        501, "FRAME_ERROR - Malformed UTF-8 in shortstr", 60, 40)
 
 
 def test_message_over_the_size_limit_closes_the_channel_with_406():
@@ -203,6 +242,72 @@ def test_undecodable_method_arguments_are_501_with_the_method_ids():
     conn = connected()
     data = raw_frame(1, 1, struct.pack(">HH", 60, 80) + b"\x01\x02")
     assert connection_close(conn, data) == (501, "FRAME_ERROR - cannot decode <<1,2>>", 60, 80)
+
+
+def declare_payload(table, trailing=b""):
+    """queue.declare ids and arguments for queue "q", exclusive, with ``table`` as its
+    arguments table's raw bytes."""
+    return (struct.pack(">HHHB", 50, 10, 0, 1) + b"q" + b"\x04" + struct.pack(">I", len(table))
+            + table + trailing)
+
+
+@pytest.mark.parametrize("table", list(MALFORMED_TABLES.values()), ids=list(MALFORMED_TABLES))
+def test_malformed_table_in_method_arguments_drops_the_connection_unannounced(table):
+    # RabbitMQ's reader process crashes in parse_table: the socket closes, nothing is sent.
+    conn = connected(channels=(1, 2))
+    conn.receive_data(raw_frame(1, 1, declare_payload(table))
+                      + testing.marshal(2, commands.Basic.Qos(prefetch_count=1)), 1.0)
+    [event] = testing.drain(conn)
+    assert isinstance(event, events.ConnectionClosed) and event.reply_code == 0
+    assert event.reply_text.startswith("malformed field table: ") and not event.by_peer
+    assert conn.finished and conn.data_to_send() == b""
+
+
+def test_method_arguments_must_end_with_their_last_field():
+    good = declare_payload(b"\x01aS" + struct.pack(">I", 2) + b"hi")
+    conn = connected()
+    [event] = feed_events(conn, raw_frame(1, 1, good))
+    assert event.method.arguments == {"a": "hi"}
+    conn = connected()
+    code, text, class_id, method_id = connection_close(conn, raw_frame(1, 1, good + b"\x00"))
+    assert (code, class_id, method_id) == (501, 50, 10)
+    assert text == "FRAME_ERROR - cannot decode <<%s>>" % ",".join(map(str, good[4:] + b"\x00"))
+
+
+@pytest.mark.filterwarnings("ignore:This command is deprecated:DeprecationWarning")
+def test_the_strict_argument_check_takes_every_method_pamqp_encodes():
+    samples = {"shortstr": "x", "longstr": "y", "table": {"k": "v", "n": {"a": [1, "s"]}},
+               "bit": True, "octet": 1, "short": 2, "long": 3, "longlong": 4}
+    for index, kind in commands.INDEX_MAPPING.items():
+        method = kind()
+        for name in kind.__slots__:
+            if getattr(method, name) is None:
+                setattr(method, name, samples[kind.amqp_type(name)])
+        arguments = testing.marshal(1, method)[11:-1]
+        decoded = frames.decode_method(index >> 16, index & 0xFFFF, arguments)
+        assert [getattr(decoded, name) for name in kind.__slots__] == [
+            getattr(method, name) for name in kind.__slots__], kind.name
+
+
+def start_ok_with_client_properties(table):
+    return raw_frame(1, 0, struct.pack(">HHI", 10, 11, len(table)) + table + b"\x05PLAIN"
+                     + struct.pack(">I", 12) + b"\0guest\0guest" + b"\x05en_US")
+
+
+def test_malformed_client_properties_close_the_handshake_silently():
+    conn = Connection()
+    start_ok = start_ok_with_client_properties(MALFORMED_TABLES["partial-entry-after-last"])
+    conn.receive_data(b"AMQP\x00\x00\x09\x01" + start_ok, 0.0)
+    [event] = testing.drain(conn)
+    assert event.reply_code == 0 and event.reply_text.startswith("malformed field table: ")
+    assert conn.finished
+    assert [type(f) for _, f in testing.parse(conn.data_to_send())] == [commands.Connection.Start]
+
+
+def test_malformed_table_on_channel_0_of_an_open_connection_is_a_bare_541():
+    conn = connected()
+    start_ok = start_ok_with_client_properties(MALFORMED_TABLES["partial-entry-after-last"])
+    assert connection_close(conn, start_ok) == (541, "INTERNAL_ERROR", 0, 0)
 
 
 def test_unknown_method_is_540():
@@ -271,15 +376,19 @@ def test_frames_on_channels_before_open_close_silently():
 
 # -- channel limits --------------------------------------------------------------------------
 
-def test_channel_max_is_enforced_by_count_and_by_number():
+def test_channel_max_is_enforced_by_count_only():
     conn = connected(channels=(1, 2), channel_max=2)
     assert connection_close(conn, testing.marshal(3, commands.Channel.Open())) == (
         530, "NOT_ALLOWED - number of channels opened (2) has reached the negotiated "
              "channel_max (2)", 0, 0)
-    conn = connected(channels=(1,), channel_max=2)
-    assert connection_close(conn, testing.marshal(7, commands.Channel.Open())) == (
-        530, "NOT_ALLOWED - channel number 7 is higher than the negotiated channel_max (2)",
-        0, 0)
+    # As rabbit_reader:create_channel/2: numbers above channel_max open while the count allows.
+    conn = connected(channels=(65535,), channel_max=2)
+    conn.receive_data(testing.marshal(7, commands.Channel.Open()), 1.0)
+    assert testing.drain(conn) == [events.ChannelOpened(7)]
+    assert conn.channel_is_open(65535) and conn.channel_is_open(7)
+    assert connection_close(conn, testing.marshal(3, commands.Channel.Open())) == (
+        530, "NOT_ALLOWED - number of channels opened (2) has reached the negotiated "
+             "channel_max (2)", 0, 0)
 
 
 # -- after close ------------------------------------------------------------------------------

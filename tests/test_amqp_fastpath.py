@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import body as pamqp_body
 from pamqp import commands
+from pamqp import encode as pamqp_encode
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
-from warrenmq.amqp import Connection, fastpath, frames, testing
+from warrenmq.amqp import Connection, fastpath, field_table, frames, testing
 
 shortstr = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
 # pamqp validates exchange names on marshal (RabbitMQ's name alphabet, 127 bytes at most).
@@ -141,6 +142,55 @@ def test_get_ok_and_return_are_byte_identical_to_pamqp(props, body, tag, count, 
         pamqp_content(2, props, body, 4096))
 
 
+# Names RabbitMQ accepts that pamqp's name pattern refuses, and the longest a shortstr holds.
+UNUSUAL_NAMES = ["café", "a%b", "star*", "paren(1)", "tab\there", "rabbit-\N{RABBIT}",
+                 "é" * 127 + "a"]
+any_name = st.one_of(st.sampled_from(UNUSUAL_NAMES),
+                     st.text(max_size=255).filter(lambda s: len(s.encode()) <= 255))
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=any_name, message_count=st.integers(0, 2**32 - 1),
+       consumer_count=st.integers(0, 2**32 - 1), channel=st.integers(1, 65535))
+def test_replies_that_carry_a_name_take_any_name_rabbitmq_accepts(name, message_count,
+                                                                  consumer_count, channel):
+    replies = (
+        (fastpath.encode_declare_ok(channel, name, message_count, consumer_count),
+         commands.Queue.DeclareOk, ("queue", "message_count", "consumer_count"),
+         (name, message_count, consumer_count)),
+        (fastpath.encode_consume_ok(channel, name), commands.Basic.ConsumeOk, ("consumer_tag",),
+         (name,)),
+        (fastpath.encode_cancel_ok(channel, name), commands.Basic.CancelOk, ("consumer_tag",),
+         (name,)),
+    )
+    for data, kind, fields, values in replies:
+        consumed, got_channel, method = pamqp_frame.unmarshal(data)
+        assert (consumed, got_channel, type(method)) == (len(data), channel, kind)
+        assert tuple(getattr(method, field) for field in fields) == values
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=exchange_name, message_count=st.integers(0, 2**32 - 1),
+       consumer_count=st.integers(0, 2**32 - 1), channel=st.integers(1, 65535))
+def test_replies_that_carry_a_name_are_byte_identical_to_pamqp(name, message_count,
+                                                               consumer_count, channel):
+    assert fastpath.encode_declare_ok(channel, name, message_count, consumer_count) == (
+        pamqp_frame.marshal(commands.Queue.DeclareOk(
+            queue=name, message_count=message_count, consumer_count=consumer_count), channel))
+    assert fastpath.encode_consume_ok(channel, name) == pamqp_frame.marshal(
+        commands.Basic.ConsumeOk(consumer_tag=name), channel)
+    assert fastpath.encode_cancel_ok(channel, name) == pamqp_frame.marshal(
+        commands.Basic.CancelOk(consumer_tag=name), channel)
+
+
+def test_replies_refuse_a_name_longer_than_a_shortstr():
+    for encode in (lambda name: fastpath.encode_declare_ok(1, name, 0, 0),
+                   lambda name: fastpath.encode_consume_ok(1, name),
+                   lambda name: fastpath.encode_cancel_ok(1, name)):
+        with pytest.raises(ValueError):
+            encode("é" * 128)
+
+
 class _Stored:
     """A delivery as the broker holds it: exchange and routing key as bytes."""
 
@@ -206,12 +256,27 @@ def test_property_check_lets_through_only_what_a_client_parses(props, damage):
 
 def test_header_tables_nested_too_deep_are_refused():
     deep = {}
-    for _ in range(fastpath.TABLE_DEPTH_MAX + 1):
+    for _ in range(field_table.TABLE_DEPTH_MAX + 1):
         deep = {"n": deep}
     with pytest.raises(ValueError):
         fastpath.scan_properties(commands.Basic.Properties(headers=deep).marshal())
-    wide = {f"k{i}": {"n": {}} for i in range(fastpath.TABLE_DEPTH_MAX * 2)}
+    wide = {f"k{i}": {"n": {}} for i in range(field_table.TABLE_DEPTH_MAX * 2)}
     assert fastpath.scan_properties(commands.Basic.Properties(headers=wide).marshal())
+
+
+def test_field_table_check_tells_bytes_that_are_no_table_from_refused_tables():
+    for table in (b"\x01aS" + struct.pack(">I", 50) + b"hi", b"\x01aS\x00\x00\x00\x00\x00",
+                  b"\x01aZ\x00", b"\x01a", b"\x01al\x00"):
+        with pytest.raises(field_table.MalformedFieldTable):
+            field_table.check(table, 0, len(table))
+    with pytest.raises(UnicodeDecodeError):
+        field_table.check(b"\x02\xff\xfeV", 0, 4)
+    deep = {}
+    for _ in range(field_table.TABLE_DEPTH_MAX + 1):
+        deep = {"n": deep}
+    table = pamqp_encode.field_table(deep)
+    with pytest.raises(ValueError):
+        field_table.check(table, 4, len(table))
 
 
 def test_unknown_property_flags_are_refused():

@@ -370,6 +370,19 @@ def test_any_split_of_the_byte_stream_gives_the_same_events(cuts, body):
     assert expected[-1].body == body
 
 
+def test_amqplain_response_that_is_not_a_table_closes_silently():
+    # pamqp alone would read the stray byte as an empty key and log guest in.
+    conn = Connection()
+    conn.receive_data(frames.PROTOCOL_HEADER, 0.0)
+    response = encode.field_table({"LOGIN": "guest", "PASSWORD": "guest"})[4:] + b"\x00"
+    conn.receive_data(testing.marshal(0, commands.Connection.StartOk(
+        client_properties={}, mechanism="AMQPLAIN", response=response.decode())), 0.0)
+    event = conn.next_event()
+    assert isinstance(event, events.ConnectionClosed) and event.reply_code == 0
+    assert event.reply_text == "malformed field table: field table entry is truncated"
+    assert conn.finished
+
+
 @pytest.mark.parametrize("table, text", [
     ({"LOGIN": "bob"}, "is missing LOGIN or PASSWORD field"),
     ({"LOGIN": "bob", "PASSWORD": 5}, "uses unsupported type for LOGIN or PASSWORD field"),

@@ -398,6 +398,23 @@ def test_passive_declare_of_missing_queue_is_404(conn):
     assert closed_with(excinfo) == (404, "NOT_FOUND - no queue 'missing-queue' in vhost '/'")
 
 
+@pytest.mark.parametrize("suffix", ["café", "a%b", "star*", "paren(1)", "tab\there",
+                                    "rabbit-\N{RABBIT}"])
+def test_any_utf8_name_is_declared_consumed_and_deleted(broker, conn, suffix):
+    queue = f"{name()}-{suffix}"
+    ch = conn.channel()
+    assert ch.queue_declare(queue, durable=True).method.queue == queue
+    assert broker.broker.store.state.queue("/", queue).durable
+    ch.basic_publish("", queue, b"x")
+    tag = ch.basic_consume(queue, lambda *args: None, consumer_tag=f"ctag-{suffix}")
+    assert tag == f"ctag-{suffix}"
+    ch.basic_cancel(tag)
+    ok = ch.queue_declare(queue, passive=True).method
+    assert (ok.queue, ok.consumer_count) == (queue, 0)
+    ch.queue_delete(queue)
+    assert broker.broker.store.state.queue("/", queue) is None
+
+
 def test_reserved_queue_name_is_403(conn):
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
@@ -758,6 +775,30 @@ def test_guest_is_refused_from_a_non_loopback_address(broker):
                 await broker.broker.authenticate("guest", "guest", "127.0.0.1", "PLAIN"))
     remote, local = broker.call(check())
     assert remote is None and local is not None
+
+
+def test_loopback_users_setting_is_who_may_log_in_from_loopback_only(tmp_path):
+    from warrenmq.server.metadata import commands as metadata_commands
+    from warrenmq.server.metadata import passwords
+
+    running = ThreadBroker(tmp_path, loopback_users=("bob",)).start()
+    try:
+        broker = running.broker
+        running.call(broker.store.apply(metadata_commands.AddUser(
+            "bob", passwords.hash_password("pw", log2_n=2))))
+        running.call(broker.store.apply(metadata_commands.SetPermissions(
+            "bob", "/", ".*", ".*", ".*")))
+
+        async def login(user, password, host):
+            return await broker.authenticate(user, password, host, "PLAIN") is not None
+
+        assert running.call(login("guest", "guest", "10.1.2.3"))
+        assert not running.call(login("bob", "pw", "10.1.2.3"))
+        assert running.call(login("bob", "pw", "127.0.0.1"))
+        local = running.connect(credentials=pika.PlainCredentials("bob", "pw"))
+        local.close()
+    finally:
+        running.stop()
 
 
 def test_bad_protocol_header_gets_ours_and_a_close(broker):

@@ -28,9 +28,7 @@ def admin(data_dir: Path, *argv: str, stdin: str | None = None) -> subprocess.Co
 def test_users_and_vhosts_round_trip_through_the_cli(tmp_path):
     listed = admin(tmp_path, "users", "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert json.loads(listed.stdout) == [
-        {"name": "guest", "tags": ["administrator"], "loopback_only": True}
-    ]
+    assert json.loads(listed.stdout) == [{"name": "guest", "tags": ["administrator"]}]
     added = admin(tmp_path, "users", "add", "bob", "pw", "--tags", "monitoring,management")
     assert added.returncode == 0, added.stderr
     assert admin(tmp_path, "users", "add", "carol", stdin="from-stdin\n").returncode == 0
@@ -40,7 +38,7 @@ def test_users_and_vhosts_round_trip_through_the_cli(tmp_path):
 
     users = json.loads(admin(tmp_path, "users", "list", "--json").stdout)
     assert [u["name"] for u in users] == ["bob", "carol", "guest"]
-    assert users[0]["tags"] == ["monitoring", "management"] and not users[0]["loopback_only"]
+    assert users[0]["tags"] == ["monitoring", "management"]
     vhosts = json.loads(admin(tmp_path, "vhosts", "list", "--json").stdout)
     assert [(v["name"], v["description"]) for v in vhosts] == [
         ("/", "Default virtual host"), ("v1", "first")

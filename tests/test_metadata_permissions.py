@@ -97,6 +97,26 @@ def test_is_loopback(host, loopback):
     assert permissions.is_loopback(host) is loopback
 
 
+@pytest.mark.parametrize(
+    ("user", "host", "loopback_users", "refused"),
+    [
+        # RabbitMQ's default: guest is local only, everyone else may log in from anywhere.
+        ("guest", "10.1.2.3", ("guest",), True),
+        ("guest", "127.0.0.1", ("guest",), False),
+        ("guest", "::ffff:127.0.0.1", ("guest",), False),
+        ("bob", "10.1.2.3", ("guest",), False),
+        # An empty list lets guest log in remotely too.
+        ("guest", "10.1.2.3", (), False),
+        # Any user listed is local only, and guest is no longer when it is not listed.
+        ("bob", "10.1.2.3", ("bob",), True),
+        ("bob", "::1", ("bob",), False),
+        ("guest", "10.1.2.3", ("bob",), False),
+    ],
+)
+def test_loopback_users_rule(user, host, loopback_users, refused):
+    assert permissions.loopback_refused(user, host, loopback_users) is refused
+
+
 # --- passwords ------------------------------------------------------------------------------
 
 

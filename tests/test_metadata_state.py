@@ -28,7 +28,7 @@ HASH = passwords.hash_password("secret", log2_n=2, salt=b"saltsalt")
 def fresh() -> MetadataState:
     state = MetadataState()
     state.apply(c.DeclareVhost("/"))
-    state.apply(c.AddUser("guest", HASH, ("administrator",), loopback_only=True))
+    state.apply(c.AddUser("guest", HASH, ("administrator",)))
     state.apply(c.SetPermissions("guest", "/", ".*", ".*", ".*"))
     return state
 
@@ -118,7 +118,7 @@ def test_change_password_and_tags_keep_the_rest():
     state.apply(c.ChangePassword("guest", other))
     state.apply(c.SetUserTags("guest", ("monitoring",)))
     user = state.users["guest"]
-    assert user.password_hash == other and user.tags == ("monitoring",) and user.loopback_only
+    assert user.password_hash == other and user.tags == ("monitoring",)
     with pytest.raises(NotFound):
         state.apply(c.ChangePassword("nobody", other))
     with pytest.raises(NotFound):
@@ -254,6 +254,17 @@ def test_declare_queue_persisted_only_when_durable_and_not_exclusive():
     assert state.apply(c.DeclareQueue("/", "t")).writes == ()
     exclusive = state.apply(c.DeclareQueue("/", "x", durable=True, exclusive=True, owner="c1"))
     assert exclusive.writes == () and exclusive.queue.exclusive
+
+
+def test_declare_queue_refuses_a_name_no_reply_could_carry_before_any_write():
+    # queue.declare-ok carries the name as a shortstr (255 bytes); a longer name is refused
+    # here, before its row is written, so no durable queue exists that a reply cannot name.
+    state = fresh()
+    longest = "é" * 127 + "a"
+    assert kinds(state.apply(c.DeclareQueue("/", longest, durable=True))) == ["put_queue"]
+    with pytest.raises(PreconditionFailed, match="queue name longer than 255 bytes"):
+        state.apply(c.DeclareQueue("/", "é" * 128, durable=True))
+    assert set(state.queues("/")) == {longest}
 
 
 def test_declare_queue_reserved_prefix_and_server_named():
@@ -486,7 +497,6 @@ def test_snapshot_round_trip_keeps_transient_and_exclusive_entities():
     assert copy.snapshot() == snapshot
     assert copy.queue("v1", "amq.gen-1").exclusive_owner == "c1"
     assert copy.router("v1").route("h", "", {"k": b"\x00v"}) == frozenset({"amq.gen-1"})
-    assert copy.users["guest"].loopback_only
 
 
 @pytest.mark.parametrize("data", [b"", b"{}", b"[1]", b'{"format": 1}', b"\xff"])

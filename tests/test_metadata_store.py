@@ -39,6 +39,32 @@ async def reopened(path: Path) -> MetadataState:
         await store.close()
 
 
+def test_schema_1_loses_its_loopback_only_column_and_keeps_everything_else(tmp_path, caplog):
+    import sqlite3
+
+    path = tmp_path / "metadata.sqlite3"
+
+    async def create():
+        store = await MetadataStore.open(path)
+        await store.apply(c.AddUser("bob", HASH, ("monitoring",)))
+        await store.close()
+
+    run(create())
+    # Schema 1 as it was: the same tables, users with a loopback_only column.
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE users ADD COLUMN loopback_only INTEGER NOT NULL DEFAULT 0")
+        db.execute("UPDATE users SET loopback_only = 1 WHERE name = 'guest'")
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    state = run(reopened(path))
+    assert set(state.users) == {"guest", "bob"} and state.users["bob"].tags == ("monitoring",)
+    assert "user 'guest' was loopback-only" in caplog.text
+    with sqlite3.connect(path) as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(users)")]
+        version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    assert columns == ["name", "password_hash", "tags"] and version == ("2",)
+    assert set(run(reopened(path)).users) == {"guest", "bob"}
+
+
 def test_first_open_seeds_guest_once(tmp_path):
     path = tmp_path / "metadata.sqlite3"
 
@@ -46,7 +72,7 @@ def test_first_open_seeds_guest_once(tmp_path):
         store = await MetadataStore.open(path)
         assert set(store.state.vhosts) == {"/"}
         guest = store.state.users["guest"]
-        assert guest.tags == ("administrator",) and guest.loopback_only
+        assert guest.tags == ("administrator",)
         permission = store.state.permission("guest", "/")
         assert (permission.configure, permission.write, permission.read) == (".*", ".*", ".*")
         assert await store.authenticate("guest", "guest") == guest

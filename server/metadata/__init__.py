@@ -7,8 +7,9 @@
 * `store.MetadataStore` — the state plus aiosqlite persistence: `await MetadataStore.open(path)`,
   `await store.apply(command)`, `await store.authenticate(user, password)`,
   `await store.sync_external_changes()`.
-* `passwords` — scrypt hashing; `permissions` — regex checks and refusal texts;
-  `errors` — the reply-coded refusals (the routing layer's family); `encoding` — field tables as JSON.
+* `passwords` — scrypt hashing; `permissions` — regex checks, refusal texts and the
+  loopback_users rule; `errors` — the reply-coded refusals (the routing layer's family);
+  `encoding` — field tables as JSON.
 """
 
 from warrenmq.server.metadata.commands import (
@@ -35,7 +36,7 @@ from warrenmq.server.metadata.errors import (
     PreconditionFailed,
     ResourceLocked,
 )
-from warrenmq.server.metadata.permissions import Permission, is_loopback
+from warrenmq.server.metadata.permissions import Permission, is_loopback, loopback_refused
 from warrenmq.server.metadata.records import QueueRecord, User, Vhost
 from warrenmq.server.metadata.state import Limits, MetadataState, Outcome
 from warrenmq.server.metadata.store import MetadataStore, StoreFailed
@@ -71,4 +72,5 @@ __all__ = [
     "User",
     "Vhost",
     "is_loopback",
+    "loopback_refused",
 ]

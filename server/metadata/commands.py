@@ -29,7 +29,6 @@ class AddUser:
     name: str
     password_hash: str = field(repr=False)
     tags: tuple[str, ...] = ()
-    loopback_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

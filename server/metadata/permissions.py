@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -130,6 +131,12 @@ def is_loopback(host: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return address.is_loopback
+
+
+def loopback_refused(user: str, host: str, loopback_users: Collection[str]) -> bool:
+    """rabbit_access_control:check_user_loopback: a user named in the loopback_users setting
+    may log in from a loopback address only; every other user from anywhere."""
+    return user in loopback_users and not is_loopback(host)
 
 
 def _compile(pattern: str) -> re.Pattern[str]:

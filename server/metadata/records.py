@@ -31,8 +31,6 @@ class User:
     name: str
     password_hash: str = field(repr=False)
     tags: tuple[str, ...] = ()
-    # RabbitMQ's loopback_users: such a user may log in only over a loopback interface.
-    loopback_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,7 @@ QUEUE_DECLARABLE_ARGUMENTS = (
     "x-initial-cluster-size",
     "x-queue-leader-locator",
 )
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 NAME_CHARS_MAX = 255  # a shortstr: queue, exchange and vhost names travel as one
 _PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
 
@@ -267,7 +267,7 @@ class MetadataState:
                 for v in sorted(self.vhosts.values(), key=lambda v: v.name)
             ],
             "users": [
-                [u.name, u.password_hash, list(u.tags), u.loopback_only]
+                [u.name, u.password_hash, list(u.tags)]
                 for u in sorted(self.users.values(), key=lambda u: u.name)
             ],
             "permissions": [
@@ -355,7 +355,7 @@ class MetadataState:
         if len(self.users) >= self.limits.users_max:
             raise PreconditionFailed(f"user limit ({self.limits.users_max}) is reached")
         _check_password_hash(command.password_hash)
-        user = User(name, command.password_hash, _unique(command.tags), command.loopback_only)
+        user = User(name, command.password_hash, _unique(command.tags))
         self.users[name] = user
         return Outcome(True, created=True, writes=(("put_user", user),))
 
@@ -369,13 +369,13 @@ class MetadataState:
     def _change_password(self, command: c.ChangePassword) -> Outcome:
         user = self._user_or_die(command.name)
         _check_password_hash(command.password_hash)
-        user = User(user.name, command.password_hash, user.tags, user.loopback_only)
+        user = User(user.name, command.password_hash, user.tags)
         self.users[user.name] = user
         return Outcome(True, writes=(("put_user", user),))
 
     def _set_user_tags(self, command: c.SetUserTags) -> Outcome:
         user = self._user_or_die(command.name)
-        user = User(user.name, user.password_hash, _unique(command.tags), user.loopback_only)
+        user = User(user.name, user.password_hash, _unique(command.tags))
         self.users[user.name] = user
         return Outcome(True, writes=(("put_user", user),))
 
@@ -643,8 +643,8 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
     commands: list[c.Command] = []
     for name, description, tags in document["vhosts"]:
         commands.append(c.DeclareVhost(name, description, tuple(tags)))
-    for name, password_hash, tags, loopback_only in document["users"]:
-        commands.append(c.AddUser(name, password_hash, tuple(tags), bool(loopback_only)))
+    for name, password_hash, tags in document["users"]:
+        commands.append(c.AddUser(name, password_hash, tuple(tags)))
     for user, vhost, configure, write, read in document["permissions"]:
         commands.append(c.SetPermissions(user, vhost, configure, write, read))
     for vhost, name, type_name, durable, auto_delete, internal, arguments in document[

@@ -50,7 +50,7 @@ from warrenmq.server.metadata.state import Limits, MetadataState, Outcome, Write
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 5_000
 # At most this many password verifications run at once: each scrypt holds 16 MiB.
 VERIFICATIONS_CONCURRENT_MAX = 2
@@ -65,8 +65,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS vhosts (
     name TEXT PRIMARY KEY, description TEXT NOT NULL, tags TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS users (
-    name TEXT PRIMARY KEY, password_hash TEXT NOT NULL, tags TEXT NOT NULL,
-    loopback_only INTEGER NOT NULL);
+    name TEXT PRIMARY KEY, password_hash TEXT NOT NULL, tags TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS permissions (
     user TEXT NOT NULL, vhost TEXT NOT NULL, configure TEXT NOT NULL, write TEXT NOT NULL,
     read TEXT NOT NULL, PRIMARY KEY (user, vhost));
@@ -114,8 +113,9 @@ class MetadataStore:
         """Open (creating if needed) the store at `path` and load its durable state.
 
         On the very first open the default vhost "/" and the user guest/guest (administrator,
-        loopback-only, full permissions on "/") are created, as RabbitMQ's default_user is;
-        never again afterwards, so a deleted guest stays deleted.
+        full permissions on "/") are created, as RabbitMQ's default_user is; never again
+        afterwards, so a deleted guest stays deleted. (The broker's loopback_users setting,
+        not the store, keeps guest to loopback addresses.)
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,7 @@ class MetadataStore:
         """The user if the password is right, else None (RabbitMQ refuses blank passwords).
 
         The KDF runs in a thread, at most VERIFICATIONS_CONCURRENT_MAX at once. The caller
-        still has to check `user.loopback_only` against the peer address (`is_loopback`).
+        still has to check the peer address against its loopback_users (`loopback_refused`).
         """
         user = self.state.users.get(username)
         if user is None or password == "":
@@ -290,7 +290,9 @@ class MetadataStore:
         async with db.execute("SELECT value FROM meta WHERE key = 'schema_version'") as cursor:
             row = await cursor.fetchone()
         if row is not None:
-            if int(row[0]) != SCHEMA_VERSION:
+            if int(row[0]) == 1:
+                await self._migrate_from_schema_1()
+            elif int(row[0]) != SCHEMA_VERSION:
                 raise StoreFailed(
                     f"{self.path}: metadata schema {row[0]}, this broker reads {SCHEMA_VERSION}"
                 )
@@ -312,12 +314,44 @@ class MetadataStore:
             await db.execute("ROLLBACK")
             raise
 
+    async def _migrate_from_schema_1(self) -> None:
+        """Schema 1 kept a per-user loopback-only flag. The broker's loopback_users setting is
+        now the one source, as in RabbitMQ, so the column goes; the users it flagged are
+        logged, for an operator to list in loopback_users if they must stay local."""
+        db = self._db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            # Another process (the CLI, a second broker) may have migrated since we looked.
+            async with db.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'"
+            ) as cursor:
+                row = await cursor.fetchone()
+            assert row is not None
+            flagged = []
+            if int(row[0]) == 1:
+                async with db.execute("SELECT name FROM users WHERE loopback_only") as cursor:
+                    flagged = [name for (name,) in await cursor.fetchall()]
+                await db.execute("ALTER TABLE users DROP COLUMN loopback_only")
+                await db.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                    (str(SCHEMA_VERSION),),
+                )
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        for name in flagged:
+            logger.warning(
+                "%s: user '%s' was loopback-only in the metadata; that is now the broker's "
+                "loopback_users setting (default: guest)", self.path, name
+            )
+
     async def _read_access_rows(self) -> tuple[list, list, list]:
         db = self._db
         async with db.execute("SELECT name, description, tags FROM vhosts") as cursor:
             vhosts = list(await cursor.fetchall())
         async with db.execute(
-            "SELECT name, password_hash, tags, loopback_only FROM users"
+            "SELECT name, password_hash, tags FROM users"
         ) as cursor:
             users = list(await cursor.fetchall())
         async with db.execute(
@@ -380,7 +414,7 @@ def default_commands(
     """What a first start creates: RabbitMQ's default vhost and default user."""
     return [
         c.DeclareVhost(vhost, "Default virtual host"),
-        c.AddUser(user, passwords.hash_password(password), (ADMINISTRATOR,), loopback_only=True),
+        c.AddUser(user, passwords.hash_password(password), (ADMINISTRATOR,)),
         c.SetPermissions(user, vhost, ".*", ".*", ".*"),
     ]
 
@@ -396,12 +430,12 @@ def _reconcile(
         if name not in state.vhosts:
             commands.append(c.DeclareVhost(name, description, tuple(json.loads(tags))))
     user_names = set()
-    for name, password_hash, tags_json, loopback_only in users:
+    for name, password_hash, tags_json in users:
         user_names.add(name)
         tags = tuple(json.loads(tags_json))
         current = state.users.get(name)
         if current is None:
-            commands.append(c.AddUser(name, password_hash, tags, bool(loopback_only)))
+            commands.append(c.AddUser(name, password_hash, tags))
             continue
         if current.password_hash != password_hash:
             commands.append(c.ChangePassword(name, password_hash))
@@ -449,9 +483,8 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
     if kind == "put_user":
         user = write[1]
         return [(
-            "INSERT OR REPLACE INTO users (name, password_hash, tags, loopback_only)"
-            " VALUES (?, ?, ?, ?)",
-            (user.name, user.password_hash, json.dumps(list(user.tags)), int(user.loopback_only)),
+            "INSERT OR REPLACE INTO users (name, password_hash, tags) VALUES (?, ?, ?)",
+            (user.name, user.password_hash, json.dumps(list(user.tags))),
         )]
     if kind == "delete_user":
         return [

@@ -546,17 +546,14 @@ def _queue_declare(conn: BrokerConnection, channel: BrokerChannel,
         if not method.passive:
             raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         if not method.nowait:
-            conn.reply(channel, commands.Queue.DeclareOk(queue=name, message_count=0,
-                                                         consumer_count=0))
+            conn.amqp.declare_ok(channel.number, name, 0, 0)
         return None
     if method.passive:
         name = conn.queue_name(channel, name)
         queue = vhost.get_queue(name, conn.owner)
         channel.last_queue = name
         if not method.nowait:
-            conn.reply(channel, commands.Queue.DeclareOk(
-                queue=name, message_count=queue.ready_count,
-                consumer_count=queue.consumer_count))
+            conn.amqp.declare_ok(channel.number, name, queue.ready_count, queue.consumer_count)
         return None
     server_named = not name
     if server_named:
@@ -580,9 +577,8 @@ async def _queue_declare_new(conn: BrokerConnection, channel: BrokerChannel,
     conn.broker.touch(queue)
     channel.last_queue = queue.name
     if not method.nowait:
-        conn.reply(channel, commands.Queue.DeclareOk(
-            queue=queue.name, message_count=queue.ready_count,
-            consumer_count=queue.consumer_count))
+        conn.amqp.declare_ok(channel.number, queue.name, queue.ready_count,
+                             queue.consumer_count)
 
 
 async def _queue_bind(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
@@ -663,7 +659,7 @@ def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
         channel.reply_consumer = tag
         channel.reply_to_name = conn.broker.register_reply_channel(channel)
         if not method.nowait:
-            conn.reply(channel, commands.Basic.ConsumeOk(consumer_tag=tag))
+            conn.amqp.consume_ok(channel.number, tag)
         return
     name = conn.queue_name(channel, name)
     conn.check("read", QUEUE, name)
@@ -680,7 +676,7 @@ def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
     channel.consumers[tag] = consumer
     queue.add_consumer(consumer)
     if not method.nowait:
-        conn.reply(channel, commands.Basic.ConsumeOk(consumer_tag=tag))
+        conn.amqp.consume_ok(channel.number, tag)
     conn.broker.want_dispatch(queue)
     return
 
@@ -695,7 +691,7 @@ def _basic_cancel(conn: BrokerConnection, channel: BrokerChannel,
         conn.broker.reply_channels.pop(channel.reply_to_name, None)
         channel.reply_consumer = None
     if not method.nowait:
-        conn.reply(channel, commands.Basic.CancelOk(consumer_tag=tag))
+        conn.amqp.cancel_ok(channel.number, tag)
 
 
 def _basic_get(conn: BrokerConnection, channel: BrokerChannel,
