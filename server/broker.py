@@ -112,7 +112,8 @@ class Broker:
     def _new_vhost(self, name: str) -> VirtualHost:
         vhost = VirtualHost(name, self.data_dir, self.store, open_engine=self._open_engine,
                             batch_records_max=self.config.queue_batch_records_max,
-                            staged=self.staged, deliver_reply=self.deliver_reply)
+                            staged=self.staged, deliver_reply=self.deliver_reply,
+                            cancel_consumers=self.cancel_consumers)
         self.vhosts[name] = vhost
         return vhost
 
@@ -157,8 +158,7 @@ class Broker:
                 if connection.vhost is vhost:
                     connection.close(320, f"vhost '{name}' is deleted")
             for queue in list(vhost.queues.values()):
-                self.cancel_consumers(queue)
-                vhost.take_queue(queue)
+                vhost.retire_queue(queue)
 
     async def stop(self) -> None:
         """SIGTERM: stop accepting, close clients with 320, flush and fsync, close queues."""
@@ -299,10 +299,7 @@ class Broker:
     def drop_queue(self, queue: WorkQueue) -> None:
         """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""
         vhost = self.vhosts.get(queue.vhost)
-        if vhost is None:
-            return
-        self.cancel_consumers(queue)
-        if vhost.take_queue(queue):
+        if vhost is not None:
             self.background(vhost.delete_queue(queue))
 
     def touch(self, queue: WorkQueue) -> None:

@@ -105,18 +105,21 @@ class VirtualHost:
 
     `staged(queue)` tells the broker's tick that a queue has records to write;
     `deliver_reply(routing_key, exchange, properties, body)` hands a direct reply-to message
-    to its waiting consumer, False if there is none.
+    to its waiting consumer, False if there is none; `cancel_consumers(queue)` tells a
+    deleted queue's consumers.
     """
 
     def __init__(self, name: str, data_dir: Path, store: Any, *,
                  open_engine: Callable[[Path, str, Mapping[str, Any]], Any],
                  batch_records_max: int, staged: Callable[[WorkQueue], None],
-                 deliver_reply: Callable[[str, str, bytes, bytes], bool]) -> None:
+                 deliver_reply: Callable[[str, str, bytes, bytes], bool],
+                 cancel_consumers: Callable[[WorkQueue], None]) -> None:
         self.name = name
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
         self._staged = staged
         self._deliver_reply = deliver_reply
+        self._cancel_consumers = cancel_consumers
         self._encoded_names: dict[str, bytes] = {}
         self.directory = data_dir / "queues" / directory_name(name)
         self._open_engine = open_engine
@@ -261,22 +264,34 @@ class VirtualHost:
         if if_empty and queue.ready_count:
             raise precondition_failed(f"{rs} not empty")
 
-    def take_queue(self, queue: WorkQueue) -> bool:
-        """Stop hosting a queue (its engine data is deleted); False if already gone."""
+    async def delete_queue(self, queue: WorkQueue, *, if_unused: bool = False,
+                           if_empty: bool = False) -> int:
+        """The one way a queue goes (queue.delete, auto-delete, exclusive owner gone,
+        x-expires): checks, the metadata record (routing to it stops at once), then consumers
+        cancelled and data deleted. Returns how many ready messages it held; 0 when it was
+        already gone."""
+        if self.queues.get(queue.name) is not queue \
+                or self.store.state.queue(self.name, queue.name) is None:
+            return 0
+        self.check_delete(queue, if_unused=if_unused, if_empty=if_empty)
+        count = queue.ready_count
+        await self._apply(mc.DeleteQueue(self.name, queue.name))
+        self.retire_queue(queue)
+        return count
+
+    def retire_queue(self, queue: WorkQueue) -> None:
+        """Stop hosting a queue whose record is gone: its consumers are cancelled, its timers
+        stopped and its engine data deleted."""
         if self.queues.get(queue.name) is not queue:
-            return False
+            return
         del self.queues[queue.name]
+        self._cancel_consumers(queue)
         queue.deleted = True
         for timer in (queue.expiry_timer, queue.ttl_timer):
             if timer is not None:
                 timer.cancel()
         queue.expiry_timer = queue.ttl_timer = None
         queue.engine.delete()
-        return True
-
-    async def delete_queue(self, queue: WorkQueue) -> None:
-        """Remove the queue's record (and bindings); the caller took it with take_queue."""
-        await self._apply(mc.DeleteQueue(self.name, queue.name))
 
     # -- exchanges ------------------------------------------------------------------------
 

@@ -622,12 +622,9 @@ async def _queue_delete(conn: BrokerConnection, channel: BrokerChannel,
             conn.reply(channel, commands.Queue.DeleteOk(message_count=0))
         return
     queue = vhost.get_queue(name, conn.owner)
-    vhost.check_delete(queue, if_unused=method.if_unused, if_empty=method.if_empty)
-    count = queue.ready_count
-    await vhost.delete_queue(queue)
+    count = await vhost.delete_queue(queue, if_unused=method.if_unused,
+                                     if_empty=method.if_empty)
     conn.exclusive_queues.pop(name, None)
-    conn.broker.cancel_consumers(queue)
-    vhost.take_queue(queue)
     if not method.nowait:
         conn.reply(channel, commands.Queue.DeleteOk(message_count=count))
 
