@@ -184,6 +184,26 @@ def test_quorum_style_delivery_waits_for_the_fsync(tmp_path):
     run(scenario())
 
 
+def test_a_commit_lets_through_what_a_concurrent_commit_made_durable(tmp_path):
+    """basic.get waits for one commit, then takes: when that commit shares (or finds done) the
+    fsync of a concurrent one, the mark that one wrote must allow delivery all the same."""
+
+    async def scenario():
+        queue = DurableQueue.open(tmp_path, QueueConfig(delivered_mark_lead=4))
+        queue.append(records(0, 10))
+        await queue.commit()
+        assert len(queue.take_many(10)) == 4 and queue.take() is None
+        first = asyncio.ensure_future(queue.commit())
+        await asyncio.sleep(0)  # the first commit wrote the new mark and waits for its fsync
+        queue._acks.sync()  # that fsync is done; the first commit has not resumed yet
+        await queue.commit()
+        assert queue.take().offset == 4
+        await first
+        queue.close()
+
+    run(scenario())
+
+
 def test_acks_of_messages_lost_in_a_crash_do_not_ack_their_successors(tmp_path):
     """The ack log can be fsynced while the message log is not; the CLIP at open covers that."""
 

@@ -44,6 +44,7 @@ level over the same log; dead-lettering reads the message before the broker acks
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import os
 import shutil
@@ -182,6 +183,9 @@ class DurableQueue:
         # The restart's CLIP makes the exact mark durable before the new lead is granted.
         self._mark_written = self._mark_durable = self._next + config.delivered_mark_lead
         self._floor_written = self._durable_floor = floor
+        # Ack log writes not yet known to be fsynced, oldest first, each with the ack log end
+        # offset that covers it: whichever commit sees that offset durable applies them.
+        self._unsynced: collections.deque[tuple[int, _Flush]] = collections.deque()
         acks.append([ack_log.encode_clip(self._next), *ack_log.encode_delta(self._floor_written, self._mark_written, [])])
         acks.sync()
         self._bytes_since_snapshot = acks.size_bytes
@@ -477,16 +481,19 @@ class DurableQueue:
         concurrent callers share fsyncs.
         """
         self._check_open()
-        flushed = self._flush_acks()
-        if flushed is None and self._acks.durable_offset >= self._acks.end_offset:
-            return await self._log.commit()
-        durable, _ = await asyncio.gather(self._log.commit(), self._acks.commit())
-        if flushed is not None and not self._closed:
-            self._flushed_durable(flushed)
+        self._flush_acks()
+        if self._acks.durable_offset >= self._acks.end_offset:
+            durable = await self._log.commit()
+        else:
+            durable, _ = await asyncio.gather(self._log.commit(), self._acks.commit())
+        # Also the writes of a concurrent commit whose fsync this one shared or found done:
+        # once any commit returns, the marks written before it began allow delivery.
+        if not self._closed:
+            self._apply_synced_flushes()
         return durable
 
-    def _flush_acks(self) -> _Flush | None:
-        """Append an ack log record for what changed since the last one; None if nothing did."""
+    def _flush_acks(self) -> None:
+        """Append an ack log record for what changed since the last one, if anything did."""
         if self._run_end >= 0:
             self._pending.append((self._run_start, self._run_end))
             self._run_start = self._run_end = -1
@@ -502,7 +509,7 @@ class DurableQueue:
         elif writable or mark != self._mark_written or floor != self._floor_written:
             records = ack_log.encode_delta(floor, mark, writable, self._ranges_per_record)
         else:
-            return None
+            return
         size = sum(len(record[3]) for record in records)
         first = self._append_acks(records)
         self._mark_written = mark
@@ -512,7 +519,7 @@ class DurableQueue:
             self._snapshot_bytes = size
         else:
             self._bytes_since_snapshot += size
-        return _Flush(mark, floor, first if snapshot else None)
+        self._unsynced.append((self._acks.end_offset, _Flush(mark, floor, first if snapshot else None)))
 
     def _append_acks(self, records: list[RawRecord]) -> int:
         # Many ranges span several records; one batch each keeps every batch inside the ack
@@ -524,11 +531,15 @@ class DurableQueue:
             self._acks.append([record])
         return first
 
-    def _flushed_durable(self, flushed: _Flush) -> None:
-        """An ack log write is fsynced: deliver up to its mark, delete what it covers."""
-        self._mark_durable = max(self._mark_durable, flushed.mark)
-        if flushed.floor > self._durable_floor:
-            self._durable_floor = flushed.floor
-            self._log.delete_before(flushed.floor)
-        if flushed.snapshot_offset is not None:
-            self._acks.delete_before(flushed.snapshot_offset)
+    def _apply_synced_flushes(self) -> None:
+        """For each ack log write now fsynced: deliver up to its mark, delete what it covers."""
+        unsynced = self._unsynced
+        durable = self._acks.durable_offset
+        while unsynced and unsynced[0][0] <= durable:
+            flushed = unsynced.popleft()[1]
+            self._mark_durable = max(self._mark_durable, flushed.mark)
+            if flushed.floor > self._durable_floor:
+                self._durable_floor = flushed.floor
+                self._log.delete_before(flushed.floor)
+            if flushed.snapshot_offset is not None:
+                self._acks.delete_before(flushed.snapshot_offset)
