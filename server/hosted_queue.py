@@ -269,6 +269,29 @@ class HostedQueue:
             consumer.channel.deliver(consumer, message)
         return True
 
+    @property
+    def held_until_commit(self) -> bool:
+        """Messages are ready but the engine hands out none until its next commit (the
+        delivered mark, or a quorum queue's fsync)."""
+        return not self.deleted and self.engine.held_until_commit
+
+    async def take_after_commit(self) -> Any:
+        """`take()` for basic.get once it found the engine holding messages until a commit:
+        commit, then take. Consumers may meanwhile take what the commit let through, up to
+        the new mark; each further round follows their progress, so this ends."""
+        while self.held_until_commit:
+            try:
+                await self.commit()
+            except Exception:
+                if self.deleted:
+                    return None
+                raise
+            if not self.deleted:
+                message = self.take()
+                if message is not None:
+                    return message
+        return None
+
     def take(self) -> Any:
         """The next live ready message, marked in flight, or None; expired ones are dropped."""
         if self.message_ttl_ms is not None or self.has_expiring:

@@ -77,6 +77,10 @@ class PriorityQueue:
     def needs_commit(self) -> bool:
         return any(engine.needs_commit for engine in self._levels.values())
 
+    @property
+    def held_until_commit(self) -> bool:
+        return any(engine.held_until_commit for engine in self._levels.values())
+
     def append(self, records: Sequence[tuple[bytes, bytes, bytes, bytes]]) -> None:
         by_level: dict[int, list[tuple[bytes, bytes, bytes, bytes]]] = {}
         for record in records:

@@ -278,7 +278,7 @@ class DurableQueue:
         """True while appends or acks wait for an fsync, or deliveries near the durable mark.
 
         The broker calls `commit()` whenever this is true after a tick; `take()` may return
-        None with messages ready until it has.
+        None with messages ready until it has (see `held_until_commit`).
         """
         return (
             self._log.durable_offset < self._log.end_offset
@@ -286,6 +286,21 @@ class DurableQueue:
             or bool(self._pending)
             or self._next + self.config.delivered_mark_lead // 2 >= self._mark_written
         )
+
+    @property
+    def held_until_commit(self) -> bool:
+        """True while messages are ready but `take()` hands out none until a `commit()`: the
+        next new message lies at the durable delivered mark or, with deliver_uncommitted=False,
+        is not fsynced yet. One `commit()` begun now lets it through (unless other takes reach
+        the new mark first)."""
+        if self._redeliver:
+            return False
+        offset = self._next
+        log = self._log
+        if offset >= log.end_offset:
+            return False
+        return offset >= self._mark_durable or (
+            not self.config.deliver_uncommitted and offset >= log.durable_offset)
 
     # -- publishing ------------------------------------------------------------------------
 
