@@ -332,6 +332,8 @@ class Broker:
     def _message_expiry(self, queue: HostedQueue) -> None:
         queue.ttl_timer = None
         self.arm_message_expiry(queue)
+        # Expired messages are acked at the head: the tick commits that.
+        self.want_dispatch(queue)
 
     def cancel_consumers(self, queue: HostedQueue) -> None:
         """The queue is gone: its consumers get basic.cancel if their client asked for it."""

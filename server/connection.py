@@ -645,6 +645,8 @@ def _queue_purge(conn: BrokerConnection, channel: BrokerChannel,
     conn.check("read", QUEUE, name)
     queue = conn.vhost.get_queue(name, conn.owner)
     count = queue.purge()
+    # The purge acks every ready message: the tick commits that.
+    conn.broker.want_dispatch(queue)
     if not method.nowait:
         conn.reply(channel, commands.Queue.PurgeOk(message_count=count))
 

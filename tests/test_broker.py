@@ -528,10 +528,10 @@ def wait_committed(broker, queue, timeout_s=3.0):
     return True
 
 
-@pytest.mark.parametrize("way", ["no-ack get"])
+@pytest.mark.parametrize("way", ["no-ack get", "purge", "message ttl"])
 def test_messages_removed_without_a_consumer_are_committed(broker, conn, way):
-    """A no-ack get acks messages outside any consumer's dispatch; the broker still commits
-    those acks (a crash must not bring the messages back)."""
+    """A no-ack get, a purge and an expiry ack messages outside any consumer's dispatch; the
+    broker still commits those acks (a crash must not bring the messages back)."""
     ch = conn.channel()
     ch.confirm_delivery()
     arguments = {"x-message-ttl": 50} if way == "message ttl" else {}
