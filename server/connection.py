@@ -106,7 +106,7 @@ class BrokerConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.writable = True
         for channel in self.channels.values():
-            for queue in channel.queues_consumed():
+            for queue in channel.unblock_consumers():
                 self.broker.want_dispatch(queue)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -270,7 +270,7 @@ class BrokerConnection(asyncio.Protocol):
             channel = self.channels[event.channel]
             channel.flow_active = event.active
             if event.active:
-                for queue in channel.queues_consumed():
+                for queue in channel.unblock_consumers():
                     self.broker.want_dispatch(queue)
             return None
         if kind is events.AuthenticationRequested:
@@ -680,7 +680,7 @@ def _basic_qos(conn: BrokerConnection, channel: BrokerChannel,
         channel.global_prefetch = method.prefetch_count
     else:
         channel.consumer_prefetch = method.prefetch_count
-    for queue in channel.queues_consumed():
+    for queue in channel.unblock_consumers():
         conn.broker.want_dispatch(queue)
     conn.reply(channel, commands.Basic.QosOk())
 
