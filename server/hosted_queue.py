@@ -226,6 +226,8 @@ class HostedQueue:
     def add_consumer(self, consumer: Consumer) -> None:
         key = (id(consumer.channel), consumer.tag)
         assert key not in self.consumers
+        # basic.consume's rule, which exclusive_consumer() relies on.
+        assert self.exclusive_consumer() is None and not (consumer.exclusive and self.consumers)
         self.consumers[key] = consumer
         self.had_consumer = True
         self._rotate_in(consumer)
@@ -287,10 +289,12 @@ class HostedQueue:
         return len(self.consumers)
 
     def exclusive_consumer(self) -> Consumer | None:
-        for consumer in self.consumers.values():
-            if consumer.exclusive:
-                return consumer
-        return None
+        # An exclusive consumer is always alone (basic.consume adds none beside it, nor it
+        # beside others): looking at every consumer made each basic.consume O(consumers).
+        if len(self.consumers) != 1:
+            return None
+        consumer = next(iter(self.consumers.values()))
+        return consumer if consumer.exclusive else None
 
     def _next_consumer(self) -> Consumer | None:
         """The consumer to deliver to next: round-robin in the highest level with credit.

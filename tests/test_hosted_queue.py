@@ -94,9 +94,10 @@ class FakeConnection:
         return delivered
 
 
-def consume(queue, channel, tag, *, priority=0, prefetch=0, no_ack=False) -> Consumer:
+def consume(queue, channel, tag, *, priority=0, prefetch=0, no_ack=False,
+            exclusive=False) -> Consumer:
     """What basic.consume does with the queue."""
-    consumer = Consumer(tag, channel, queue, no_ack, False, priority, prefetch)
+    consumer = Consumer(tag, channel, queue, no_ack, exclusive, priority, prefetch)
     channel.consumers[tag] = consumer
     queue.add_consumer(consumer)
     return consumer
@@ -304,3 +305,14 @@ def test_a_full_socket_blocks_no_ack_consumers_until_it_drains(queue, connection
     for changed in channel.unblock_consumers():
         dispatch(changed)
     assert connection.take_delivered() == [("a", b"0")]
+
+
+def test_the_exclusive_consumer_is_the_only_one(queue, connection):
+    channel = channel_of(connection, 1)
+    shared = consume(queue, channel, "shared")
+    assert queue.exclusive_consumer() is None
+    queue.remove_consumer(shared)
+    alone = consume(queue, channel, "alone", exclusive=True)
+    assert queue.exclusive_consumer() is alone
+    queue.remove_consumer(alone)
+    assert queue.exclusive_consumer() is None
