@@ -55,6 +55,27 @@ def test_basic_get_drains_past_the_delivered_mark(tmp_path, kind):
     asyncio.run(scenario())
 
 
+def test_a_priority_level_held_until_a_commit_holds_the_levels_below(tmp_path):
+    """A lower level must not serve while a higher one waits for its delivered mark."""
+
+    async def scenario():
+        config = QueueConfig(delivered_mark_lead=4)
+        engine = PriorityQueue(tmp_path, 2, lambda level: DurableQueue.open(level, config))
+        queue = hosted(engine)
+        for i in range(6):
+            assert queue.stage((b"", b"q", b"\x08\x00\x02", b"high-%d" % i), persistent=False)
+        assert queue.stage((b"", b"q", b"\x00\x00", b"low"), persistent=False)
+        queue.flush()
+        bodies = []
+        while (message := await basic_get(queue)) is not None:
+            queue.ack([message.offset])
+            bodies.append(message.body)
+        assert bodies == [b"high-%d" % i for i in range(6)] + [b"low"]
+        engine.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_get_waiting_for_a_commit_of_a_deleted_queue_finds_nothing(tmp_path):
     async def scenario():
         engine = DurableQueue.open(tmp_path, QueueConfig(deliver_uncommitted=False))
