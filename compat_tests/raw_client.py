@@ -12,7 +12,8 @@ import socket
 import struct
 import time
 
-from pamqp import commands, frame, heartbeat
+from pamqp import body as content_body
+from pamqp import commands, frame, header, heartbeat
 from pamqp.exceptions import UnmarshalingException
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -112,6 +113,24 @@ class RawClient:
     def open_channel(self, channel: int) -> None:
         self.send(channel, commands.Channel.Open())
         self.expect(commands.Channel.OpenOk)
+
+    def publish_confirmed(self, channel: int, queue: str, bodies: list[bytes], timeout_s: float = 60.0) -> None:
+        """Publish persistent messages to `queue` (default exchange) on an open channel, all at
+        once, and wait until every one is confirmed: pika's blocking channel would wait for
+        each confirm before sending the next message."""
+        self.send(channel, commands.Confirm.Select())
+        self.expect(commands.Confirm.SelectOk)
+        persistent = commands.Basic.Properties(delivery_mode=2)
+        self.send_bytes(b"".join(
+            frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), channel)
+            + frame.marshal(header.ContentHeader(0, len(body), persistent), channel)
+            + frame.marshal(content_body.ContentBody(body), channel)
+            for body in bodies
+        ))
+        confirmed = 0
+        while confirmed < len(bodies):
+            _, ack = self.expect(commands.Basic.Ack, timeout_s)
+            confirmed = ack.delivery_tag
 
     def expect_connection_close(self, timeout_s: float | None = None) -> commands.Connection.Close:
         """Wait for connection.close (skipping other frames), answer close-ok, return it."""

@@ -259,6 +259,33 @@ def test_get_and_get_empty(channel, uid):
     channel.basic_ack(method.delivery_tag)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("queue_type", "no_ack"), [
+    ("classic", True), ("classic", False), ("quorum", True),
+], ids=["classic-no-ack", "classic-manual-ack", "quorum-no-ack"])
+def test_get_drains_a_deep_queue(broker, channel, uid, queue_type, no_ack):
+    """Polling workers (kombu's Queue.get) take a deep durable queue one basic.get at a time:
+    every message comes back, none is answered with get-empty while the queue holds it."""
+    count = 20_000
+    channel.queue_declare(f"{uid}-q", durable=True, arguments={"x-queue-type": queue_type})
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.publish_confirmed(1, f"{uid}-q", [str(i).encode() for i in range(count)])
+    bodies = []
+    for _ in range(count):
+        method, _, body = channel.basic_get(f"{uid}-q", auto_ack=no_ack)
+        if method is None:
+            break
+        if not no_ack:
+            channel.basic_ack(method.delivery_tag)
+        bodies.append(body)
+    assert bodies == [str(i).encode() for i in range(count)]
+    assert channel.basic_get(f"{uid}-q")[0] is None
+    assert channel.queue_declare(f"{uid}-q", passive=True).method.message_count == 0
+    channel.queue_delete(f"{uid}-q")
+
+
 def test_get_from_missing_queue_is_404(channel, uid):
     code, text = channel_error(channel.basic_get, f"{uid}-nope")
     assert (code, text) == (404, f"NOT_FOUND - no queue '{uid}-nope' in vhost '/'")

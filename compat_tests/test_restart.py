@@ -12,6 +12,7 @@ import pika
 import pytest
 
 from pika_helpers import drain, wait_get
+from raw_client import RawClient
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -70,6 +71,35 @@ def test_restart_keeps_durable_and_drops_transient(broker, uid):
         ch.queue_delete(f"{uid}-dq")
         ch.queue_delete(f"{uid}-xq")
         ch.exchange_delete(f"{uid}-dx")
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+@pytest.mark.slow
+def test_get_drains_a_deep_queue_across_a_restart(broker, uid):
+    """basic.get with no-ack takes a deep queue before and after a restart: each run hands out
+    more than a batch of its delivered-mark bookkeeping, and nothing is lost or repeated."""
+    count, before_restart = 20_000, 6_000
+    bodies = [str(i).encode() for i in range(count)]
+    conn = pika.BlockingConnection(broker.params())
+    ch = conn.channel()
+    ch.queue_declare(f"{uid}-q", durable=True)
+    with RawClient(broker.host, broker.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.publish_confirmed(1, f"{uid}-q", bodies)
+    got = [ch.basic_get(f"{uid}-q", auto_ack=True)[2] for _ in range(before_restart)]
+    assert got == bodies[:before_restart]
+
+    broker.restart()
+    _closed_by_restart(conn)
+    conn = pika.BlockingConnection(broker.params())
+    try:
+        ch = conn.channel()
+        assert ch.queue_declare(f"{uid}-q", passive=True).method.message_count == count - before_restart
+        assert drain(ch, f"{uid}-q") == bodies[before_restart:]
+        ch.queue_delete(f"{uid}-q")
     finally:
         if conn.is_open:
             conn.close()

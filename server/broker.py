@@ -340,6 +340,8 @@ class Broker:
     def _message_expiry(self, queue: WorkQueue) -> None:
         queue.ttl_timer = None
         self.arm_message_expiry(queue)
+        # Expired messages are acked at the head: the tick commits that.
+        self.want_dispatch(queue)
 
     def cancel_consumers(self, queue: WorkQueue) -> None:
         """The queue is gone: its consumers get basic.cancel if their client asked for it."""

@@ -531,6 +531,42 @@ def test_message_ttl_drops_expired_messages_at_the_head(conn):
     assert ch.basic_get(q) == (None, None, None)
 
 
+def wait_committed(broker, queue, timeout_s=3.0):
+    """True once the queue's engine has nothing left waiting for a commit."""
+
+    async def committed():
+        return not broker.broker.vhosts["/"].queues[queue].engine.needs_commit
+
+    deadline = time.monotonic() + timeout_s
+    while not broker.call(committed()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize("way", ["no-ack get", "purge", "message ttl"])
+def test_messages_removed_without_a_consumer_are_committed(broker, conn, way):
+    """A no-ack get, a purge and an expiry ack messages outside any consumer's dispatch; the
+    broker still commits those acks (a crash must not bring the messages back)."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    arguments = {"x-message-ttl": 50} if way == "message ttl" else {}
+    q = ch.queue_declare(name(), durable=True, arguments=arguments).method.queue
+    for _ in range(3):
+        ch.basic_publish("", q, b"x", pika.BasicProperties(delivery_mode=2))
+    assert wait_committed(broker, q)
+    if way == "no-ack get":
+        assert ch.basic_get(q, auto_ack=True)[2] == b"x"
+    elif way == "purge":
+        assert ch.queue_purge(q).method.message_count == 3
+    else:
+        time.sleep(0.2)
+        assert ch.queue_declare(q, passive=True).method.message_count == 0
+    assert wait_committed(broker, q)
+    ch.queue_delete(q)
+
+
 def test_per_message_expiration(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), exclusive=True).method.queue

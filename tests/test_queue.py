@@ -184,6 +184,53 @@ def test_quorum_style_delivery_waits_for_the_fsync(tmp_path):
     run(scenario())
 
 
+def test_held_until_commit_says_when_take_waits_for_a_commit(tmp_path):
+    async def scenario():
+        classic = LogQueue.open(tmp_path / "classic", QueueConfig(delivered_mark_lead=4))
+        assert not classic.held_until_commit  # nothing ready
+        classic.append(records(0, 6))
+        assert not classic.held_until_commit
+        assert len(classic.take_many(10)) == 4
+        assert classic.held_until_commit and classic.take() is None
+        classic.requeue([3])
+        assert not classic.held_until_commit  # a redelivery needs no new mark
+        assert classic.take().offset == 3
+        await classic.commit()
+        assert not classic.held_until_commit and classic.take().offset == 4
+        classic.close()
+
+        quorum = LogQueue.open(tmp_path / "quorum", QueueConfig(deliver_uncommitted=False))
+        quorum.append(records(0, 2))
+        assert quorum.held_until_commit and quorum.take() is None
+        await quorum.commit()
+        assert not quorum.held_until_commit and len(quorum.take_many(10)) == 2
+        assert not quorum.held_until_commit  # empty
+        quorum.close()
+
+    run(scenario())
+
+
+def test_a_commit_lets_through_what_a_concurrent_commit_made_durable(tmp_path):
+    """basic.get waits for one commit, then takes: when that commit shares (or finds done) the
+    fsync of a concurrent one, the mark that one wrote must allow delivery all the same."""
+
+    async def scenario():
+        queue = LogQueue.open(tmp_path, QueueConfig(delivered_mark_lead=4))
+        queue.append(records(0, 10))
+        await queue.commit()
+        queue.take_many(10)
+        assert queue.held_until_commit
+        first = asyncio.ensure_future(queue.commit())
+        await asyncio.sleep(0)  # the first commit wrote the new mark and waits for its fsync
+        queue._acks.sync()  # that fsync is done; the first commit has not resumed yet
+        await queue.commit()
+        assert not queue.held_until_commit and queue.take().offset == 4
+        await first
+        queue.close()
+
+    run(scenario())
+
+
 def test_acks_of_messages_lost_in_a_crash_do_not_ack_their_successors(tmp_path):
     """The ack log can be fsynced while the message log is not; the CLIP at open covers that."""
 

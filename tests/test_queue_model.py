@@ -166,7 +166,9 @@ def config_strategy():
 async def take_checked(harness):
     queue, model = harness.queue, harness.model
     expected = model.expected_take()
+    held = queue.held_until_commit
     message = queue.take()
+    assert held == (message is None and expected is not None)
     if message is None and expected is not None:
         # Only new messages may wait, for the delivered mark or (quorum style) their fsync.
         assert not expected[1]

@@ -44,6 +44,7 @@ level over the same log; dead-lettering reads the message before the broker acks
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import os
 import shutil
@@ -182,6 +183,9 @@ class LogQueue:
         # The restart's CLIP makes the exact mark durable before the new lead is granted.
         self._mark_written = self._mark_durable = self._next + config.delivered_mark_lead
         self._floor_written = self._durable_floor = floor
+        # Ack log writes not yet known to be fsynced, oldest first, each with the ack log end
+        # offset that covers it: whichever commit sees that offset durable applies them.
+        self._unsynced: collections.deque[tuple[int, _Flush]] = collections.deque()
         acks.append([ack_log.encode_clip(self._next), *ack_log.encode_delta(self._floor_written, self._mark_written, [])])
         acks.sync()
         self._bytes_since_snapshot = acks.size_bytes
@@ -279,7 +283,7 @@ class LogQueue:
         """True while appends or acks wait for an fsync, or deliveries near the durable mark.
 
         The broker calls `commit()` whenever this is true after a tick; `take()` may return
-        None with messages ready until it has.
+        None with messages ready until it has (see `held_until_commit`).
         """
         return (
             self._log.durable_offset < self._log.end_offset
@@ -287,6 +291,21 @@ class LogQueue:
             or bool(self._pending)
             or self._next + self.config.delivered_mark_lead // 2 >= self._mark_written
         )
+
+    @property
+    def held_until_commit(self) -> bool:
+        """True while messages are ready but `take()` hands out none until a `commit()`: the
+        next new message lies at the durable delivered mark or, with deliver_uncommitted=False,
+        is not fsynced yet. One `commit()` begun now lets it through (unless other takes reach
+        the new mark first)."""
+        if self._redeliver:
+            return False
+        offset = self._next
+        log = self._log
+        if offset >= log.end_offset:
+            return False
+        return offset >= self._mark_durable or (
+            not self.config.deliver_uncommitted and offset >= log.durable_offset)
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -482,16 +501,19 @@ class LogQueue:
         concurrent callers share fsyncs.
         """
         self._check_open()
-        flushed = self._flush_acks()
-        if flushed is None and self._acks.durable_offset >= self._acks.end_offset:
-            return await self._log.commit()
-        durable, _ = await asyncio.gather(self._log.commit(), self._acks.commit())
-        if flushed is not None and not self._closed:
-            self._flushed_durable(flushed)
+        self._flush_acks()
+        if self._acks.durable_offset >= self._acks.end_offset:
+            durable = await self._log.commit()
+        else:
+            durable, _ = await asyncio.gather(self._log.commit(), self._acks.commit())
+        # Also the writes of a concurrent commit whose fsync this one shared or found done:
+        # once any commit returns, the marks written before it began allow delivery.
+        if not self._closed:
+            self._apply_synced_flushes()
         return durable
 
-    def _flush_acks(self) -> _Flush | None:
-        """Append an ack log record for what changed since the last one; None if nothing did."""
+    def _flush_acks(self) -> None:
+        """Append an ack log record for what changed since the last one, if anything did."""
         if self._run_end >= 0:
             self._pending.append((self._run_start, self._run_end))
             self._run_start = self._run_end = -1
@@ -508,7 +530,7 @@ class LogQueue:
         elif writable or mark != self._mark_written or floor != self._floor_written:
             records = ack_log.encode_delta(floor, mark, writable, self._ranges_per_record)
         else:
-            return None
+            return
         size = sum(len(record[3]) for record in records)
         try:
             first = self._append_acks(records)
@@ -523,7 +545,7 @@ class LogQueue:
             self._snapshot_bytes = size
         else:
             self._bytes_since_snapshot += size
-        return _Flush(mark, floor, first if snapshot else None)
+        self._unsynced.append((self._acks.end_offset, _Flush(mark, floor, first if snapshot else None)))
 
     def _append_acks(self, records: list[RawRecord]) -> int:
         # Many ranges span several records; one batch each keeps every batch inside the ack
@@ -535,11 +557,15 @@ class LogQueue:
             self._acks.append([record])
         return first
 
-    def _flushed_durable(self, flushed: _Flush) -> None:
-        """An ack log write is fsynced: deliver up to its mark, delete what it covers."""
-        self._mark_durable = max(self._mark_durable, flushed.mark)
-        if flushed.floor > self._durable_floor:
-            self._durable_floor = flushed.floor
-            self._log.delete_before(flushed.floor)
-        if flushed.snapshot_offset is not None:
-            self._acks.delete_before(flushed.snapshot_offset)
+    def _apply_synced_flushes(self) -> None:
+        """For each ack log write now fsynced: deliver up to its mark, delete what it covers."""
+        unsynced = self._unsynced
+        durable = self._acks.durable_offset
+        while unsynced and unsynced[0][0] <= durable:
+            flushed = unsynced.popleft()[1]
+            self._mark_durable = max(self._mark_durable, flushed.mark)
+            if flushed.floor > self._durable_floor:
+                self._durable_floor = flushed.floor
+                self._log.delete_before(flushed.floor)
+            if flushed.snapshot_offset is not None:
+                self._acks.delete_before(flushed.snapshot_offset)

@@ -78,6 +78,13 @@ class PriorityQueue:
     def needs_commit(self) -> bool:
         return any(engine.needs_commit for engine in self._levels.values())
 
+    @property
+    def held_until_commit(self) -> bool:
+        for engine in self._levels.values():
+            if engine.ready_count:
+                return engine.held_until_commit
+        return False
+
     def append(self, records: Sequence[tuple[bytes, bytes, bytes, bytes]]) -> None:
         by_level: dict[int, list[tuple[bytes, bytes, bytes, bytes]]] = {}
         for record in records:
@@ -86,11 +93,11 @@ class PriorityQueue:
             self._level(level).append(batch)
 
     def take(self) -> Any:
+        # The highest level with messages ready serves, or nobody does: while it holds them
+        # until a commit (the delivered mark), a lower level serving would invert priorities.
         for level, engine in self._levels.items():
             if engine.ready_count:
-                message = engine.take()
-                if message is not None:
-                    return self._tagged(message, level)
+                return self._tagged(engine.take(), level)
         return None
 
     def peek(self) -> Any:

@@ -8,6 +8,14 @@ Publishes are buffered per tick (``stage``) and written with one engine append p
 by priority (``x-priority``, highest first, as RabbitMQ): a lower level is served only when
 every consumer above it is out of credit; within a level, round-robin.
 
+Dispatch looks only at consumers not known to lack credit, so a queue with 50,000 consumers
+at their prefetch limit costs nothing per publish. A consumer found without credit is
+*blocked*: it leaves the rotation of its level until its credit returns, as in RabbitMQ's
+rabbit_queue_consumers. Its own acks unblock a consumer blocked on its own prefetch; one
+blocked on its channel (global prefetch, the unacked limit, flow, a full socket) waits in the
+channel, which unblocks all of its blocked consumers when it may deliver again, without
+looking at any queue's other consumers. An unblocked consumer rejoins its level last.
+
 Queue arguments enforced here, at the head as a RabbitMQ classic queue does: x-message-ttl
 and per-message expiration, x-max-length and x-max-length-bytes (drop-head, or refusal with
 x-overflow reject-publish), x-single-active-consumer; x-expires is the broker's timer.
@@ -16,8 +24,11 @@ Dead-lettering (x-dead-letter-*) is accepted and stored but belongs to the DLQ w
 
 from __future__ import annotations
 
+import bisect
+import enum
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,6 +58,23 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class ConsumerState(enum.Enum):
+    ROTATING = "in its priority level's round-robin"
+    BLOCKED_BY_PREFETCH = "out of its own prefetch; its acks unblock it"
+    BLOCKED_BY_CHANNEL = "its channel has no credit or may not deliver; the channel unblocks it"
+    CANCELLED = "gone from its queue"
+
+
+ROTATING = ConsumerState.ROTATING
+BLOCKED_BY_PREFETCH = ConsumerState.BLOCKED_BY_PREFETCH
+BLOCKED_BY_CHANNEL = ConsumerState.BLOCKED_BY_CHANNEL
+CANCELLED = ConsumerState.CANCELLED
+
+
+def _highest_first(priority: int) -> int:
+    return -priority
+
+
 @dataclass(eq=False, slots=True)
 class Consumer:
     tag: str
@@ -58,6 +86,7 @@ class Consumer:
     prefetch_count: int
     """Per-consumer prefetch (basic.qos global=false at consume time); 0 is unlimited."""
     unacked_count: int = 0
+    state: ConsumerState = ROTATING
 
     def has_credit(self) -> bool:
         channel = self.channel
@@ -138,8 +167,12 @@ class WorkQueue:
         self.failed_publishers: list[Any] = []
         self.staged_persistent = False
         self.commit_wanted = False
-        # Consumers by priority, highest first; each level rotates for round-robin.
-        self._levels: list[tuple[int, list[Consumer]]] = []
+        # The consumers in rotation (not blocked) by priority, each level in round-robin
+        # order, next first; `_priorities` holds the levels' priorities, highest first. A
+        # level exists while it has a consumer in rotation.
+        self._rotations: dict[int, OrderedDict[Consumer, None]] = {}
+        self._priorities: list[int] = []
+        # Every consumer, in the order they registered (single-active-consumer's order).
         self.consumers: dict[tuple[int, str], Consumer] = {}
 
     # -- publishing -----------------------------------------------------------------------
@@ -252,48 +285,96 @@ class WorkQueue:
     def add_consumer(self, consumer: Consumer) -> None:
         key = (id(consumer.channel), consumer.tag)
         assert key not in self.consumers
+        # basic.consume's rule, which exclusive_consumer() relies on.
+        assert self.exclusive_consumer() is None and not (consumer.exclusive and self.consumers)
         self.consumers[key] = consumer
         self.had_consumer = True
-        for priority, level in self._levels:
-            if priority == consumer.priority:
-                level.append(consumer)
-                return
-        self._levels.append((consumer.priority, [consumer]))
-        self._levels.sort(key=lambda item: -item[0])
+        self._rotate_in(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> bool:
         """Forget a consumer; True if this queue is now auto-delete-able (RabbitMQ's rule)."""
         if self.consumers.pop((id(consumer.channel), consumer.tag), None) is None:
             return False
-        for index, (_, level) in enumerate(self._levels):
-            if consumer in level:
-                level.remove(consumer)
-                if not level:
-                    del self._levels[index]
-                break
+        if consumer.state is ROTATING:
+            self._rotate_out(consumer)
+        elif consumer.state is BLOCKED_BY_CHANNEL:
+            consumer.channel.forget_blocked(consumer)
+        consumer.state = CANCELLED
         return self.auto_delete and self.had_consumer and not self.consumers
+
+    def _rotate_in(self, consumer: Consumer) -> None:
+        """Put a consumer last in its level's rotation."""
+        consumer.state = ROTATING
+        priority = consumer.priority
+        rotation = self._rotations.get(priority)
+        if rotation is None:
+            rotation = self._rotations[priority] = OrderedDict()
+            bisect.insort(self._priorities, priority, key=_highest_first)
+        rotation[consumer] = None
+
+    def _rotate_out(self, consumer: Consumer) -> None:
+        priority = consumer.priority
+        rotation = self._rotations[priority]
+        del rotation[consumer]
+        if not rotation:
+            del self._rotations[priority]
+            self._priorities.remove(priority)
+
+    def _block(self, consumer: Consumer) -> None:
+        """Take a consumer found without credit out of rotation until its credit returns."""
+        self._rotate_out(consumer)
+        channel = consumer.channel
+        if channel.can_deliver() and (consumer.no_ack or channel.has_credit()):
+            assert consumer.prefetch_count and consumer.unacked_count >= consumer.prefetch_count
+            consumer.state = BLOCKED_BY_PREFETCH
+        else:
+            consumer.state = BLOCKED_BY_CHANNEL
+            channel.block(consumer)
+
+    def unblock(self, consumer: Consumer) -> None:
+        """The channel of a consumer it blocked has credit again: back into rotation."""
+        assert consumer.state is BLOCKED_BY_CHANNEL
+        self._rotate_in(consumer)
+
+    def prefetch_freed(self, consumer: Consumer) -> None:
+        """Acks made room under a consumer's own prefetch: if that blocked it, it rejoins the
+        rotation."""
+        if (consumer.state is BLOCKED_BY_PREFETCH
+                and consumer.unacked_count < consumer.prefetch_count):
+            self._rotate_in(consumer)
 
     @property
     def consumer_count(self) -> int:
         return len(self.consumers)
 
     def exclusive_consumer(self) -> Consumer | None:
-        for consumer in self.consumers.values():
-            if consumer.exclusive:
-                return consumer
-        return None
+        # An exclusive consumer is always alone (basic.consume adds none beside it, nor it
+        # beside others): looking at every consumer made each basic.consume O(consumers).
+        if len(self.consumers) != 1:
+            return None
+        consumer = next(iter(self.consumers.values()))
+        return consumer if consumer.exclusive else None
 
     def _next_consumer(self) -> Consumer | None:
+        """The consumer to deliver to next: round-robin in the highest level with credit.
+        Consumers found without credit on the way are blocked, so each is looked at once
+        per time its credit returns, not once per message."""
         if self.single_active:
             active = next(iter(self.consumers.values()))
-            return active if active.has_credit() else None
-        for _, level in self._levels:
-            for _ in range(len(level)):
-                consumer = level[0]
-                if len(level) > 1:
-                    level.append(level.pop(0))
-                if consumer.has_credit():
-                    return consumer
+            if active.state is not ROTATING:
+                return None
+            if active.has_credit():
+                return active
+            self._block(active)
+            return None
+        priorities = self._priorities
+        while priorities:
+            rotation = self._rotations[priorities[0]]
+            consumer = next(iter(rotation))
+            if consumer.has_credit():
+                rotation.move_to_end(consumer)
+                return consumer
+            self._block(consumer)
         return None
 
     # -- delivery -------------------------------------------------------------------------
@@ -304,7 +385,7 @@ class WorkQueue:
 
     def dispatch(self) -> bool:
         """Deliver ready messages to consumers with credit; True if stopped by the bound."""
-        if self.deleted or not self._levels:
+        if self.deleted or not self.consumers:
             return False
         engine = self.engine
         if (len(self.consumers) == 1 and self.bytes_max is None and not self.expires_messages
@@ -312,7 +393,13 @@ class WorkQueue:
             # One consumer takes every message it has credit for: hand them out a slice at
             # a time (the same messages, in the same order, as one take() per message).
             consumer = next(iter(self.consumers.values()))
-            messages = engine.take_many(consumer.credit(DISPATCH_DELIVERIES_MAX))
+            if consumer.state is not ROTATING:
+                return False
+            credit = consumer.credit(DISPATCH_DELIVERIES_MAX)
+            if not credit:
+                self._block(consumer)
+                return False
+            messages = engine.take_many(credit)
             if messages:
                 consumer.channel.deliver_many(consumer, messages)
             return len(messages) >= DISPATCH_DELIVERIES_MAX
@@ -327,6 +414,29 @@ class WorkQueue:
                 return False
             consumer.channel.deliver(consumer, message)
         return True
+
+    @property
+    def held_until_commit(self) -> bool:
+        """Messages are ready but the engine hands out none until its next commit (the
+        delivered mark, or a quorum queue's fsync)."""
+        return not self.deleted and self.engine.held_until_commit
+
+    async def take_after_commit(self) -> Any:
+        """`take()` for basic.get once it found the engine holding messages until a commit:
+        commit, then take. Consumers may meanwhile take what the commit let through, up to
+        the new mark; each further round follows their progress, so this ends."""
+        while self.held_until_commit:
+            try:
+                await self.commit()
+            except Exception:
+                if self.deleted:
+                    return None
+                raise
+            if not self.deleted:
+                message = self.take()
+                if message is not None:
+                    return message
+        return None
 
     def take(self) -> Any:
         """The next live ready message, marked in flight, or None; expired ones are dropped."""

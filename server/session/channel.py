@@ -8,11 +8,14 @@ Prefetch follows RabbitMQ with per_consumer_qos: basic.qos global=false sets the
 consumers created afterwards, global=true a limit shared by the channel's consumers.
 basic.get deliveries need acks but do not count against either limit (RabbitMQ's limiter
 counts consumer deliveries only).
+
+A queue blocks a consumer whose channel has no credit (or may not deliver) and leaves it with
+the channel (``block``); the channel unblocks them all once it has credit again, after acks,
+basic.qos, channel.flow or a drained socket (``unblock_consumers``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import replies
@@ -64,6 +67,10 @@ class BrokerChannel:
         self.tx_settles: list[tuple[list[Unacked], bool | None]] = []
         # Exchanges this channel may write to (checked once, as permissions change rarely).
         self.writable_exchanges: set[str] = set()
+        # Consumers their queues blocked for want of this channel's credit: no-ack ones wait
+        # only for the channel to deliver again (flow, socket), the others for credit too.
+        self.blocked_no_ack: dict[Consumer, None] = {}
+        self.blocked: dict[Consumer, None] = {}
 
     # -- credit ---------------------------------------------------------------------------
 
@@ -81,6 +88,27 @@ class BrokerChannel:
         if self.global_prefetch:
             room = min(room, self.global_prefetch - self.consumer_unacked)
         return room
+
+    def block(self, consumer: Consumer) -> None:
+        (self.blocked_no_ack if consumer.no_ack else self.blocked)[consumer] = None
+
+    def forget_blocked(self, consumer: Consumer) -> None:
+        self.blocked_no_ack.pop(consumer, None)
+        self.blocked.pop(consumer, None)
+
+    def unblock_consumers(self) -> set[WorkQueue]:
+        """Blocked consumers whose channel has credit again rejoin their queues' rotation;
+        returns those queues (to dispatch)."""
+        if not (self.blocked_no_ack or self.blocked) or not self.can_deliver():
+            return set()
+        unblocked = list(self.blocked_no_ack)
+        self.blocked_no_ack = {}
+        if self.has_credit():
+            unblocked += self.blocked
+            self.blocked = {}
+        for consumer in unblocked:
+            consumer.queue.unblock(consumer)
+        return {consumer.queue for consumer in unblocked}
 
     # -- delivering -----------------------------------------------------------------------
 
@@ -157,10 +185,14 @@ class BrokerChannel:
         self.unacked = {tag: merged[tag] for tag in sorted(merged)}
 
     def apply(self, taken: list[Unacked], requeue: bool | None) -> set[WorkQueue]:
-        """ack (requeue None or False drops) or requeue: returns queues that may dispatch."""
+        """ack (requeue None or False drops) or requeue: returns queues that may dispatch
+        (those settled, and those of consumers the freed credit unblocked)."""
         by_queue: dict[WorkQueue, list[int]] = {}
         for entry in taken:
             by_queue.setdefault(entry.queue, []).append(entry.offset)
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.queue.prefetch_freed(consumer)
         for queue, offsets in by_queue.items():
             if requeue:
                 queue.requeue(offsets)
@@ -168,7 +200,7 @@ class BrokerChannel:
                 # Without requeue a nacked message is dropped (dead-lettering is its own issue).
                 queue.ack(offsets)
         touched = set(by_queue)
-        touched.update(consumer.queue for consumer in self.consumers.values())
+        touched.update(self.unblock_consumers())
         return touched
 
     def settle(self, delivery_tag: int, multiple: bool, requeue: bool | None) -> set[WorkQueue]:
@@ -179,9 +211,6 @@ class BrokerChannel:
         if not self.unacked:
             return set()
         return self.settle(0, True, True)
-
-    def queues_consumed(self) -> Iterable[WorkQueue]:
-        return {consumer.queue for consumer in self.consumers.values()}
 
     # -- publishing -----------------------------------------------------------------------
 

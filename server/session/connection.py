@@ -111,7 +111,7 @@ class BrokerConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.writable = True
         for channel in self.channels.values():
-            for queue in channel.queues_consumed():
+            for queue in channel.unblock_consumers():
                 self.broker.want_dispatch(queue)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -281,7 +281,7 @@ class BrokerConnection(asyncio.Protocol):
             channel = self.channels[event.channel]
             channel.flow_active = event.active
             if event.active:
-                for queue in channel.queues_consumed():
+                for queue in channel.unblock_consumers():
                     self.broker.want_dispatch(queue)
             return None
         if kind is events.AuthenticationRequested:
@@ -607,6 +607,8 @@ def _queue_purge(conn: BrokerConnection, channel: BrokerChannel,
     conn.check("read", QUEUE, name)
     queue = conn.vhost.get_queue(name, conn.owner)
     count = queue.purge()
+    # The purge acks every ready message: the tick commits that.
+    conn.broker.want_dispatch(queue)
     if not method.nowait:
         conn.reply(channel, commands.Queue.PurgeOk(message_count=count))
 
@@ -637,7 +639,7 @@ def _basic_qos(conn: BrokerConnection, channel: BrokerChannel,
         channel.global_prefetch = method.prefetch_count
     else:
         channel.consumer_prefetch = method.prefetch_count
-    for queue in channel.queues_consumed():
+    for queue in channel.unblock_consumers():
         conn.broker.want_dispatch(queue)
     conn.reply(channel, commands.Basic.QosOk())
 
@@ -692,22 +694,41 @@ def _basic_cancel(conn: BrokerConnection, channel: BrokerChannel,
 
 
 def _basic_get(conn: BrokerConnection, channel: BrokerChannel,
-               method: commands.Basic.Get) -> None:
+               method: commands.Basic.Get) -> Awaitable[Any] | None:
     name = conn.queue_name(channel, method.queue)
     conn.check("read", QUEUE, name)
     queue = conn.vhost.get_queue(name, conn.owner)
     conn.broker.touch(queue)
     message = queue.take()
+    if message is None and queue.held_until_commit:
+        return _basic_get_after_commit(conn, channel, queue, bool(method.no_ack))
+    _get_reply(conn, channel, queue, message, bool(method.no_ack))
+    return None
+
+
+async def _basic_get_after_commit(conn: BrokerConnection, channel: BrokerChannel,
+                                  queue: WorkQueue, no_ack: bool) -> None:
+    """basic.get never answers get-empty while messages are ready: when the engine holds
+    them until a commit (the delivered mark, a quorum queue's fsync), wait for it."""
+    message = await queue.take_after_commit()
+    _get_reply(conn, channel, queue, message, no_ack)
+
+
+def _get_reply(conn: BrokerConnection, channel: BrokerChannel, queue: WorkQueue,
+               message: Any, no_ack: bool) -> None:
     if message is None:
         conn.reply(channel, commands.Basic.GetEmpty())
         return
-    tag = channel.record_get(queue, message.offset, bool(method.no_ack))
+    tag = channel.record_get(queue, message.offset, no_ack)
     exchange, routing_key = message.exchange, message.routing_key
     conn.amqp.get_ok(channel.number, tag, message.redelivered,
                      exchange.decode() if isinstance(exchange, bytes) else exchange,
                      routing_key.decode() if isinstance(routing_key, bytes) else routing_key,
                      queue.ready_count, message.properties, message.body)
-    return
+    # The take moved the engine on (a no-ack get's ack, the delivered mark): the tick commits
+    # when the engine asks, as for consumers; the dispatch also serves consumers that a
+    # commit of this get let through.
+    conn.broker.want_dispatch(queue)
 
 
 def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
