@@ -209,7 +209,7 @@ def test_an_fsync_opens_its_own_descriptors_of_the_right_files(tmp_path, monkeyp
         log.close()
 
     asyncio.run(scenario())
-    assert synced == [str(tmp_path / "a" / f"{0:020d}.log")]
+    assert synced == [str(tmp_path / "a" / f"{0:020d}.log"), str(tmp_path / "a")]
 
 
 def test_a_commit_with_its_descriptor_evicted_is_durable_and_reads_back(tmp_path):
