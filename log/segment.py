@@ -4,7 +4,8 @@ The `.index` holds (relative offset u32, file position u32) pairs and the `.time
 (timestamp_ms i64, relative offset u32) pairs, one of each written together for the batch that
 starts after every `index_interval_bytes` of data, so the two files stay parallel. Both are
 rebuilt from the `.log` whenever they are missing or fail a sanity check; the `.log` alone is
-the truth.
+the truth. An empty index is no file: the two are created with their first entry, so an idle
+log (a queue that never held 4 KiB) has one file, not three.
 
 The files are opened through a `DescriptorPool`, which may close them between uses: every
 system call takes its descriptor from `fileno()` right then, never from an earlier call.
@@ -64,7 +65,7 @@ class Segment:
         self._index_pos = array("I")
         self._time_ts = array("q")
         self._bytes_since_index = 0
-        # Opened when the indexes are (re)written; a segment whose indexes loaded never
+        # Opened when the first index entry is written; a segment whose indexes loaded never
         # writes them again.
         self._index_file: PooledFile | None = None
         self._time_file: PooledFile | None = None
@@ -80,6 +81,7 @@ class Segment:
         segment = cls(directory, base_offset, config, descriptors)
         if segment.size:
             raise CorruptBatchError(f"segment {segment.log_path} already exists")
+        # Index files of an earlier segment with this base would be stale.
         segment._rewrite_index_files()
         return segment
 
@@ -215,12 +217,12 @@ class Segment:
         del self._index_rel[index_entries:]
         del self._index_pos[index_entries:]
         del self._time_ts[index_entries:]
-        assert self._index_file is not None and self._time_file is not None
         try:
             # Truncation frees blocks, so it works on a full disk too.
             os.ftruncate(self._log_file.fileno(), position)
-            os.ftruncate(self._index_file.fileno(), index_entries * INDEX_ENTRY.size)
-            os.ftruncate(self._time_file.fileno(), index_entries * TIME_ENTRY.size)
+            if self._index_file is not None and self._time_file is not None:
+                os.ftruncate(self._index_file.fileno(), index_entries * INDEX_ENTRY.size)
+                os.ftruncate(self._time_file.fileno(), index_entries * TIME_ENTRY.size)
         except OSError:
             self.write_failed = True
 
@@ -232,6 +234,8 @@ class Segment:
             self._time_ts.append(timestamp_ms)
             self._bytes_since_index = 0
             if write_index:
+                if self._index_file is None:
+                    self._open_index_files()
                 assert self._index_file is not None and self._time_file is not None
                 os.write(self._index_file.fileno(), INDEX_ENTRY.pack(rel, position))
                 os.write(self._time_file.fileno(), TIME_ENTRY.pack(timestamp_ms, rel))
@@ -244,22 +248,36 @@ class Segment:
         del self._index_pos[keep:]
         del self._time_ts[keep:]
 
+    def _open_index_files(self) -> None:
+        """Create (or empty) both index files, to be written from their first entry on."""
+        rewrite = os.O_CREAT | os.O_TRUNC
+        index_file = self._descriptors.open(self.index_path, _FLAGS, first_flags=rewrite)
+        try:
+            time_file = self._descriptors.open(self.time_index_path, _FLAGS, first_flags=rewrite)
+        except BaseException:
+            index_file.close()
+            raise
+        self._index_file, self._time_file = index_file, time_file
+
     def _rewrite_index_files(self) -> None:
         for file in (self._index_file, self._time_file):
             if file is not None:
                 file.close()
-        rewrite = os.O_CREAT | os.O_TRUNC
-        self._index_file = self._descriptors.open(self.index_path, _FLAGS, first_flags=rewrite)
-        self._time_file = self._descriptors.open(self.time_index_path, _FLAGS, first_flags=rewrite)
-        if self._index_rel:
-            os.write(
-                self._index_file.fileno(),
-                b"".join(INDEX_ENTRY.pack(r, p) for r, p in zip(self._index_rel, self._index_pos)),
-            )
-            os.write(
-                self._time_file.fileno(),
-                b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self._time_ts, self._index_rel)),
-            )
+        self._index_file = self._time_file = None
+        if not self._index_rel:
+            self.index_path.unlink(missing_ok=True)
+            self.time_index_path.unlink(missing_ok=True)
+            return
+        self._open_index_files()
+        assert self._index_file is not None and self._time_file is not None
+        os.write(
+            self._index_file.fileno(),
+            b"".join(INDEX_ENTRY.pack(r, p) for r, p in zip(self._index_rel, self._index_pos)),
+        )
+        os.write(
+            self._time_file.fileno(),
+            b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self._time_ts, self._index_rel)),
+        )
 
     def truncate(self, offset: int) -> tuple[int, int, list[RawRecord]] | None:
         """Cut the segment so that `offset` is its end.

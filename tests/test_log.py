@@ -476,3 +476,24 @@ def test_open_fsyncs_nothing_and_the_first_sync_covers_the_directory(tmp_path, m
         log.append(records(1, 4))
         log.sync()
         assert fsyncs[2:] == [str(tmp_path / f"{0:020d}.log")]
+
+
+def test_index_files_are_created_with_their_first_entry(tmp_path):
+    """An idle log (a queue that never held index_interval_bytes) is one file, not three."""
+    stem = f"{0:020d}"
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        assert sorted(p.name for p in tmp_path.glob(stem + "*")) == [f"{stem}.log"]
+        log.append(records(1))
+        assert not (tmp_path / f"{stem}.index").exists()
+        while not (tmp_path / f"{stem}.index").exists():
+            log.append(records(1))
+        log.sync()
+        end = log.end_offset
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        assert (tmp_path / f"{stem}.index").stat().st_size > 0
+        assert log.end_offset == end
+        # Cut back below the first entry: the index is empty again, so there is no file.
+        log.truncate(1)
+        assert not (tmp_path / f"{stem}.index").exists()
+        assert not (tmp_path / f"{stem}.timeindex").exists()
+        assert raw(all_records(log)) == records(1)
