@@ -66,6 +66,11 @@ def _unlink_all(paths: list[Path]) -> None:
         path.unlink(missing_ok=True)
 
 
+def _split_suffix(name: str) -> tuple[str, str, str]:
+    """("00000000000000000042", ".", "log") for "00000000000000000042.log"."""
+    return name.rpartition(".")
+
+
 RECOVERY_POINT_FILE = "recovery-point"
 _RECOVERY_POINT = struct.Struct("<QI")
 
@@ -161,13 +166,17 @@ class PartitionLog:
         descriptors = descriptors or default_pool()
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        bases = sorted(int(p.stem) for p in path.glob("*.log") if p.stem.isdigit())
-        for stray in path.glob("*.*index"):
-            if not stray.stem.isdigit() or int(stray.stem) not in bases:
-                stray.unlink()
-        # Files of segments deleted just before a crash, before their unlink ran.
-        for retired in path.glob("*" + RETIRED_SUFFIX):
-            retired.unlink(missing_ok=True)
+        # One listing, not a glob per kind of file: a broker opens 200,000 logs at start.
+        names = os.listdir(path)
+        bases = sorted(int(stem) for stem, _, suffix in map(_split_suffix, names) if suffix == "log" and stem.isdigit())
+        kept = set(bases)
+        for name in names:
+            stem, dot, suffix = _split_suffix(name)
+            if dot and suffix.endswith("index") and not (stem.isdigit() and int(stem) in kept):
+                (path / name).unlink()
+            elif name.endswith(RETIRED_SUFFIX):
+                # Files of segments deleted just before a crash, before their unlink ran.
+                (path / name).unlink(missing_ok=True)
         recovery_point = read_recovery_point(path)
         segments: list[Segment] = []
         for i, base in enumerate(bases):
