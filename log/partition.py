@@ -108,6 +108,15 @@ class PartitionLog:
     worker thread and coalesces every caller that arrives while one is in flight (group commit).
     """
 
+    # Slots: a broker holds two logs per queue, hundreds of thousands of them.
+    __slots__ = (
+        "directory", "config", "_segments", "_bases", "_executor", "_descriptors", "_end_offset",
+        "_durable_offset", "_last_timestamp_ms", "_cache_bases", "_cache_terms", "_cache_timestamps",
+        "_cache_sizes", "_cache_starts", "_cache_fields", "_cache_fields_base", "_cache_head",
+        "_cache_bytes", "_dir_dirty", "_sync_task", "_syncing_paths", "_truncations",
+        "_recovery_point", "_failed", "_closed", "_last_term",
+    )
+
     def __init__(self, directory: Path, config: LogConfig, segments: list[Segment], executor: Executor, descriptors: DescriptorPool) -> None:
         self.directory = directory
         self.config = config

@@ -47,17 +47,23 @@ class Segment:
 
     Not thread-safe: the partition log calls it from one thread. Readers use `pread`, which
     never moves the write position, so reads do not disturb appends.
+
+    A broker holds hundreds of thousands of idle segments, so a segment keeps its paths as the
+    one string of its pooled `.log` file (no Path objects) and its attributes in slots.
     """
+
+    __slots__ = (
+        "base_offset", "config", "_descriptors", "_log_file", "size", "end_offset", "max_timestamp_ms",
+        "_index_rel", "_index_pos", "_time_ts", "_bytes_since_index", "_index_file", "_time_file",
+        "dirty", "write_failed",
+    )
 
     def __init__(self, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool) -> None:
         self.base_offset = base_offset
         self.config = config
-        stem = directory / segment_name(base_offset)
-        self.log_path = stem.with_suffix(".log")
-        self.index_path = stem.with_suffix(".index")
-        self.time_index_path = stem.with_suffix(".timeindex")
         self._descriptors = descriptors
-        self._log_file = descriptors.open(self.log_path, _FLAGS, first_flags=os.O_CREAT)
+        log_path = os.path.join(directory, segment_name(base_offset) + ".log")
+        self._log_file = descriptors.open(log_path, _FLAGS, first_flags=os.O_CREAT)
         self.size = os.fstat(self._log_file.fileno()).st_size
         self.end_offset = base_offset
         self.max_timestamp_ms: int | None = None
@@ -73,6 +79,18 @@ class Segment:
         self.dirty = False
         # Set when a failed append could not be undone: the file holds bytes of unknown state.
         self.write_failed = False
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self._log_file.path)
+
+    @property
+    def index_path(self) -> Path:
+        return Path(self._log_file.path[: -len("log")] + "index")
+
+    @property
+    def time_index_path(self) -> Path:
+        return Path(self._log_file.path[: -len("log")] + "timeindex")
 
     # -- opening ---------------------------------------------------------------------------
 
