@@ -140,7 +140,12 @@ class Broker:
         return DurableQueue.open(directory, config, descriptors=descriptors)
 
     def _recover(self) -> None:
-        """Host every queue the metadata kept; drop directories of transient leftovers."""
+        """Host every queue the metadata kept; drop directories of transient leftovers.
+
+        A queue whose files cannot be opened is logged and left unavailable (the vhost's
+        `failed`), as RabbitMQ keeps a crashed queue's record: one damaged queue does not
+        keep the broker, and every other queue, from starting.
+        """
         assert self.store is not None
         started = time.monotonic()
         log.info("queue logs keep at most %d files open", self.descriptors.capacity)
@@ -154,8 +159,9 @@ class Broker:
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:
                         shutil.rmtree(leftover, ignore_errors=True)
-            log.info("vhost '%s': %d exchanges, %d queues recovered (%.1f s)", name,
-                     len(vhost.router.exchanges()), len(vhost.queues), time.monotonic() - started)
+            log.info("vhost '%s': %d exchanges, %d queues recovered, %d unavailable (%.1f s)",
+                     name, len(vhost.router.exchanges()), len(vhost.queues), len(vhost.failed),
+                     time.monotonic() - started)
 
     def sync_vhosts(self) -> None:
         """Host vhosts created (and drop those deleted) in the store by another process."""

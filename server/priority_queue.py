@@ -38,10 +38,15 @@ class PriorityQueue:
         # Open levels, highest priority first.
         self._levels: dict[int, Any] = {}
         directory.mkdir(parents=True, exist_ok=True)
-        for path in directory.glob(_LEVEL_PREFIX + "*"):
-            suffix = path.name[len(_LEVEL_PREFIX):]
-            if suffix.isdigit() and int(suffix) <= max_priority:
-                self._level(int(suffix))
+        try:
+            for path in directory.glob(_LEVEL_PREFIX + "*"):
+                suffix = path.name[len(_LEVEL_PREFIX):]
+                if suffix.isdigit() and int(suffix) <= max_priority:
+                    self._level(int(suffix))
+        except BaseException:
+            # A level that cannot be opened fails the queue; the levels opened so far close.
+            self.close()
+            raise
 
     def _level(self, level: int) -> Any:
         engine = self._levels.get(level)

@@ -8,15 +8,21 @@ consumers) for every queue record.
 
 Every topology change is awaited before the client gets its -ok, so a declare-ok for a
 durable entity means it survives a restart.
+
+A new queue's storage is opened before its record is written: a declare that cannot be
+honoured (no descriptors, a full disk) leaves no record behind, and a crash between the two
+leaves only a directory that no record names, which recovery deletes. A queue whose storage
+fails to open at recovery keeps its record and its files; it is answered as RabbitMQ answers
+a crashed queue (404) until a declare opens it again, and the other queues carry on.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import logging
 import os
-import shutil
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,9 +31,11 @@ from typing import Any
 from warrenmq.exchanges.binding import Destination
 from warrenmq.exchanges.router import Router
 from warrenmq.server.metadata import commands as mc
+from warrenmq.server.metadata.state import strip_cr_lf
+from warrenmq.server.queue.durable import remove_directory
 
 from . import arguments as queue_arguments
-from .errors import from_routing, precondition_failed
+from .errors import from_routing, internal_error, not_found, precondition_failed
 from .hosted_queue import HostedQueue
 
 log = logging.getLogger("warrenmq.server")
@@ -49,6 +57,13 @@ def directory_name(name: str) -> str:
     return quoted
 
 
+def describe(error: BaseException) -> str:
+    """An error for a client: the errno's name and text, without the server's paths."""
+    if isinstance(error, OSError) and error.errno is not None:
+        return f"{errno.errorcode.get(error.errno, error.errno)} ({error.strerror})"
+    return f"{type(error).__name__}: {error}"
+
+
 def _metadata_error(error: Exception) -> Exception:
     """Router and metadata errors both carry reply_code and reply_text."""
     if hasattr(error, "reply_code") and hasattr(error, "reply_text"):
@@ -66,6 +81,11 @@ class VirtualHost:
         self.directory = data_dir / "queues" / directory_name(name)
         self._open_engine = open_engine
         self._batch_records_max = batch_records_max
+        # Engines of declares whose record is being written. A concurrent use of the queue
+        # hosts this engine; the files are never opened twice.
+        self._opening: dict[str, Any] = {}
+        self.failed: dict[str, str] = {}
+        """Queues whose storage failed to open, with the error: the record stays, uses get 404."""
 
     @property
     def router(self) -> Router:
@@ -91,7 +111,11 @@ class VirtualHost:
     def get_queue(self, name: str, owner: str) -> HostedQueue:
         """The queue for passive declare, consume, get, bind, purge: 404, or 405 if locked."""
         record = self._run(lambda: self.store.state.lookup_queue(self.name, name, owner))
-        queue = self.queues[record.name]
+        queue = self.queues.get(record.name)
+        if queue is None:
+            if record.name not in self._opening:
+                raise self._crashed(record.name)
+            queue = self._host(record, self._opening.pop(record.name))
         # Publishes staged earlier in this tick come first, as they would in RabbitMQ.
         queue.flush()
         return queue
@@ -99,24 +123,79 @@ class VirtualHost:
     async def declare_queue(self, name: str, *, durable: bool, exclusive: bool,
                             auto_delete: bool, arguments: Mapping[str, Any], owner: str,
                             server_named: bool) -> HostedQueue:
-        if self.store.state.queue(self.name, name) is None:
-            queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete,
-                                          arguments)
-        outcome = await self._apply(mc.DeclareQueue(
+        command = mc.DeclareQueue(
             self.name, name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
-            arguments=dict(arguments), owner=owner, server_named=server_named))
+            arguments=dict(arguments), owner=owner, server_named=server_named)
+        name = strip_cr_lf(name)
+        if self.store.state.queue(self.name, name) is not None:
+            outcome = await self._apply(command)
+            return self._hosted(outcome.queue)
+        queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete,
+                                      arguments)
+        engine = self._open_new(name, arguments)
+        self._opening[name] = engine
+        try:
+            outcome = await self._apply(command)
+        except BaseException:
+            if self._opening.pop(name, None) is engine:
+                engine.delete()
+            raise
         record = outcome.queue
         hosted = self.queues.get(record.name)
         if hosted is None:
-            hosted = self._host(record)
+            hosted = self._host(record, self._opening.pop(record.name))
         return hosted
 
-    def _host(self, record: Any) -> HostedQueue:
-        directory = self.queue_directory(record.name)
-        if not record.persisted and directory.exists():
-            # Left by a transient queue of an earlier run.
-            shutil.rmtree(directory)
-        engine = self._open_engine(directory, record.name, record.arguments)
+    def _open_new(self, name: str, arguments: Mapping[str, Any]) -> Any:
+        """Open the storage of a queue that has no record yet; 541 if it cannot be opened."""
+        directory = self.queue_directory(name)
+        if directory.exists():
+            # No record names it: left by a transient queue of an earlier run, or by a
+            # declare that crashed before its record was written.
+            remove_directory(directory)
+        try:
+            return self._open_engine(directory, name, arguments)
+        except Exception as error:
+            remove_directory(directory)
+            rs = queue_arguments.resource("queue", name, self.name)
+            log.error("cannot declare %s: opening its storage failed: %r", rs, error)
+            # As RabbitMQ answers a queue that fails to start (rabbit_amqqueue:declare).
+            raise internal_error(f"cannot declare {rs}: {describe(error)}") from None
+
+    def _hosted(self, record: Any) -> HostedQueue:
+        """The queue of an existing record, opening its storage again if it failed before."""
+        queue = self.queues.get(record.name)
+        if queue is not None:
+            return queue
+        engine = self._opening.pop(record.name, None)
+        if engine is not None:
+            return self._host(record, engine)
+        try:
+            queue = self._host(record, self._open_existing(record))
+        except Exception as error:
+            self._failed(record.name, error)
+            raise self._crashed(record.name) from None
+        log.info("queue '%s' in vhost '%s' is available again", record.name, self.name)
+        return queue
+
+    def _open_existing(self, record: Any) -> Any:
+        return self._open_engine(self.queue_directory(record.name), record.name,
+                                 record.arguments)
+
+    def _failed(self, name: str, error: Exception) -> None:
+        self.failed[name] = describe(error)
+        log.error("queue '%s' in vhost '%s' is unavailable until a declare opens it (its "
+                  "record and files are kept): opening its storage failed: %r", name, self.name,
+                  error)
+        log.debug("queue '%s' in vhost '%s': opening its storage failed", name, self.name,
+                  exc_info=error)
+
+    def _crashed(self, name: str) -> Exception:
+        # rabbit_amqqueue:priv_absent/4 for a queue process that crashed.
+        rs = queue_arguments.resource("queue", name, self.name)
+        return not_found(f"{rs} has crashed and failed to restart")
+
+    def _host(self, record: Any, engine: Any) -> HostedQueue:
         arguments = record.arguments
         queue_type = queue_arguments.queue_type(arguments)
         queue = HostedQueue(self.name, record.name, engine, durable=record.durable,
@@ -124,14 +203,22 @@ class VirtualHost:
                             exclusive_owner=record.exclusive_owner, arguments=arguments,
                             queue_type=queue_type, batch_records_max=self._batch_records_max)
         self.queues[record.name] = queue
+        self.failed.pop(record.name, None)
         return queue
 
     def recover(self) -> list[str]:
-        """Host every queue the metadata holds; returns their directory names."""
+        """Host every queue the metadata holds; returns their directory names.
+
+        A queue whose storage fails to open is logged and left out (`failed`); the others
+        are hosted. Its directory name is returned all the same: its files are kept.
+        """
         kept = []
         for record in self.store.state.queues(self.name).values():
-            self._host(record)
             kept.append(directory_name(record.name))
+            try:
+                self._host(record, self._open_existing(record))
+            except Exception as error:
+                self._failed(record.name, error)
         return kept
 
     def check_delete(self, queue: HostedQueue, *, if_unused: bool, if_empty: bool) -> None:
