@@ -110,14 +110,28 @@ class Broker:
     # -- start and stop -------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Open the metadata, recover every queue, listen. On failure, what was opened is
+        closed again (the metadata store's thread would otherwise keep the process alive)."""
         self._loop = asyncio.get_running_loop()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
-        self._recover()
-        self.server = await self._loop.create_server(
-            lambda: BrokerConnection(self), self.config.bind, self.config.port,
-            reuse_address=True, backlog=1024)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
+            self._recover()
+            self.server = await self._loop.create_server(
+                lambda: BrokerConnection(self), self.config.bind, self.config.port,
+                reuse_address=True, backlog=1024)
+        except BaseException:
+            await self._abandon_start()
+            raise
         self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _abandon_start(self) -> None:
+        """Close what a failed start opened, writing nothing: the next start recovers."""
+        for vhost in self.vhosts.values():
+            for queue in vhost.queues.values():
+                queue.engine.close()
+        if self.store is not None:
+            await self.store.close()
 
     def _new_vhost(self, name: str) -> VirtualHost:
         vhost = VirtualHost(name, self.data_dir, self.store, open_engine=self._open_engine,

@@ -1,11 +1,16 @@
-"""A queue's storage that cannot be opened: at declare (no record is left behind, 541), and at
-recovery (that queue is unavailable, the others carry on)."""
+"""A queue's storage that cannot be opened: at declare (no record is left behind, 541), at
+recovery (that queue is unavailable, the others carry on), and a start that fails outright
+(one line, exit status 1, at once)."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import re
+import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -204,3 +209,48 @@ def test_a_queue_whose_files_cannot_open_is_unavailable_and_the_others_recover(t
         assert stored_queues(data_dir) == ["a", "b", "c"]
     finally:
         running.stop()
+
+
+LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
+
+
+def serve(data_dir, port):
+    return subprocess.Popen(
+        [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", str(port), "--bind",
+         "127.0.0.1", "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_fatal_start_up_error_exits_non_zero_at_once(tmp_path):
+    data_dir = tmp_path / "data"
+    # A first run leaves recovered queues behind: their files are open when start fails.
+    process = serve(data_dir, 0)
+    port = int(LISTENING.search(process.stdout.readline()).group(1))
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = connection.channel()
+    for i in range(20):
+        channel.queue_declare(f"q{i}", durable=True)
+        channel.basic_publish("", f"q{i}", b"m")
+    connection.close()
+    process.terminate()
+    assert process.wait(15) == 0
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        started = time.monotonic()
+        process = serve(data_dir, taken.getsockname()[1])
+        try:
+            _, stderr = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            pytest.fail("warren serve hung after a failed start")
+        assert process.returncode == 1
+        assert time.monotonic() - started < 5
+        failures = [line for line in stderr.splitlines() if "CRITICAL" in line]
+        assert len(failures) == 1 and "start-up failed: OSError" in failures[0]
+        assert "address already in use" in failures[0]
+        assert "Traceback" not in stderr
+    finally:
+        taken.close()
