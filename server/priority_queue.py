@@ -133,8 +133,12 @@ class PriorityQueue:
         await asyncio.gather(*(engine.commit() for engine in self._levels.values()))
 
     async def shutdown(self) -> None:
-        for engine in self._levels.values():
-            await engine.shutdown()
+        # Side by side (255 levels, 255 fsyncs); every level finishes before a failure is raised.
+        outcomes = await asyncio.gather(*(engine.shutdown() for engine in self._levels.values()),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     def close(self) -> None:
         for engine in self._levels.values():

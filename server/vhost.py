@@ -18,6 +18,7 @@ a crashed queue (404) until a declare opens it again, and the other queues carry
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import errno
 import hashlib
@@ -41,6 +42,8 @@ from .hosted_queue import HostedQueue
 log = logging.getLogger("warrenmq.server")
 
 REPLY_TO_QUEUE = "amq.rabbitmq.reply-to"
+# Queues shutting down at once; each waits on its fsyncs meanwhile.
+SHUTDOWN_CONCURRENT_MAX = 64
 _DIRECTORY_NAME_CHARS_MAX = 200
 
 
@@ -276,12 +279,22 @@ class VirtualHost:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
-        """Flush, fsync and close every queue, recording exactly what was delivered."""
-        for queue in self.queues.values():
-            queue.flush()
-            try:
-                await queue.engine.shutdown()
-            except Exception as error:
-                log.error("queue '%s' in vhost '%s': clean shutdown failed: %r", queue.name,
-                          self.name, error)
-                queue.engine.close()
+        """Flush, fsync and close every queue, recording exactly what was delivered.
+
+        Queues shut down side by side, `SHUTDOWN_CONCURRENT_MAX` at a time: their fsyncs
+        run in the logs' worker threads, and one queue after another, a broker holding
+        100,000 queues with unsynced messages took minutes to stop.
+        """
+        queues = iter(list(self.queues.values()))
+
+        async def shut_down_in_turn() -> None:
+            for queue in queues:
+                queue.flush()
+                try:
+                    await queue.engine.shutdown()
+                except Exception as error:
+                    log.error("queue '%s' in vhost '%s': clean shutdown failed: %r",
+                              queue.name, self.name, error)
+                    queue.engine.close()
+
+        await asyncio.gather(*(shut_down_in_turn() for _ in range(SHUTDOWN_CONCURRENT_MAX)))

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pika
 import pika.exceptions
@@ -22,7 +24,7 @@ from warrenmq.server import broker as broker_module
 from warrenmq.server.broker import METADATA_FILE, Broker
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.metadata.state import Limits
-from warrenmq.server.vhost import directory_name
+from warrenmq.server.vhost import SHUTDOWN_CONCURRENT_MAX, VirtualHost, directory_name
 
 
 class ThreadBroker:
@@ -254,3 +256,32 @@ def test_a_fatal_start_up_error_exits_non_zero_at_once(tmp_path):
         assert "Traceback" not in stderr
     finally:
         taken.close()
+
+
+def test_clean_shutdown_runs_queues_side_by_side_and_one_failure_closes_only_its_queue():
+    running = []
+    peak = [0]
+    closed = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        async def shutdown(self):
+            running.append(self)
+            peak[0] = max(peak[0], len(running))
+            await asyncio.sleep(0.001)
+            running.remove(self)
+            if self.name == "bad":
+                raise OSError(errno.EIO, "Input/output error")
+
+        def close(self):
+            closed.append(self.name)
+
+    vhost = VirtualHost("/", Path("/nonexistent"), store=None, open_engine=None, batch_records_max=1)
+    names = ["bad"] + [f"q{i}" for i in range(500)]
+    vhost.queues = {name: SimpleNamespace(name=name, engine=Engine(name), flush=lambda: None)
+                    for name in names}
+    asyncio.run(vhost.shutdown())
+    assert peak[0] == SHUTDOWN_CONCURRENT_MAX
+    assert closed == ["bad"]
