@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install reference-rabbitmq run test test-fast bench clean
+.PHONY: install reference-rabbitmq run test test-fast soak bench clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ test: $(STAMP) reference-rabbitmq
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow"
+
+# 100,000 queues and 255,000 priority levels under a 4,096-file limit: long, and gigabytes.
+soak: $(STAMP)
+	$(BIN)/pytest -m soak
 
 bench: $(STAMP)
 	$(BIN)/warren bench log

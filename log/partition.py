@@ -17,11 +17,35 @@ from crc32c import crc32c
 from . import batch as batch_codec
 from .batch import HEADER_BYTES, RECORD_HEADER_BYTES, RawRecord, Record
 from .config import LogConfig
+from .descriptors import DescriptorPool, default_pool
 from .errors import LogError, OffsetOutOfRangeError
 from .segment import RETIRED_SUFFIX, Segment
 
 # fsync releases the GIL, so a few threads let several logs flush to disk at once.
 _FSYNC_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warren-fsync")
+
+
+def _fsync_files(paths: list[str]) -> None:
+    """fsync each file through a descriptor opened here, when the fsync runs.
+
+    Not the pool's descriptors: the pool may close one (and reuse its number) at any moment,
+    and it is not thread-safe. Nor duplicates taken when the commit began: thousands of
+    queues committing in one tick would hold thousands of them while they wait for a worker.
+    A file deleted meanwhile (a segment retired or truncated away) is skipped: the log no
+    longer holds its records, and a truncation keeps this fsync from vouching for anything.
+    """
+    fds: list[int] = []
+    try:
+        for path in paths:
+            try:
+                fds.append(os.open(path, os.O_RDONLY))
+            except FileNotFoundError:
+                continue
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    _fsync_and_close(fds)
 
 
 def _fsync_and_close(fds: list[int]) -> None:
@@ -40,6 +64,11 @@ _UNLINK_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warren-
 def _unlink_all(paths: list[Path]) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
+
+
+def _split_suffix(name: str) -> tuple[str, str, str]:
+    """("00000000000000000042", ".", "log") for "00000000000000000042.log"."""
+    return name.rpartition(".")
 
 
 RECOVERY_POINT_FILE = "recovery-point"
@@ -79,12 +108,22 @@ class PartitionLog:
     worker thread and coalesces every caller that arrives while one is in flight (group commit).
     """
 
-    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment], executor: Executor) -> None:
+    # Slots: a broker holds two logs per queue, hundreds of thousands of them.
+    __slots__ = (
+        "directory", "config", "_segments", "_bases", "_executor", "_descriptors", "_end_offset",
+        "_durable_offset", "_last_timestamp_ms", "_cache_bases", "_cache_terms", "_cache_timestamps",
+        "_cache_sizes", "_cache_starts", "_cache_fields", "_cache_fields_base", "_cache_head",
+        "_cache_bytes", "_dir_dirty", "_sync_task", "_syncing_paths", "_truncations",
+        "_recovery_point", "_failed", "_closed", "_last_term",
+    )
+
+    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment], executor: Executor, descriptors: DescriptorPool) -> None:
         self.directory = directory
         self.config = config
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
         self._executor = executor
+        self._descriptors = descriptors
         self._end_offset = segments[-1].end_offset
         self._durable_offset = self._end_offset
         self._last_timestamp_ms = max((s.max_timestamp_ms for s in segments if s.max_timestamp_ms is not None), default=0)
@@ -104,8 +143,12 @@ class PartitionLog:
         self._cache_fields_base = 0
         self._cache_head = 0
         self._cache_bytes = 0
-        self._dir_dirty = False
+        # The directory is fsynced with the first sync, not at open: nothing the log vouches
+        # for predates that sync, and opening 100,000 idle queues then costs no fsync.
+        self._dir_dirty = True
         self._sync_task: asyncio.Future[None] | None = None
+        # The files the running commit's worker fsyncs; a sync() meanwhile fsyncs them too.
+        self._syncing_paths: list[str] = []
         # Bumped by every truncation, so an fsync that raced one does not vouch for new data.
         self._truncations = 0
         # Segments wholly below this offset are known fsynced: open need not scan them whole.
@@ -117,44 +160,52 @@ class PartitionLog:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], config: LogConfig | None = None, *, executor: Executor | None = None) -> PartitionLog:
+    def open(cls, directory: str | os.PathLike[str], config: LogConfig | None = None, *, executor: Executor | None = None,
+             descriptors: DescriptorPool | None = None) -> PartitionLog:
         """Open or create the log in `directory`, recovering from a crash.
 
         The newest segment is scanned batch by batch and cut at the first torn or corrupt batch;
         older segments are sanity-checked. Wherever the offsets stop being dense, the log is cut
         there, so what remains is always a prefix of what was appended.
+
+        The segments' files are opened through `descriptors` (by default the pool shared by
+        every log opened without one), which keeps at most its capacity of them open.
         """
         config = config or LogConfig()
+        descriptors = descriptors or default_pool()
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        bases = sorted(int(p.stem) for p in path.glob("*.log") if p.stem.isdigit())
-        for stray in path.glob("*.*index"):
-            if not stray.stem.isdigit() or int(stray.stem) not in bases:
-                stray.unlink()
-        # Files of segments deleted just before a crash, before their unlink ran.
-        for retired in path.glob("*" + RETIRED_SUFFIX):
-            retired.unlink(missing_ok=True)
+        # One listing, not a glob per kind of file: a broker opens 200,000 logs at start.
+        names = os.listdir(path)
+        bases = sorted(int(stem) for stem, _, suffix in map(_split_suffix, names) if suffix == "log" and stem.isdigit())
+        kept = set(bases)
+        for name in names:
+            stem, dot, suffix = _split_suffix(name)
+            if dot and suffix.endswith("index") and not (stem.isdigit() and int(stem) in kept):
+                (path / name).unlink()
+            elif name.endswith(RETIRED_SUFFIX):
+                # Files of segments deleted just before a crash, before their unlink ran.
+                (path / name).unlink(missing_ok=True)
         recovery_point = read_recovery_point(path)
         segments: list[Segment] = []
         for i, base in enumerate(bases):
             last = i == len(bases) - 1
-            segment = Segment.recover(path, base, config, full_scan=last or bases[i + 1] > recovery_point)
+            segment = Segment.recover(path, base, config, descriptors, full_scan=last or bases[i + 1] > recovery_point)
             segments.append(segment)
             if not last and segment.end_offset != bases[i + 1]:
-                cls._delete_from(path, config, bases[i + 1 :])
+                cls._delete_from(path, config, descriptors, bases[i + 1 :])
                 break
         if not segments:
-            segments.append(Segment.create(path, 0, config))
-        log = cls(path, config, segments, executor or _FSYNC_EXECUTOR)
+            segments.append(Segment.create(path, 0, config, descriptors))
+        log = cls(path, config, segments, executor or _FSYNC_EXECUTOR, descriptors)
         log._recovery_point = recovery_point
         log._lower_recovery_point(log._bases[-1])
-        log._fsync_directory()
         return log
 
     @staticmethod
-    def _delete_from(path: Path, config: LogConfig, bases: list[int]) -> None:
+    def _delete_from(path: Path, config: LogConfig, descriptors: DescriptorPool, bases: list[int]) -> None:
         for base in bases:
-            Segment(path, base, config).delete()
+            Segment(path, base, config, descriptors).delete()
 
     def _read_last_term(self) -> int:
         for segment in reversed(self._segments):
@@ -239,7 +290,7 @@ class PartitionLog:
     def _roll(self) -> Segment:
         # The outgoing segment's indexes are final now: the next sync covers them too.
         self._segments[-1].dirty = True
-        segment = Segment.create(self.directory, self._end_offset, self.config)
+        segment = Segment.create(self.directory, self._end_offset, self.config, self._descriptors)
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
         self._dir_dirty = True
@@ -357,17 +408,17 @@ class PartitionLog:
 
     # -- durability ------------------------------------------------------------------------
 
-    def _take_sync_fds(self) -> list[int]:
-        fds: list[int] = []
+    def _take_sync_paths(self) -> list[str]:
+        paths: list[str] = []
         active = self._segments[-1]
         for segment in self._segments:
             if segment.dirty:
-                fds += segment.sync_fds(include_indexes=segment is not active)
+                paths += segment.sync_paths(include_indexes=segment is not active)
                 segment.dirty = False
         if self._dir_dirty:
-            fds.append(os.open(self.directory, os.O_RDONLY))
+            paths.append(os.fspath(self.directory))
             self._dir_dirty = False
-        return fds
+        return paths
 
     def _synced(self, end: int, truncations: int, active_base: int) -> None:
         """After an fsync of everything dirty: advance the durable offset and recovery point."""
@@ -382,8 +433,11 @@ class PartitionLog:
         """fsync everything appended so far, in this thread; returns the durable end offset."""
         self._check_usable()
         end, truncations, active_base = self._end_offset, self._truncations, self._bases[-1]
+        # A running commit took some dirty files and may not have fsynced them yet; the
+        # offset returned here vouches for them too.
+        paths = self._take_sync_paths() + self._syncing_paths
         try:
-            _fsync_and_close(self._take_sync_fds())
+            _fsync_files(paths)
         except OSError as exc:
             self._failed = exc
             raise
@@ -407,9 +461,9 @@ class PartitionLog:
     async def _sync_in_worker(self) -> None:
         try:
             end, truncations, active_base = self._end_offset, self._truncations, self._bases[-1]
-            fds = self._take_sync_fds()
+            paths = self._syncing_paths = self._take_sync_paths()
             try:
-                await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_and_close, fds)
+                await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_files, paths)
             except OSError as exc:
                 # After a failed fsync the page cache may have dropped the data: stop trusting it.
                 self._failed = exc
@@ -417,6 +471,7 @@ class PartitionLog:
             self._synced(end, truncations, active_base)
         finally:
             self._sync_task = None
+            self._syncing_paths = []
 
     def _lower_recovery_point(self, offset: int) -> None:
         if offset < self._recovery_point:
@@ -466,7 +521,7 @@ class PartitionLog:
         self._lower_recovery_point(0)
         for segment in self._segments:
             segment.delete()
-        self._segments = [Segment.create(self.directory, start_offset, self.config)]
+        self._segments = [Segment.create(self.directory, start_offset, self.config, self._descriptors)]
         self._bases = [start_offset]
         self._end_offset = self._durable_offset = start_offset
         self._last_term = 0

@@ -4,7 +4,11 @@ The `.index` holds (relative offset u32, file position u32) pairs and the `.time
 (timestamp_ms i64, relative offset u32) pairs, one of each written together for the batch that
 starts after every `index_interval_bytes` of data, so the two files stay parallel. Both are
 rebuilt from the `.log` whenever they are missing or fail a sanity check; the `.log` alone is
-the truth.
+the truth. An empty index is no file: the two are created with their first entry, so an idle
+log (a queue that never held 4 KiB) has one file, not three.
+
+The files are opened through a `DescriptorPool`, which may close them between uses: every
+system call takes its descriptor from `fileno()` right then, never from an earlier call.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from . import batch as batch_codec
 from .batch import HEADER_BYTES, BatchHeader, RawRecord, Record
 from .config import LogConfig
+from .descriptors import DescriptorPool, PooledFile
 from .errors import CorruptBatchError
 
 INDEX_ENTRY = struct.Struct("<II")
@@ -29,6 +34,8 @@ READ_CHUNK_BYTES = 256 << 10
 _REL_OFFSET_MAX = 0xFFFF_FFFF
 # A deleted segment's files carry this suffix until a worker thread unlinks them.
 RETIRED_SUFFIX = ".deleted"
+# Every file is opened read-write for appending; only a first open may create or truncate.
+_FLAGS = os.O_RDWR | os.O_APPEND
 
 
 def segment_name(base_offset: int) -> str:
@@ -40,49 +47,71 @@ class Segment:
 
     Not thread-safe: the partition log calls it from one thread. Readers use `pread`, which
     never moves the write position, so reads do not disturb appends.
+
+    A broker holds hundreds of thousands of idle segments, so a segment keeps its paths as the
+    one string of its pooled `.log` file (no Path objects) and its attributes in slots.
     """
 
-    def __init__(self, directory: Path, base_offset: int, config: LogConfig) -> None:
+    __slots__ = (
+        "base_offset", "config", "_descriptors", "_log_file", "size", "end_offset", "max_timestamp_ms",
+        "_index_rel", "_index_pos", "_time_ts", "_bytes_since_index", "_index_file", "_time_file",
+        "dirty", "write_failed",
+    )
+
+    def __init__(self, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool) -> None:
         self.base_offset = base_offset
         self.config = config
-        stem = directory / segment_name(base_offset)
-        self.log_path = stem.with_suffix(".log")
-        self.index_path = stem.with_suffix(".index")
-        self.time_index_path = stem.with_suffix(".timeindex")
-        self.fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self.size = os.fstat(self.fd).st_size
+        self._descriptors = descriptors
+        log_path = os.path.join(directory, segment_name(base_offset) + ".log")
+        self._log_file = descriptors.open(log_path, _FLAGS, first_flags=os.O_CREAT)
+        self.size = os.fstat(self._log_file.fileno()).st_size
         self.end_offset = base_offset
         self.max_timestamp_ms: int | None = None
         self._index_rel = array("I")
         self._index_pos = array("I")
         self._time_ts = array("q")
         self._bytes_since_index = 0
-        self._index_fd = -1
-        self._time_fd = -1
+        # Opened when the first index entry is written; a segment whose indexes loaded never
+        # writes them again.
+        self._index_file: PooledFile | None = None
+        self._time_file: PooledFile | None = None
         # Set when data, or a rolled segment's indexes, await an fsync.
         self.dirty = False
         # Set when a failed append could not be undone: the file holds bytes of unknown state.
         self.write_failed = False
 
+    @property
+    def log_path(self) -> Path:
+        return Path(self._log_file.path)
+
+    @property
+    def index_path(self) -> Path:
+        return Path(self._log_file.path[: -len("log")] + "index")
+
+    @property
+    def time_index_path(self) -> Path:
+        return Path(self._log_file.path[: -len("log")] + "timeindex")
+
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, config: LogConfig) -> Segment:
-        segment = cls(directory, base_offset, config)
+    def create(cls, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool) -> Segment:
+        segment = cls(directory, base_offset, config, descriptors)
         if segment.size:
             raise CorruptBatchError(f"segment {segment.log_path} already exists")
+        # Index files of an earlier segment with this base would be stale.
         segment._rewrite_index_files()
         return segment
 
     @classmethod
-    def recover(cls, directory: Path, base_offset: int, config: LogConfig, *, full_scan: bool) -> Segment:
+    def recover(cls, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool, *, full_scan: bool) -> Segment:
         """Open an existing segment, cutting its file back to the last whole, CRC-valid batch.
 
         `full_scan` verifies every batch (the newest segment, where a crash tears writes);
         otherwise the indexes are sanity-checked and only the batches after the last index
         entry are verified, falling back to a full scan if anything is off.
         """
-        segment = cls(directory, base_offset, config)
+        segment = cls(directory, base_offset, config, descriptors)
         if full_scan or not segment._load_indexes():
             segment._rebuild()
         else:
@@ -165,7 +194,7 @@ class Segment:
         except CorruptBatchError:
             pass
         if valid_end != self.size:
-            os.ftruncate(self.fd, valid_end)
+            os.ftruncate(self._log_file.fileno(), valid_end)
             self.size = valid_end
             self.dirty = True
         self.end_offset = expected
@@ -189,7 +218,7 @@ class Segment:
         index_entries = len(self._index_rel)
         bytes_since_index, max_timestamp_ms = self._bytes_since_index, self.max_timestamp_ms
         try:
-            written = os.writev(self.fd, (header, payload))
+            written = os.writev(self._log_file.fileno(), (header, payload))
             if written != total:
                 raise OSError(errno.ENOSPC, f"short write to {self.log_path}: {written} of {total} bytes")
             self._note_batch(position, base_offset, timestamp_ms, total, write_index=True)
@@ -208,9 +237,10 @@ class Segment:
         del self._time_ts[index_entries:]
         try:
             # Truncation frees blocks, so it works on a full disk too.
-            os.ftruncate(self.fd, position)
-            os.ftruncate(self._index_fd, index_entries * INDEX_ENTRY.size)
-            os.ftruncate(self._time_fd, index_entries * TIME_ENTRY.size)
+            os.ftruncate(self._log_file.fileno(), position)
+            if self._index_file is not None and self._time_file is not None:
+                os.ftruncate(self._index_file.fileno(), index_entries * INDEX_ENTRY.size)
+                os.ftruncate(self._time_file.fileno(), index_entries * TIME_ENTRY.size)
         except OSError:
             self.write_failed = True
 
@@ -222,8 +252,11 @@ class Segment:
             self._time_ts.append(timestamp_ms)
             self._bytes_since_index = 0
             if write_index:
-                os.write(self._index_fd, INDEX_ENTRY.pack(rel, position))
-                os.write(self._time_fd, TIME_ENTRY.pack(timestamp_ms, rel))
+                if self._index_file is None:
+                    self._open_index_files()
+                assert self._index_file is not None and self._time_file is not None
+                os.write(self._index_file.fileno(), INDEX_ENTRY.pack(rel, position))
+                os.write(self._time_file.fileno(), TIME_ENTRY.pack(timestamp_ms, rel))
         self._bytes_since_index += total
         self.max_timestamp_ms = timestamp_ms
 
@@ -233,22 +266,36 @@ class Segment:
         del self._index_pos[keep:]
         del self._time_ts[keep:]
 
+    def _open_index_files(self) -> None:
+        """Create (or empty) both index files, to be written from their first entry on."""
+        rewrite = os.O_CREAT | os.O_TRUNC
+        index_file = self._descriptors.open(self.index_path, _FLAGS, first_flags=rewrite)
+        try:
+            time_file = self._descriptors.open(self.time_index_path, _FLAGS, first_flags=rewrite)
+        except BaseException:
+            index_file.close()
+            raise
+        self._index_file, self._time_file = index_file, time_file
+
     def _rewrite_index_files(self) -> None:
-        for fd in (self._index_fd, self._time_fd):
-            if fd >= 0:
-                os.close(fd)
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-        self._index_fd = os.open(self.index_path, flags, 0o644)
-        self._time_fd = os.open(self.time_index_path, flags, 0o644)
-        if self._index_rel:
-            os.write(
-                self._index_fd,
-                b"".join(INDEX_ENTRY.pack(r, p) for r, p in zip(self._index_rel, self._index_pos)),
-            )
-            os.write(
-                self._time_fd,
-                b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self._time_ts, self._index_rel)),
-            )
+        for file in (self._index_file, self._time_file):
+            if file is not None:
+                file.close()
+        self._index_file = self._time_file = None
+        if not self._index_rel:
+            self.index_path.unlink(missing_ok=True)
+            self.time_index_path.unlink(missing_ok=True)
+            return
+        self._open_index_files()
+        assert self._index_file is not None and self._time_file is not None
+        os.write(
+            self._index_file.fileno(),
+            b"".join(INDEX_ENTRY.pack(r, p) for r, p in zip(self._index_rel, self._index_pos)),
+        )
+        os.write(
+            self._time_file.fileno(),
+            b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self._time_ts, self._index_rel)),
+        )
 
     def truncate(self, offset: int) -> tuple[int, int, list[RawRecord]] | None:
         """Cut the segment so that `offset` is its end.
@@ -263,7 +310,7 @@ class Segment:
         if header.base_offset < offset:
             kept = [(r.exchange, r.routing_key, r.properties, r.body) for r in records if r.offset < offset]
             remainder = (header.term, header.max_timestamp_ms, kept)
-        os.ftruncate(self.fd, position)
+        os.ftruncate(self._log_file.fileno(), position)
         self.size = position
         self.end_offset = header.base_offset
         self._drop_index_entries_from(position)
@@ -293,7 +340,7 @@ class Segment:
 
     def _pread_header(self, position: int) -> BatchHeader | None:
         try:
-            return batch_codec.read_header(os.pread(self.fd, HEADER_BYTES, position), 0)
+            return batch_codec.read_header(os.pread(self._log_file.fileno(), HEADER_BYTES, position), 0)
         except CorruptBatchError:
             return None
 
@@ -308,13 +355,13 @@ class Segment:
         while position < end:
             at = position - buf_start
             if len(buf) - at < HEADER_BYTES:
-                buf = os.pread(self.fd, min(READ_CHUNK_BYTES, end - position), position)
+                buf = os.pread(self._log_file.fileno(), min(READ_CHUNK_BYTES, end - position), position)
                 buf_start, at = position, 0
             header = batch_codec.read_header(buf, at)
             if header is None or position + header.total_bytes > end:
                 return
             if at + header.total_bytes > len(buf):
-                buf = os.pread(self.fd, min(max(READ_CHUNK_BYTES, header.total_bytes), end - position), position)
+                buf = os.pread(self._log_file.fileno(), min(max(READ_CHUNK_BYTES, header.total_bytes), end - position), position)
                 buf_start, at = position, 0
                 if len(buf) < header.total_bytes:
                     return
@@ -364,18 +411,17 @@ class Segment:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def sync_fds(self, include_indexes: bool) -> list[int]:
-        """Duplicates of the descriptors an fsync must cover; the caller closes them."""
-        fds = [os.dup(self.fd)]
+    def sync_paths(self, include_indexes: bool) -> list[str]:
+        """The files an fsync must cover. The fsync opens them itself: an fsync through any
+        descriptor of a file writes everything written to it through the pool's."""
         if include_indexes:
-            fds += [os.dup(self._index_fd), os.dup(self._time_fd)]
-        return fds
+            return [self._log_file.path, os.fspath(self.index_path), os.fspath(self.time_index_path)]
+        return [self._log_file.path]
 
     def close(self) -> None:
-        for fd in (self.fd, self._index_fd, self._time_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.fd = self._index_fd = self._time_fd = -1
+        for file in (self._log_file, self._index_file, self._time_file):
+            if file is not None:
+                file.close()
 
     def delete(self) -> None:
         self.close()

@@ -24,8 +24,9 @@ from typing import Any
 
 from pamqp import commands
 from warrenmq.amqp.connection import ConnectionConfig
-from warrenmq.log import LogConfig
+from warrenmq.log import DescriptorPool, LogConfig
 from warrenmq.log.batch import HEADER_BYTES
+from warrenmq.log.descriptors import default_capacity
 from warrenmq.server.metadata import MetadataStore, loopback_refused
 from warrenmq.server.queue import LogQueue, QueueConfig
 
@@ -78,6 +79,15 @@ class Broker:
             frame_bytes_max=config.frame_bytes_max, channel_max=config.channel_max,
             heartbeat_s=config.heartbeat_s, message_bytes_max=config.message_bytes_max)
         self.message_log_config = message_log_config(config)
+        # One config per queue type, shared by every queue: 100,000 queues need not hold
+        # 100,000 copies.
+        self._queue_configs = {
+            quorum: QueueConfig(message_log=self.message_log_config, deliver_uncommitted=not quorum)
+            for quorum in (False, True)
+        }
+        # Every queue's logs open their files through this pool, so the number of queues is
+        # bounded by disk and memory, not by RLIMIT_NOFILE.
+        self.descriptors = DescriptorPool(config.log_open_files_max or default_capacity())
         self.data_dir = Path(config.data_dir)
         self.store: MetadataStore | None = None
         self.vhosts: dict[str, VirtualHost] = {}
@@ -100,14 +110,28 @@ class Broker:
     # -- start and stop -------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Open the metadata, recover every queue, listen. On failure, what was opened is
+        closed again (the metadata store's thread would otherwise keep the process alive)."""
         self._loop = asyncio.get_running_loop()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
-        self._recover()
-        self.server = await self._loop.create_server(
-            lambda: BrokerConnection(self), self.config.bind, self.config.port,
-            reuse_address=True, backlog=1024)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
+            self._recover()
+            self.server = await self._loop.create_server(
+                lambda: BrokerConnection(self), self.config.bind, self.config.port,
+                reuse_address=True, backlog=1024)
+        except BaseException:
+            await self._abandon_start()
+            raise
         self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _abandon_start(self) -> None:
+        """Close what a failed start opened, writing nothing: the next start recovers."""
+        for vhost in self.vhosts.values():
+            for queue in vhost.queues.values():
+                queue.engine.close()
+        if self.store is not None:
+            await self.store.close()
 
     def _new_vhost(self, name: str) -> VirtualHost:
         vhost = VirtualHost(name, self.data_dir, self.store, open_engine=self._open_engine,
@@ -121,18 +145,26 @@ class Broker:
         # A quorum queue hands out only fsynced messages, as RabbitMQ's does (a consumer then
         # never sees a message a crash could take back); a classic one delivers at once.
         quorum = arguments.get("x-queue-type") in ("quorum", b"quorum")
-        config = QueueConfig(message_log=self.message_log_config, deliver_uncommitted=not quorum)
+        config = self._queue_configs[quorum]
+        descriptors = self.descriptors
         max_priority = arguments.get("x-max-priority")
         if isinstance(max_priority, int) and not isinstance(max_priority, bool) \
                 and max_priority > 0:
             return PriorityQueue(directory, max_priority, config.message_log.batch_bytes_max,
-                                 lambda level_directory: LogQueue.open(level_directory,
-                                                                           config))
-        return LogQueue.open(directory, config)
+                                 lambda level_directory: LogQueue.open(
+                                     level_directory, config, descriptors=descriptors))
+        return LogQueue.open(directory, config, descriptors=descriptors)
 
     def _recover(self) -> None:
-        """Host every queue the metadata kept; drop directories of transient leftovers."""
+        """Host every queue the metadata kept; drop directories of transient leftovers.
+
+        A queue whose files cannot be opened is logged and left unavailable (the vhost's
+        `failed`), as RabbitMQ keeps a crashed queue's record: one damaged queue does not
+        keep the broker, and every other queue, from starting.
+        """
         assert self.store is not None
+        started = time.monotonic()
+        log.info("queue logs keep at most %d files open", self.descriptors.capacity)
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
             kept = set(vhost.recover())
@@ -143,8 +175,9 @@ class Broker:
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:
                         shutil.rmtree(leftover, ignore_errors=True)
-            log.info("vhost '%s': %d exchanges, %d queues recovered", name,
-                     len(vhost.router.exchanges()), len(vhost.queues))
+            log.info("vhost '%s': %d exchanges, %d queues recovered, %d unavailable (%.1f s)",
+                     name, len(vhost.router.exchanges()), len(vhost.queues), len(vhost.failed),
+                     time.monotonic() - started)
 
     def sync_vhosts(self) -> None:
         """Host vhosts created (and drop those deleted) in the store by another process."""

@@ -56,6 +56,11 @@ class BrokerConfig:
     trims its list of evicted batches only once more than 1024 have gone, so it holds up to
     1024 batches whatever its byte bound: 128-record batches keep that under ~35 MB."""
     segment_bytes_max: int = 64 << 20
+    log_open_files_max: int = 0
+    """Descriptors the queues' logs keep open at most: a pool that closes the least recently
+    used beyond this and reopens a file on its next use, so the number of queues is not
+    bounded by open files. 0 takes half the process's open-file limit (RLIMIT_NOFILE at
+    start); the rest is for connections, the metadata store and short-lived files."""
     loopback_users: tuple[str, ...] = ("guest",)
     """Users that may log in only from a loopback address, everyone else from anywhere
     (RabbitMQ's loopback_users, and as there the one place this is set): empty lets guest
@@ -84,6 +89,8 @@ class BrokerConfig:
                               f"max_message_size), got {self.message_bytes_max}")
         if self.frame_bytes_max > FRAME_BYTES_LIMIT:
             raise ConfigError(f"frame_bytes_max must be at most {FRAME_BYTES_LIMIT}, got {self.frame_bytes_max}")
+        if self.log_open_files_max < 0:
+            raise ConfigError(f"log_open_files_max must not be negative (0 is automatic), got {self.log_open_files_max}")
         if self.shutdown_timeout_s < 0:
             raise ConfigError(f"shutdown_timeout_s must not be negative, got {self.shutdown_timeout_s}")
 

@@ -34,6 +34,10 @@ def not_implemented(text: str) -> replies.AMQPConnectionError:
     return replies.AMQPConnectionError(replies.NOT_IMPLEMENTED, text)
 
 
+def internal_error(text: str) -> replies.AMQPConnectionError:
+    return replies.AMQPConnectionError(replies.INTERNAL_ERROR, text)
+
+
 def from_routing(error: RoutingError) -> replies.ProtocolError:
     """The AMQP exception for a Router error: soft codes close the channel, 503 the connection."""
     return replies.protocol_error(error.reply_code, error.reply_text)

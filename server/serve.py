@@ -3,6 +3,9 @@
 Prints "Warren listening on HOST:PORT" on stdout once the socket accepts connections (test
 harnesses and scripts wait for that line). SIGTERM and SIGINT shut down cleanly: no new
 connections, clients closed with 320 CONNECTION_FORCED, queues flushed and fsynced.
+
+A start that fails (the port taken, the metadata unreadable) logs one line and exits with
+status 1 at once, so a supervisor sees it and restarts or alerts.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -45,14 +49,25 @@ def run_command(args: argparse.Namespace) -> int:
         import uvloop
     except ImportError:
         uvloop = None
-    if uvloop is not None:
-        return uvloop.run(serve(config))
-    return asyncio.run(serve(config))
+    status = uvloop.run(serve(config)) if uvloop is not None else asyncio.run(serve(config))
+    if status != 0:
+        # Interpreter exit would join the worker threads, and a failed start may leave one
+        # blocked (an fsync on a hung disk, a delete of leftovers): the process must end now.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 async def serve(config: BrokerConfig) -> int:
     broker = Broker(config)
-    await broker.start()
+    try:
+        await broker.start()
+    except Exception as error:
+        log.critical("start-up failed: %s: %s", type(error).__name__, error)
+        log.debug("start-up failed", exc_info=error)
+        return 1
     # What exists now (modules, metadata, recovered queues) lives as long as the process.
     # Frozen out of the collector's sight, it is no longer walked by every full collection:
     # those took 8-12 ms of the event loop under load, and 0.5-1 ms once frozen.

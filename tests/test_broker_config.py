@@ -73,3 +73,17 @@ def test_bounds_are_checked_on_construction():
         BrokerConfig(read_buffer_bytes_max=0)
     with pytest.raises(ConfigError):
         BrokerConfig(shutdown_timeout_s=-1)
+
+
+def test_log_open_files_max_sizes_the_brokers_descriptor_pool(tmp_path):
+    from warrenmq.log.descriptors import default_capacity
+    from warrenmq.server.broker import Broker
+
+    assert load(environ={"WARREN_LOG_OPEN_FILES_MAX": "300"}).log_open_files_max == 300
+    toml = tmp_path / "w.toml"
+    toml.write_text("log_open_files_max = 64\n")
+    config = load(toml, environ={})
+    assert Broker(config).descriptors.capacity == 64
+    assert Broker(BrokerConfig()).descriptors.capacity == default_capacity()
+    with pytest.raises(ConfigError, match="log_open_files_max"):
+        BrokerConfig(log_open_files_max=-1)

@@ -452,3 +452,48 @@ def test_a_failed_append_leaves_nothing_behind_and_the_log_stays_usable(tmp_path
         assert raw(all_records(log)) == records(5) + records(5, 100)
     with PartitionLog.open(tmp_path, config) as log:
         assert raw(all_records(log)) == records(5) + records(5, 100)
+
+
+def test_open_fsyncs_nothing_and_the_first_sync_covers_the_directory(tmp_path, monkeypatch):
+    """Opening 100,000 idle queues must not cost 200,000 directory fsyncs; what the log
+    vouches for is only ever vouched for by a sync, which fsyncs the directory first time."""
+    fsyncs = []
+    real_fsync = os.fsync
+
+    def recording(fd):
+        fsyncs.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        log.append(records(3))
+        log.sync()
+    monkeypatch.setattr(os, "fsync", recording)
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        assert fsyncs == []
+        log.append(records(1, 3))
+        log.sync()
+        assert fsyncs == [str(tmp_path / f"{0:020d}.log"), str(tmp_path)]
+        log.append(records(1, 4))
+        log.sync()
+        assert fsyncs[2:] == [str(tmp_path / f"{0:020d}.log")]
+
+
+def test_index_files_are_created_with_their_first_entry(tmp_path):
+    """An idle log (a queue that never held index_interval_bytes) is one file, not three."""
+    stem = f"{0:020d}"
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        assert sorted(p.name for p in tmp_path.glob(stem + "*")) == [f"{stem}.log"]
+        log.append(records(1))
+        assert not (tmp_path / f"{stem}.index").exists()
+        while not (tmp_path / f"{stem}.index").exists():
+            log.append(records(1))
+        log.sync()
+        end = log.end_offset
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        assert (tmp_path / f"{stem}.index").stat().st_size > 0
+        assert log.end_offset == end
+        # Cut back below the first entry: the index is empty again, so there is no file.
+        log.truncate(1)
+        assert not (tmp_path / f"{stem}.index").exists()
+        assert not (tmp_path / f"{stem}.timeindex").exists()
+        assert raw(all_records(log)) == records(1)

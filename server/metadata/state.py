@@ -191,7 +191,7 @@ class MetadataState:
     def lookup_queue(self, vhost: str, name: str, owner: str | None) -> QueueRecord:
         """A queue for passive declare, consume, get, bind, purge or delete by connection `owner`:
         404 if missing, 405 if exclusive to another connection (rabbit's lax check)."""
-        name = _strip_cr_lf(name)
+        name = strip_cr_lf(name)
         record = self._queues.get(vhost, {}).get(name)
         if record is None:
             raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
@@ -415,7 +415,7 @@ class MetadataState:
     def _declare_exchange(self, command: c.DeclareExchange) -> Outcome:
         vhost = command.vhost
         router = self.router(vhost)
-        name = _strip_cr_lf(command.name)
+        name = strip_cr_lf(command.name)
         _check_name("exchange", name)
         count = self._exchange_counts[vhost]
         if router.get(name) is None and count >= self.limits.exchanges_per_vhost_max:
@@ -466,7 +466,7 @@ class MetadataState:
     def _declare_queue(self, command: c.DeclareQueue) -> Outcome:
         vhost = command.vhost
         queues = self.queues(vhost)
-        name = _strip_cr_lf(command.name)
+        name = strip_cr_lf(command.name)
         if not name:
             raise ValueError("the broker names a server-named queue before declaring it")
         _check_name("queue", name)
@@ -501,7 +501,7 @@ class MetadataState:
     def _delete_queue(self, command: c.DeleteQueue) -> Outcome:
         vhost = command.vhost
         queues = self.queues(vhost)
-        name = _strip_cr_lf(command.name)
+        name = strip_cr_lf(command.name)
         record = queues.pop(name, None)
         if record is None:
             return Outcome(False)
@@ -527,10 +527,10 @@ class MetadataState:
 
     def _bind(self, command: c.Bind) -> Outcome:
         router = self.router(command.vhost)
-        destination = Destination(command.destination_kind, _strip_cr_lf(command.destination))
+        destination = Destination(command.destination_kind, strip_cr_lf(command.destination))
         if destination.kind not in (QUEUE, EXCHANGE):
             raise ValueError(f"a binding's destination is a queue or an exchange: {destination}")
-        source = _strip_cr_lf(command.source)
+        source = strip_cr_lf(command.source)
         arguments = dict(command.arguments)
         if not router.bind(source, destination, command.routing_key, arguments):
             return Outcome(False)
@@ -543,10 +543,10 @@ class MetadataState:
     def _unbind(self, command: c.Unbind) -> Outcome:
         vhost = command.vhost
         router = self.router(vhost)
-        destination = Destination(command.destination_kind, _strip_cr_lf(command.destination))
+        destination = Destination(command.destination_kind, strip_cr_lf(command.destination))
         if destination.kind not in (QUEUE, EXCHANGE):
             raise ValueError(f"a binding's destination is a queue or an exchange: {destination}")
-        source = _strip_cr_lf(command.source)
+        source = strip_cr_lf(command.source)
         arguments = dict(command.arguments)
         # Decided before unbinding: the unbind may auto-delete the source.
         durable = self._binding_durable(vhost, source, destination)
@@ -618,7 +618,7 @@ def _is_classic(value: Any) -> bool:
     return amqp_type_name(value) == "longstr" and value in ("classic", b"classic")
 
 
-def _strip_cr_lf(name: str) -> str:
+def strip_cr_lf(name: str) -> str:
     # rabbit_channel strips CR and LF from every queue and exchange name a client sends.
     return name.replace("\r", "").replace("\n", "") if ("\r" in name or "\n" in name) else name
 

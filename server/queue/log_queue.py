@@ -27,6 +27,12 @@ after a crash up to that many never-delivered messages are also flagged redelive
 RabbitMQ's "may have been delivered before" allows. A clean `shutdown()` writes the exact
 mark, so a clean restart flags nothing it did not deliver.
 
+Opening writes nothing unless the ack log names offsets at or above the recovered end (the
+CLIP case above). Otherwise the first lead is granted when the first new message is about to
+be handed out: one ack log write and fsync then, in `take()`, as open used to do for every
+queue. So opening (or declaring) 100,000 idle queues costs no fsync, and neither does closing
+them: `shutdown()` writes the exact mark only when a mark ahead of `next` was written.
+
 Guarantees after a crash (anything written after the last fsync lost, or any prefix of it kept):
 * every message appended before a `commit()` returned is there, exactly once, intact;
 * every ack made before a `commit()` began, once that commit has returned, is never undone:
@@ -54,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from warrenmq.log import LogConfig, PartitionLog, RawRecord, Record
+from warrenmq.log import DescriptorPool, LogConfig, PartitionLog, RawRecord, Record
 
 from . import ack_log
 from .errors import QueueError
@@ -162,6 +168,9 @@ class LogQueue:
         self._log = log
         self._acks = acks
         end = log.end_offset
+        # Acks or a delivered mark at or above the recovered end name messages that a crash
+        # took back; they must be forgotten durably before new messages take those offsets.
+        stale = state.floor > end or state.mark > end or bool(state.ranges and state.ranges[-1][1] > end)
         state.clip(end)
         state.normalise()
         floor = max(state.floor, log.start_offset)
@@ -180,28 +189,34 @@ class LogQueue:
         self._ahead_position = 0
         self._closed = False
         self._ranges_per_record = ack_log.ranges_per_record(config.ack_log)
-        # The restart's CLIP makes the exact mark durable before the new lead is granted.
-        self._mark_written = self._mark_durable = self._next + config.delivered_mark_lead
         self._floor_written = self._durable_floor = floor
         # Ack log writes not yet known to be fsynced, oldest first, each with the ack log end
         # offset that covers it: whichever commit sees that offset durable applies them.
         self._unsynced: collections.deque[tuple[int, _Flush]] = collections.deque()
-        acks.append([ack_log.encode_clip(self._next), *ack_log.encode_delta(self._floor_written, self._mark_written, [])])
-        acks.sync()
         self._bytes_since_snapshot = acks.size_bytes
         self._snapshot_bytes = 0
+        # What the ack log says: no new offset may be handed out before a lead is granted.
+        self._mark_written = self._mark_durable = state.mark
+        self._lead_granted = False
+        if stale:
+            # The CLIP makes the exact mark durable before the new lead is granted.
+            self._grant_lead(clip=True)
         log.delete_before(self._durable_floor)
 
     # -- opening and closing ---------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | Path, config: QueueConfig | None = None, *, executor: Executor | None = None) -> LogQueue:
-        """Open or create the queue in `directory`, recovering its state after any crash."""
+    def open(cls, directory: str | Path, config: QueueConfig | None = None, *, executor: Executor | None = None,
+             descriptors: DescriptorPool | None = None) -> LogQueue:
+        """Open or create the queue in `directory`, recovering its state after any crash.
+
+        Both logs open their files through `descriptors` (see `PartitionLog.open`).
+        """
         config = config or QueueConfig()
         path = Path(directory)
-        log = PartitionLog.open(path / MESSAGES_DIR, config.message_log, executor=executor)
+        log = PartitionLog.open(path / MESSAGES_DIR, config.message_log, executor=executor, descriptors=descriptors)
         try:
-            acks = PartitionLog.open(path / ACKS_DIR, config.ack_log, executor=executor)
+            acks = PartitionLog.open(path / ACKS_DIR, config.ack_log, executor=executor, descriptors=descriptors)
         except BaseException:
             log.close()
             raise
@@ -229,7 +244,8 @@ class LogQueue:
         self._check_open()
         await self._log.commit()
         self._flush_acks()
-        self._acks.append([ack_log.encode_clip(self._next)])
+        if self._mark_written > self._next:
+            self._acks.append([ack_log.encode_clip(self._next)])
         await self._acks.commit()
         self.close()
 
@@ -289,7 +305,7 @@ class LogQueue:
             self._log.durable_offset < self._log.end_offset
             or self._run_end >= 0
             or bool(self._pending)
-            or self._next + self.config.delivered_mark_lead // 2 >= self._mark_written
+            or (self._lead_granted and self._next + self.config.delivered_mark_lead // 2 >= self._mark_written)
         )
 
     @property
@@ -304,7 +320,8 @@ class LogQueue:
         log = self._log
         if offset >= log.end_offset:
             return False
-        return offset >= self._mark_durable or (
+        # Before the first lead is granted, take() grants it itself: nothing to wait for.
+        return (self._lead_granted and offset >= self._mark_durable) or (
             not self.config.deliver_uncommitted and offset >= log.durable_offset)
 
     # -- publishing ------------------------------------------------------------------------
@@ -329,8 +346,12 @@ class LogQueue:
         offset = self._next
         log = self._log
         end = log.end_offset if self.config.deliver_uncommitted else log.durable_offset
-        if offset >= end or offset >= self._mark_durable:
+        if offset >= end:
             return None
+        if offset >= self._mark_durable:
+            if self._lead_granted:
+                return None
+            self._grant_lead(clip=False)
         ahead = self._ahead
         position = self._ahead_position
         if position >= len(ahead):
@@ -365,6 +386,8 @@ class LogQueue:
         log = self._log
         end = log.end_offset if self.config.deliver_uncommitted else log.durable_offset
         offset = self._next
+        if offset < end and not self._lead_granted:
+            self._grant_lead(clip=False)
         limit = min(end, self._mark_durable, offset + count_max - len(taken))
         if offset >= limit:
             return taken
@@ -522,7 +545,7 @@ class LogQueue:
         writable = [(max(start, floor), end) for start, end in pending if end > floor]
         self._pending = []
         mark = self._mark_written
-        if self._next + self.config.delivered_mark_lead // 2 >= mark:
+        if self._lead_granted and self._next + self.config.delivered_mark_lead // 2 >= mark:
             mark = self._next + self.config.delivered_mark_lead
         snapshot = self._bytes_since_snapshot >= max(self.config.ack_log_compact_bytes, 4 * self._snapshot_bytes)
         if snapshot:
@@ -546,6 +569,22 @@ class LogQueue:
         else:
             self._bytes_since_snapshot += size
         self._unsynced.append((self._acks.end_offset, _Flush(mark, floor, first if snapshot else None)))
+
+    def _grant_lead(self, clip: bool) -> None:
+        """Write a delivered mark `delivered_mark_lead` ahead of `next` and fsync it, here.
+
+        With `clip`, a CLIP at `next` goes first, forgetting what a crash left above it.
+        Later leads are extended by `commit()`, which shares its fsync with other work.
+        """
+        mark = self._next + self.config.delivered_mark_lead
+        records = ack_log.encode_delta(self._floor_written, mark, [])
+        if clip:
+            records.insert(0, ack_log.encode_clip(self._next))
+        self._acks.append(records)
+        self._acks.sync()
+        self._bytes_since_snapshot += sum(len(record[3]) for record in records)
+        self._mark_written = self._mark_durable = mark
+        self._lead_granted = True
 
     def _append_acks(self, records: list[RawRecord]) -> int:
         # Many ranges span several records; one batch each keeps every batch inside the ack

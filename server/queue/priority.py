@@ -38,10 +38,15 @@ class PriorityQueue:
         # Open levels, highest priority first.
         self._levels: dict[int, Any] = {}
         directory.mkdir(parents=True, exist_ok=True)
-        for path in directory.glob(_LEVEL_PREFIX + "*"):
-            suffix = path.name[len(_LEVEL_PREFIX):]
-            if suffix.isdigit() and int(suffix) <= max_priority:
-                self._level(int(suffix))
+        try:
+            for path in directory.glob(_LEVEL_PREFIX + "*"):
+                suffix = path.name[len(_LEVEL_PREFIX):]
+                if suffix.isdigit() and int(suffix) <= max_priority:
+                    self._level(int(suffix))
+        except BaseException:
+            # A level that cannot be opened fails the queue; the levels opened so far close.
+            self.close()
+            raise
 
     def _level(self, level: int) -> Any:
         engine = self._levels.get(level)
@@ -135,8 +140,12 @@ class PriorityQueue:
         await asyncio.gather(*(engine.commit() for engine in self._levels.values()))
 
     async def shutdown(self) -> None:
-        for engine in self._levels.values():
-            await engine.shutdown()
+        # Side by side (255 levels, 255 fsyncs); every level finishes before a failure is raised.
+        outcomes = await asyncio.gather(*(engine.shutdown() for engine in self._levels.values()),
+                                        return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     def close(self) -> None:
         for engine in self._levels.values():

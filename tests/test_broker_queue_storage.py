@@ -1,0 +1,288 @@
+"""A queue's storage that cannot be opened: at declare (no record is left behind, 541), at
+recovery (that queue is unavailable, the others carry on), and a start that fails outright
+(one line, exit status 1, at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pika
+import pika.exceptions
+import pytest
+import uvloop
+from warrenmq.server import broker as broker_module
+from warrenmq.server.broker import METADATA_FILE, Broker
+from warrenmq.server.config import BrokerConfig
+from warrenmq.server.metadata.state import Limits
+from warrenmq.server.vhost import SHUTDOWN_CONCURRENT_MAX, VirtualHost, directory_name
+
+
+class ThreadBroker:
+    """A Broker on a private uvloop thread; start() and stop() block until done."""
+
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.broker = Broker(BrokerConfig(port=0, bind="127.0.0.1", data_dir=data_dir))
+
+    def start(self):
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.broker.start(), self.loop).result(20)
+        return self
+
+    def stop(self):
+        asyncio.run_coroutine_threadsafe(self.broker.stop(), self.loop).result(20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+    def connect(self):
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            "127.0.0.1", self.broker.port, connection_attempts=1))
+
+
+def stored_queues(data_dir):
+    with sqlite3.connect(data_dir / METADATA_FILE) as db:
+        return sorted(name for (name,) in db.execute("SELECT name FROM queues"))
+
+
+def queue_directory(data_dir, name):
+    return data_dir / "queues" / directory_name("/") / directory_name(name)
+
+
+def wait_until(condition, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def failing_open(monkeypatch):
+    """LogQueue.open fails with EMFILE for queues named "doomed*", as it did when the
+    process ran out of descriptors."""
+    real_open = broker_module.LogQueue.open
+
+    def open_or_fail(directory, *args, **kwargs):
+        if "doomed" in str(directory):
+            raise OSError(errno.EMFILE, "Too many open files", str(directory))
+        return real_open(directory, *args, **kwargs)
+
+    monkeypatch.setattr(broker_module.LogQueue, "open", open_or_fail)
+
+
+def test_a_declare_whose_storage_cannot_open_leaves_no_record(tmp_path, failing_open):
+    data_dir = tmp_path / "data"
+    running = ThreadBroker(data_dir).start()
+    try:
+        connection = running.connect()
+        channel = connection.channel()
+        channel.queue_declare("kept", durable=True)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as excinfo:
+            channel.queue_declare("doomed", durable=True)
+        code, text = excinfo.value.args
+        assert code == 541
+        assert text == ("INTERNAL_ERROR - cannot declare queue 'doomed' in vhost '/': "
+                        "EMFILE (Too many open files)")
+        assert str(tmp_path) not in text, "no server path goes to the client"
+        connection = running.connect()
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+            channel.queue_declare("doomed", passive=True)
+        assert excinfo.value.args[0] == 404
+        connection.close()
+        assert stored_queues(data_dir) == ["kept"]
+        wait_until(lambda: not queue_directory(data_dir, "doomed").exists())
+    finally:
+        running.stop()
+    running = ThreadBroker(data_dir).start()
+    try:
+        assert set(running.broker.vhosts["/"].queues) == {"kept"}
+        assert running.broker.vhosts["/"].failed == {}
+    finally:
+        running.stop()
+
+
+def test_a_declare_refused_after_its_storage_opened_removes_the_storage(tmp_path):
+    data_dir = tmp_path / "data"
+    running = ThreadBroker(data_dir).start()
+    try:
+        running.broker.store.state.limits = Limits(queues_per_vhost_max=1)
+        connection = running.connect()
+        channel = connection.channel()
+        channel.queue_declare("first", durable=True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+            channel.queue_declare("second", durable=True)
+        assert excinfo.value.args[0] == 406
+        connection.close()
+        assert stored_queues(data_dir) == ["first"]
+        wait_until(lambda: not queue_directory(data_dir, "second").exists())
+        assert "second" not in running.broker.vhosts["/"].queues
+    finally:
+        running.stop()
+
+
+def test_concurrent_declares_of_one_new_queue_share_its_storage(tmp_path, monkeypatch):
+    """A declare or a use racing another declare's metadata write finds the queue; its files
+    are never opened twice."""
+    opened = []
+    real_open = broker_module.LogQueue.open
+
+    def counting(directory, *args, **kwargs):
+        opened.append(directory)
+        return real_open(directory, *args, **kwargs)
+
+    monkeypatch.setattr(broker_module.LogQueue, "open", counting)
+    running = ThreadBroker(tmp_path / "data").start()
+    vhost = running.broker.vhosts["/"]
+    flags = dict(durable=True, exclusive=False, auto_delete=False, arguments={}, owner="o",
+                 server_named=False)
+
+    async def race():
+        async def use():
+            await asyncio.sleep(0)
+            return vhost.get_queue("shared", "o")
+
+        return await asyncio.gather(vhost.declare_queue("shared", **flags),
+                                    vhost.declare_queue("shared", **flags), use())
+
+    try:
+        first, second, used = asyncio.run_coroutine_threadsafe(race(), running.loop).result(10)
+        assert first is second is used is vhost.queues["shared"]
+        assert len(opened) == 1
+    finally:
+        running.stop()
+
+
+def test_a_queue_whose_files_cannot_open_is_unavailable_and_the_others_recover(tmp_path):
+    data_dir = tmp_path / "data"
+    running = ThreadBroker(data_dir).start()
+    connection = running.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for name in ("a", "b", "c"):
+        channel.queue_declare(name, durable=True)
+        channel.basic_publish("", name, name.encode(), pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    running.stop()
+    # Damage beyond what the log's recovery handles: the ack log's directory is a file.
+    acks = queue_directory(data_dir, "b") / "acks"
+    moved = acks.with_name("acks.moved")
+    acks.rename(moved)
+    acks.write_bytes(b"not a directory")
+
+    running = ThreadBroker(data_dir).start()
+    try:
+        vhost = running.broker.vhosts["/"]
+        assert set(vhost.queues) == {"a", "c"} and set(vhost.failed) == {"b"}
+        connection = running.connect()
+        channel = connection.channel()
+        for name in ("a", "c"):
+            assert channel.basic_get(name, auto_ack=True)[2] == name.encode()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+            channel.queue_declare("b", passive=True)
+        assert excinfo.value.args == (
+            404, "NOT_FOUND - queue 'b' in vhost '/' has crashed and failed to restart")
+        channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+            channel.basic_get("b")
+        assert excinfo.value.args[0] == 404
+        # Publishing to it drops the message for that queue only; the connection carries on.
+        channel = connection.channel()
+        channel.basic_publish("", "b", b"lost")
+        # Repaired, the next declare opens it again, with its message.
+        acks.unlink()
+        moved.rename(acks)
+        assert channel.queue_declare("b", durable=True).method.message_count == 1
+        assert channel.basic_get("b", auto_ack=True)[2] == b"b"
+        assert vhost.failed == {}
+        connection.close()
+        assert stored_queues(data_dir) == ["a", "b", "c"]
+    finally:
+        running.stop()
+
+
+LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
+
+
+def serve(data_dir, port):
+    return subprocess.Popen(
+        [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", str(port), "--bind",
+         "127.0.0.1", "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_fatal_start_up_error_exits_non_zero_at_once(tmp_path):
+    data_dir = tmp_path / "data"
+    # A first run leaves recovered queues behind: their files are open when start fails.
+    process = serve(data_dir, 0)
+    port = int(LISTENING.search(process.stdout.readline()).group(1))
+    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    channel = connection.channel()
+    for i in range(20):
+        channel.queue_declare(f"q{i}", durable=True)
+        channel.basic_publish("", f"q{i}", b"m")
+    connection.close()
+    process.terminate()
+    assert process.wait(15) == 0
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        started = time.monotonic()
+        process = serve(data_dir, taken.getsockname()[1])
+        try:
+            _, stderr = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            pytest.fail("warren serve hung after a failed start")
+        assert process.returncode == 1
+        assert time.monotonic() - started < 5
+        failures = [line for line in stderr.splitlines() if "CRITICAL" in line]
+        assert len(failures) == 1 and "start-up failed: OSError" in failures[0]
+        assert "address already in use" in failures[0]
+        assert "Traceback" not in stderr
+    finally:
+        taken.close()
+
+
+def test_clean_shutdown_runs_queues_side_by_side_and_one_failure_closes_only_its_queue():
+    running = []
+    peak = [0]
+    closed = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        async def shutdown(self):
+            running.append(self)
+            peak[0] = max(peak[0], len(running))
+            await asyncio.sleep(0.001)
+            running.remove(self)
+            if self.name == "bad":
+                raise OSError(errno.EIO, "Input/output error")
+
+        def close(self):
+            closed.append(self.name)
+
+    vhost = VirtualHost("/", Path("/nonexistent"), store=None, open_engine=None, batch_records_max=1,
+                        staged=None, deliver_reply=None, cancel_consumers=None)
+    names = ["bad"] + [f"q{i}" for i in range(500)]
+    vhost.queues = {name: SimpleNamespace(name=name, engine=Engine(name), flush=lambda: None)
+                    for name in names}
+    asyncio.run(vhost.shutdown())
+    assert peak[0] == SHUTDOWN_CONCURRENT_MAX
+    assert closed == ["bad"]
