@@ -461,8 +461,8 @@ class Broker:
                                         return_exceptions=True)
         for (queue, written), outcome in zip(to_commit, outcomes):
             if isinstance(outcome, BaseException):
-                log.error("queue '%s' in vhost '%s': fsync failed, refusing %d publish(es) "
-                          "written to it: %r", queue.name, queue.vhost, len(written), outcome)
+                log.error("queue '%s' in vhost '%s': fsync failed, refusing the publishes "
+                          "written to it: %r", queue.name, queue.vhost, outcome)
                 for publisher in written:
                     _publish_failed(publisher)
         tick.ready = True
@@ -501,6 +501,7 @@ class Broker:
                     waiter.set_result(None)
 
 
-def _publish_failed(publisher: tuple[BrokerChannel, int]) -> None:
-    channel, tag = publisher
-    channel.publish_failed(tag)
+def _publish_failed(publisher: tuple[BrokerChannel, int] | None) -> None:
+    if publisher is not None:
+        channel, tag = publisher
+        channel.publish_failed(tag)

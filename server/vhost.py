@@ -28,7 +28,7 @@ import os
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import Destination
@@ -67,12 +67,9 @@ class Published(enum.Enum):
     """A direct reply-to message, handed to the waiting reply consumer (never stored)."""
 
 
-class Route(NamedTuple):
-    """Where a message goes: queue names, and its properties as they are to be stored (BCC
-    removed)."""
-
-    queues: Any
-    properties: bytes
+Route = tuple[Any, bytes]
+"""Where a message goes: (queue names, its properties as they are to be stored, BCC removed).
+A plain tuple: one is made per publish."""
 
 
 def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
@@ -176,8 +173,7 @@ class VirtualHost:
             replied = self._deliver_reply(routing_key, exchange, properties, body)
             return Published.REPLIED if replied else Published.UNROUTABLE
         route = self.route(exchange, routing_key, properties)
-        return self.stage(route, exchange, routing_key, body, persistent=persistent,
-                          expiring=expiring, publisher=publisher)
+        return self.stage(route, exchange, routing_key, body, persistent, expiring, publisher)
 
     def route(self, exchange: str, routing_key: str, properties: bytes) -> Route:
         """The queues a message goes to (sender-selected CC/BCC included), without staging
@@ -196,22 +192,30 @@ class VirtualHost:
         if exchange == "" and routing_keys is None:
             # The default exchange routes to the queue named by the key: no Router call (and
             # no set built) on the commonest path.
-            return Route((routing_key,) if routing_key in self.queues else (), properties)
+            return ((routing_key,) if routing_key in self.queues else ()), properties
         router = self.router
         if routing_keys is None:
-            return Route(router.route(exchange, routing_key, headers), properties)
-        return Route(router.route_keys(exchange, routing_keys, headers), properties)
+            return router.route(exchange, routing_key, headers), properties
+        return router.route_keys(exchange, routing_keys, headers), properties
 
-    def stage(self, route: Route, exchange: str, routing_key: str, body: bytes, *,
+    def stage(self, route: Route, exchange: str, routing_key: str, body: bytes,
               persistent: bool, expiring: bool, publisher: Any) -> Published:
         """Stage a routed message on each of its queues that still exists."""
-        if not route.queues:
+        queue_names, properties = route
+        if not queue_names:
             return Published.UNROUTABLE
-        record = (self._encoded(exchange), self._encoded(routing_key), route.properties, body)
+        names = self._encoded_names
+        exchange_bytes = names.get(exchange)
+        if exchange_bytes is None:
+            exchange_bytes = self._encoded(exchange)
+        routing_key_bytes = names.get(routing_key)
+        if routing_key_bytes is None:
+            routing_key_bytes = self._encoded(routing_key)
+        record = (exchange_bytes, routing_key_bytes, properties, body)
         refused = False
         queues = self.queues
         staged = self._staged
-        for name in route.queues:
+        for name in queue_names:
             queue = queues.get(name)
             if queue is not None:
                 if queue.stage(record, persistent, expiring, publisher):

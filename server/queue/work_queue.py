@@ -184,6 +184,7 @@ class WorkQueue:
 
         `publisher` is whoever waits for the record to be stored (a (channel, confirm tag)
         pair, or None): a failed write hands it back, so exactly its publish is nacked.
+        `take_written()` reports publishers as given, None included.
         """
         if self.reject_when_full and self._full(len(record[3])):
             return False
@@ -219,36 +220,36 @@ class WorkQueue:
         self._staged = []
         self._staged_publishers = []
         staged_bytes, self._staged_bytes = self._staged_bytes, 0
-        written = len(staged)
+        count = written = len(staged)
         for start, end in self._batch_bounds(staged, staged_bytes):
             try:
-                self.engine.append(staged[start:end])
+                self.engine.append(staged if end - start == count else staged[start:end])
             except Exception as error:
                 written = start
-                self.failed_publishers.extend(p for p in publishers[start:] if p is not None)
+                self.failed_publishers += publishers[start:]
                 if self.bytes_max is not None:
                     self.ready_bytes -= sum(len(record[3]) for record in staged[start:])
                 log.error("queue '%s' in vhost '%s': storing %d message(s) failed, their "
                           "publishes are refused: %r", self.name, self.vhost,
                           len(staged) - start, error)
                 break
-        if written:
-            self.written_publishers.extend(p for p in publishers[:written] if p is not None)
-            if self.staged_persistent:
-                self.commit_wanted = True
+        if written and self.staged_persistent:
+            # Only a commit can still fail these: remembered for the tick that runs it.
+            self.written_publishers += publishers if written == count else publishers[:written]
+            self.commit_wanted = True
         self.staged_persistent = False
         self.enforce_length()
 
     def _batch_bounds(self, staged: list[tuple[bytes, bytes, bytes, bytes]],
                       staged_bytes: int) -> Any:
         step = self._batch_records_max
-        bytes_max = self.engine.batch_bytes_max
+        count = len(staged)
         # Exchange and routing key are short strings: with them a record is at most this
-        # much more than its properties and body, so the common tick needs no measuring.
-        if len(staged) <= step and staged_bytes + len(staged) * _RECORD_NAMES_BYTES_MAX \
-                + HEADER_BYTES <= bytes_max:
-            return ((0, len(staged)),)
-        return batch_bounds(staged, step, bytes_max)
+        # much more than its properties and body. When everything staged would fit one
+        # batch, any run of `step` records fits too: the common tick needs no measuring.
+        if staged_bytes + count * _RECORD_NAMES_BYTES_MAX + HEADER_BYTES <= self.engine.batch_bytes_max:
+            return [(start, min(start + step, count)) for start in range(0, count, step)]
+        return batch_bounds(staged, step, self.engine.batch_bytes_max)
 
     def take_written(self) -> tuple[list[Any], list[Any], bool]:
         """(publishers whose records were written, publishers whose writes failed, whether

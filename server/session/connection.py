@@ -356,11 +356,11 @@ class BrokerConnection(asyncio.Protocol):
             properties = self._rewrite_reply_to(channel, properties)
         routing_key = event.routing_key
         vhost = self.vhost
-        publisher = channel.publisher(event.confirm_tag)
         if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
             # Direct reply-to goes out at once, in a transaction too (RabbitMQ does the same).
             outcome = vhost.publish(exchange, routing_key, properties, event.body,
-                                    persistent=False, publisher=publisher)
+                                    persistent=False,
+                                    publisher=channel.publisher(event.confirm_tag))
             self._published(channel, event, properties, outcome)
             return
         route = vhost.route(exchange, routing_key, properties)
@@ -371,11 +371,16 @@ class BrokerConnection(asyncio.Protocol):
 
     def _stage(self, channel: BrokerChannel, event: events.MessagePublished,
                route: Route) -> None:
+        confirm_tag = event.confirm_tag
         outcome = self.vhost.stage(route, event.exchange, event.routing_key, event.body,
-                                   persistent=event.delivery_mode == 2,
-                                   expiring=event.expiration is not None,
-                                   publisher=channel.publisher(event.confirm_tag))
-        self._published(channel, event, route.properties, outcome)
+                                   event.delivery_mode == 2, event.expiration is not None,
+                                   (channel, confirm_tag) if confirm_tag or channel.tx
+                                   else None)
+        if outcome is Published.ROUTED and not channel.tx:
+            if confirm_tag:
+                self.broker.stage_confirm(channel, confirm_tag)
+            return
+        self._published(channel, event, route[1], outcome)
 
     def _published(self, channel: BrokerChannel, event: events.MessagePublished,
                    properties: bytes, outcome: Published) -> None:
