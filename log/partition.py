@@ -181,23 +181,31 @@ class PartitionLog:
         config = config or LogConfig()
         descriptors = descriptors or default_pool()
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
         # One listing, not a glob per kind of file: a broker opens 200,000 logs at start.
-        names = os.listdir(path)
+        try:
+            names = os.listdir(path)
+        except FileNotFoundError:
+            path.mkdir(parents=True)
+            names = []
         bases = sorted(int(stem) for stem, _, suffix in map(_split_suffix, names) if suffix == "log" and stem.isdigit())
         kept = set(bases)
+        indexed = set()
         for name in names:
             stem, dot, suffix = _split_suffix(name)
-            if dot and suffix.endswith("index") and not (stem.isdigit() and int(stem) in kept):
-                (path / name).unlink()
+            if dot and suffix.endswith("index"):
+                if stem.isdigit() and int(stem) in kept:
+                    indexed.add(int(stem))
+                else:
+                    (path / name).unlink()
             elif name.endswith(RETIRED_SUFFIX):
                 # Files of segments deleted just before a crash, before their unlink ran.
                 (path / name).unlink(missing_ok=True)
-        recovery_point = read_recovery_point(path)
+        recovery_point = read_recovery_point(path) if RECOVERY_POINT_FILE in names else 0
         segments: list[Segment] = []
         for i, base in enumerate(bases):
             last = i == len(bases) - 1
-            segment = Segment.recover(path, base, config, descriptors, full_scan=last or bases[i + 1] > recovery_point)
+            segment = Segment.recover(path, base, config, descriptors, full_scan=last or bases[i + 1] > recovery_point,
+                                      index_files=base in indexed)
             segments.append(segment)
             if not last and segment.end_offset != bases[i + 1]:
                 cls._delete_from(path, config, descriptors, bases[i + 1 :])
