@@ -180,7 +180,8 @@ class PartitionLog:
         """
         config = config or LogConfig()
         descriptors = descriptors or default_pool()
-        path = Path(directory)
+        # Path(a_path) parses every component again (Python 3.11): 200,000 times at start.
+        path = directory if isinstance(directory, Path) else Path(directory)
         # One listing, not a glob per kind of file: a broker opens 200,000 logs at start.
         try:
             names = os.listdir(path)
