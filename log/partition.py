@@ -25,6 +25,11 @@ from .segment import RETIRED_SUFFIX, Segment
 _FSYNC_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warren-fsync")
 
 
+class _FilesNotOpened(OSError):
+    """The fsync could not open its files (EMFILE, say): nothing was fsynced, and nothing is
+    known lost either, so the log stays usable and the next sync tries those files again."""
+
+
 def _fsync_files(paths: list[str]) -> None:
     """fsync each file through a descriptor opened here, when the fsync runs.
 
@@ -41,10 +46,10 @@ def _fsync_files(paths: list[str]) -> None:
                 fds.append(os.open(path, os.O_RDONLY))
             except FileNotFoundError:
                 continue
-    except BaseException:
+    except OSError as error:
         for fd in fds:
             os.close(fd)
-        raise
+        raise _FilesNotOpened(error.errno, error.strerror, error.filename) from error
     _fsync_and_close(fds)
 
 
@@ -113,7 +118,7 @@ class PartitionLog:
         "directory", "config", "_segments", "_bases", "_executor", "_descriptors", "_end_offset",
         "_durable_offset", "_last_timestamp_ms", "_cache_bases", "_cache_terms", "_cache_timestamps",
         "_cache_sizes", "_cache_starts", "_cache_fields", "_cache_fields_base", "_cache_head",
-        "_cache_bytes", "_dir_dirty", "_sync_task", "_syncing_paths", "_truncations",
+        "_cache_bytes", "_dir_dirty", "_sync_task", "_syncing_paths", "_unsynced_paths", "_truncations",
         "_recovery_point", "_failed", "_closed", "_last_term",
     )
 
@@ -149,6 +154,8 @@ class PartitionLog:
         self._sync_task: asyncio.Future[None] | None = None
         # The files the running commit's worker fsyncs; a sync() meanwhile fsyncs them too.
         self._syncing_paths: list[str] = []
+        # Files a sync took but could not open: the next sync takes them again.
+        self._unsynced_paths: list[str] = []
         # Bumped by every truncation, so an fsync that raced one does not vouch for new data.
         self._truncations = 0
         # Segments wholly below this offset are known fsynced: open need not scan them whole.
@@ -173,24 +180,33 @@ class PartitionLog:
         """
         config = config or LogConfig()
         descriptors = descriptors or default_pool()
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
+        # Path(a_path) parses every component again (Python 3.11): 200,000 times at start.
+        path = directory if isinstance(directory, Path) else Path(directory)
         # One listing, not a glob per kind of file: a broker opens 200,000 logs at start.
-        names = os.listdir(path)
+        try:
+            names = os.listdir(path)
+        except FileNotFoundError:
+            path.mkdir(parents=True)
+            names = []
         bases = sorted(int(stem) for stem, _, suffix in map(_split_suffix, names) if suffix == "log" and stem.isdigit())
         kept = set(bases)
+        indexed = set()
         for name in names:
             stem, dot, suffix = _split_suffix(name)
-            if dot and suffix.endswith("index") and not (stem.isdigit() and int(stem) in kept):
-                (path / name).unlink()
+            if dot and suffix.endswith("index"):
+                if stem.isdigit() and int(stem) in kept:
+                    indexed.add(int(stem))
+                else:
+                    (path / name).unlink()
             elif name.endswith(RETIRED_SUFFIX):
                 # Files of segments deleted just before a crash, before their unlink ran.
                 (path / name).unlink(missing_ok=True)
-        recovery_point = read_recovery_point(path)
+        recovery_point = read_recovery_point(path) if RECOVERY_POINT_FILE in names else 0
         segments: list[Segment] = []
         for i, base in enumerate(bases):
             last = i == len(bases) - 1
-            segment = Segment.recover(path, base, config, descriptors, full_scan=last or bases[i + 1] > recovery_point)
+            segment = Segment.recover(path, base, config, descriptors, full_scan=last or bases[i + 1] > recovery_point,
+                                      index_files=base in indexed)
             segments.append(segment)
             if not last and segment.end_offset != bases[i + 1]:
                 cls._delete_from(path, config, descriptors, bases[i + 1 :])
@@ -418,6 +434,9 @@ class PartitionLog:
         if self._dir_dirty:
             paths.append(os.fspath(self.directory))
             self._dir_dirty = False
+        if self._unsynced_paths:
+            paths = list(dict.fromkeys(self._unsynced_paths + paths))
+            self._unsynced_paths = []
         return paths
 
     def _synced(self, end: int, truncations: int, active_base: int) -> None:
@@ -435,9 +454,12 @@ class PartitionLog:
         end, truncations, active_base = self._end_offset, self._truncations, self._bases[-1]
         # A running commit took some dirty files and may not have fsynced them yet; the
         # offset returned here vouches for them too.
-        paths = self._take_sync_paths() + self._syncing_paths
+        taken = self._take_sync_paths()
         try:
-            _fsync_files(paths)
+            _fsync_files(taken + self._syncing_paths)
+        except _FilesNotOpened:
+            self._unsynced_paths += taken
+            raise
         except OSError as exc:
             self._failed = exc
             raise
@@ -464,6 +486,9 @@ class PartitionLog:
             paths = self._syncing_paths = self._take_sync_paths()
             try:
                 await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_files, paths)
+            except _FilesNotOpened:
+                self._unsynced_paths += paths
+                raise
             except OSError as exc:
                 # After a failed fsync the page cache may have dropped the data: stop trusting it.
                 self._failed = exc

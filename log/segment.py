@@ -55,10 +55,11 @@ class Segment:
     __slots__ = (
         "base_offset", "config", "_descriptors", "_log_file", "size", "end_offset", "max_timestamp_ms",
         "_index_rel", "_index_pos", "_time_ts", "_bytes_since_index", "_index_file", "_time_file",
-        "dirty", "write_failed",
+        "_index_files_exist", "dirty", "write_failed",
     )
 
-    def __init__(self, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool) -> None:
+    def __init__(self, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool, *,
+                 index_files: bool = False) -> None:
         self.base_offset = base_offset
         self.config = config
         self._descriptors = descriptors
@@ -75,6 +76,8 @@ class Segment:
         # writes them again.
         self._index_file: PooledFile | None = None
         self._time_file: PooledFile | None = None
+        # Whether .index and .timeindex may exist on disk (the log's listing says at open).
+        self._index_files_exist = index_files
         # Set when data, or a rolled segment's indexes, await an fsync.
         self.dirty = False
         # Set when a failed append could not be undone: the file holds bytes of unknown state.
@@ -86,11 +89,15 @@ class Segment:
 
     @property
     def index_path(self) -> Path:
-        return Path(self._log_file.path[: -len("log")] + "index")
+        return Path(self._index_paths()[0])
 
     @property
     def time_index_path(self) -> Path:
-        return Path(self._log_file.path[: -len("log")] + "timeindex")
+        return Path(self._index_paths()[1])
+
+    def _index_paths(self) -> tuple[str, str]:
+        stem = self._log_file.path[: -len("log")]
+        return stem + "index", stem + "timeindex"
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -99,19 +106,19 @@ class Segment:
         segment = cls(directory, base_offset, config, descriptors)
         if segment.size:
             raise CorruptBatchError(f"segment {segment.log_path} already exists")
-        # Index files of an earlier segment with this base would be stale.
-        segment._rewrite_index_files()
         return segment
 
     @classmethod
-    def recover(cls, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool, *, full_scan: bool) -> Segment:
+    def recover(cls, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool, *, full_scan: bool,
+                index_files: bool) -> Segment:
         """Open an existing segment, cutting its file back to the last whole, CRC-valid batch.
 
         `full_scan` verifies every batch (the newest segment, where a crash tears writes);
         otherwise the indexes are sanity-checked and only the batches after the last index
-        entry are verified, falling back to a full scan if anything is off.
+        entry are verified, falling back to a full scan if anything is off. `index_files`
+        says whether the directory holds index files of this segment.
         """
-        segment = cls(directory, base_offset, config, descriptors)
+        segment = cls(directory, base_offset, config, descriptors, index_files=index_files)
         if full_scan or not segment._load_indexes():
             segment._rebuild()
         else:
@@ -122,9 +129,12 @@ class Segment:
 
     def _load_indexes(self) -> bool:
         """Read both index files; False when either is missing or fails a sanity check."""
+        if not self._index_files_exist:
+            return False
+        index_path, time_index_path = self._index_paths()
         try:
-            index_bytes = self.index_path.read_bytes()
-            time_bytes = self.time_index_path.read_bytes()
+            with open(index_path, "rb") as index, open(time_index_path, "rb") as time_index:
+                index_bytes, time_bytes = index.read(), time_index.read()
         except FileNotFoundError:
             return False
         if len(index_bytes) % INDEX_ENTRY.size or len(time_bytes) % TIME_ENTRY.size:
@@ -269,9 +279,11 @@ class Segment:
     def _open_index_files(self) -> None:
         """Create (or empty) both index files, to be written from their first entry on."""
         rewrite = os.O_CREAT | os.O_TRUNC
-        index_file = self._descriptors.open(self.index_path, _FLAGS, first_flags=rewrite)
+        index_path, time_index_path = self._index_paths()
+        self._index_files_exist = True
+        index_file = self._descriptors.open(index_path, _FLAGS, first_flags=rewrite)
         try:
-            time_file = self._descriptors.open(self.time_index_path, _FLAGS, first_flags=rewrite)
+            time_file = self._descriptors.open(time_index_path, _FLAGS, first_flags=rewrite)
         except BaseException:
             index_file.close()
             raise
@@ -283,8 +295,13 @@ class Segment:
                 file.close()
         self._index_file = self._time_file = None
         if not self._index_rel:
-            self.index_path.unlink(missing_ok=True)
-            self.time_index_path.unlink(missing_ok=True)
+            if self._index_files_exist:
+                for path in self._index_paths():
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                self._index_files_exist = False
             return
         self._open_index_files()
         assert self._index_file is not None and self._time_file is not None
@@ -415,7 +432,7 @@ class Segment:
         """The files an fsync must cover. The fsync opens them itself: an fsync through any
         descriptor of a file writes everything written to it through the pool's."""
         if include_indexes:
-            return [self._log_file.path, os.fspath(self.index_path), os.fspath(self.time_index_path)]
+            return [self._log_file.path, *self._index_paths()]
         return [self._log_file.path]
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import shutil
 import time
@@ -116,7 +117,15 @@ class Broker:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
-            self._recover()
+            # Recovery creates only objects that live on, millions of them for 100,000
+            # queues; the collector's full passes over them were 40% of the time it took.
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                self._recover()
+            finally:
+                if collecting:
+                    gc.enable()
             self.server = await self._loop.create_server(
                 lambda: BrokerConnection(self), self.config.bind, self.config.port,
                 reuse_address=True, backlog=1024)

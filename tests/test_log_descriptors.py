@@ -291,3 +291,44 @@ def test_the_shared_default_pool_is_used_without_one(tmp_path):
     with PartitionLog.open(tmp_path) as log:
         log.append(records(1))
     assert pool.opened_total > before
+
+
+def test_a_sync_that_cannot_open_its_files_fails_without_poisoning_the_log(tmp_path, monkeypatch):
+    """The fsync worker opens its files: EMFILE there means nothing was fsynced, not that
+    data was lost, so the commit fails, the log stays usable and the next sync retries."""
+    synced = []
+    real = partition._fsync_and_close
+
+    def recording(fds):
+        synced.extend(os.readlink(f"/proc/self/fd/{fd}") for fd in fds)
+        real(fds)
+
+    monkeypatch.setattr(partition, "_fsync_and_close", recording)
+    real_open = os.open
+    refusing = [False]
+
+    def open_unless_refusing(path, flags, mode=0o777):
+        if refusing[0] and flags == os.O_RDONLY:
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", open_unless_refusing)
+
+    async def scenario():
+        log = PartitionLog.open(tmp_path, SMALL, descriptors=DescriptorPool(4))
+        log.append(records(2))
+        refusing[0] = True
+        with pytest.raises(OSError) as excinfo:
+            await log.commit()
+        assert excinfo.value.errno == errno.EMFILE
+        with pytest.raises(OSError):
+            log.sync()
+        assert log.durable_offset == 0 and synced == []
+        refusing[0] = False
+        log.append(records(1, 2))
+        assert await log.commit() == 3
+        first = str(tmp_path / f"{0:020d}.log")
+        assert synced == [first, str(tmp_path)]
+        log.close()
+
+    asyncio.run(scenario())

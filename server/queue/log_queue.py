@@ -213,7 +213,8 @@ class LogQueue:
         Both logs open their files through `descriptors` (see `PartitionLog.open`).
         """
         config = config or QueueConfig()
-        path = Path(directory)
+        # Path(a_path) parses every component again (Python 3.11): 200,000 times at start.
+        path = directory if isinstance(directory, Path) else Path(directory)
         log = PartitionLog.open(path / MESSAGES_DIR, config.message_log, executor=executor, descriptors=descriptors)
         try:
             acks = PartitionLog.open(path / ACKS_DIR, config.ack_log, executor=executor, descriptors=descriptors)
