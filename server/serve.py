@@ -50,14 +50,15 @@ def run_command(args: argparse.Namespace) -> int:
     except ImportError:
         uvloop = None
     status = uvloop.run(serve(config)) if uvloop is not None else asyncio.run(serve(config))
-    if status != 0:
-        # Interpreter exit would join the worker threads, and a failed start may leave one
-        # blocked (an fsync on a hung disk, a delete of leftovers): the process must end now.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    return status
+    # Everything the broker keeps is on disk now (or, after a failed start, was never
+    # written), so the process ends here. Interpreter exit would free the objects created
+    # since start one by one (32 s of a 37 s SIGTERM stop with 355,000 queues and priority
+    # levels), and join worker threads that a failed start may leave blocked (an fsync on a
+    # hung disk). Deletes still queued in a worker are redone by the next start.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 async def serve(config: BrokerConfig) -> int:

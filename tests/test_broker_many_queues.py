@@ -22,7 +22,6 @@ import threading
 import time
 
 import pika
-import pika.exceptions
 import pytest
 
 NOFILE = 4096

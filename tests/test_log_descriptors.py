@@ -2,6 +2,7 @@
 on demand, and fsyncs that stay correct while the pool closes and reopens the files."""
 
 import asyncio
+import concurrent.futures
 import errno
 import os
 import resource
@@ -56,8 +57,6 @@ class HeldExecutor:
         self.jobs = []
 
     def submit(self, fn, /, *args):
-        import concurrent.futures
-
         future = concurrent.futures.Future()
         self.jobs.append((future, fn, args))
         return future
