@@ -39,6 +39,9 @@ CRC_START = 17
 HEADER_AFTER_LENGTH = HEADER_BYTES - LENGTH_END
 RECORD_HEADER = struct.Struct("<BBII")
 RECORD_HEADER_BYTES = RECORD_HEADER.size
+# What a record takes beyond its properties and body, at most: its framing, and an exchange
+# name and routing key of 255 bytes each (AMQP short strings).
+RECORD_OVERHEAD_BYTES_MAX = RECORD_HEADER_BYTES + 2 * 255
 _HEADER_HEAD = struct.Struct("<QIB")
 _HEADER_TAIL = struct.Struct("<QIqH")
 

@@ -26,7 +26,7 @@ from typing import Any
 from pamqp import commands
 from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import DescriptorPool, LogConfig
-from warrenmq.log.batch import HEADER_BYTES
+from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from warrenmq.log.descriptors import default_capacity
 from warrenmq.server.metadata import MetadataStore, loopback_refused
 from warrenmq.server.queue import LogQueue, QueueConfig
@@ -45,15 +45,13 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 METADATA_FILE = "metadata.sqlite3"
-# A record's framing with the longest exchange name and routing key (short strings).
-RECORD_NAMES_BYTES = 10 + 2 * 255
 
 
 def message_log_config(config: BrokerConfig) -> LogConfig:
     """A queue's message log: it must hold any message the broker accepts, so its record
     bound follows the broker's maximum message size (body, plus a content header of up to a
     frame, plus exchange and routing key)."""
-    record_bytes_max = config.message_bytes_max + config.frame_bytes_max + RECORD_NAMES_BYTES
+    record_bytes_max = config.message_bytes_max + config.frame_bytes_max + RECORD_OVERHEAD_BYTES_MAX
     return LogConfig(segment_bytes_max=config.segment_bytes_max, tail_cache_bytes_max=2 << 20,
                      record_bytes_max=record_bytes_max,
                      batch_bytes_max=max(64 << 20, record_bytes_max + HEADER_BYTES))

@@ -32,11 +32,12 @@ from typing import Any
 
 from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import Destination
+from warrenmq.exchanges.errors import NotFound, PreconditionFailed
 from warrenmq.exchanges.router import Router
 from warrenmq.server.metadata import commands as mc
 from warrenmq.server.metadata.state import strip_cr_lf
 
-from .errors import from_routing, internal_error, not_found, precondition_failed
+from .errors import internal_error
 from .queue import arguments as queue_arguments
 from .queue.log_queue import remove_directory
 from .queue.work_queue import WorkQueue
@@ -107,13 +108,6 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _metadata_error(error: Exception) -> Exception:
-    """Router and metadata errors both carry reply_code and reply_text."""
-    if hasattr(error, "reply_code") and hasattr(error, "reply_text"):
-        return from_routing(error)  # type: ignore[arg-type]
-    return error
-
-
 class VirtualHost:
     """The broker core for one vhost: every caller (the AMQP session, dead-lettering, the
     HTTP API) publishes, declares and consumes through it.
@@ -150,16 +144,7 @@ class VirtualHost:
         return self.store.state.router(self.name)
 
     async def _apply(self, command: Any) -> Any:
-        try:
-            return await self.store.apply(command)
-        except Exception as error:
-            raise _metadata_error(error) from None
-
-    def _run(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception as error:
-            raise _metadata_error(error) from None
+        return await self.store.apply(command)
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -240,7 +225,7 @@ class VirtualHost:
 
     def get_queue(self, name: str, owner: str) -> WorkQueue:
         """The queue for passive declare, consume, get, bind, purge: 404, or 405 if locked."""
-        record = self._run(lambda: self.store.state.lookup_queue(self.name, name, owner))
+        record = self.store.state.lookup_queue(self.name, name, owner)
         queue = self.queues.get(record.name)
         if queue is None:
             if record.name not in self._opening:
@@ -323,7 +308,7 @@ class VirtualHost:
     def _crashed(self, name: str) -> Exception:
         # rabbit_amqqueue:priv_absent/4 for a queue process that crashed.
         rs = queue_arguments.resource("queue", name, self.name)
-        return not_found(f"{rs} has crashed and failed to restart")
+        return NotFound(f"{rs} has crashed and failed to restart")
 
     def _host(self, record: Any, engine: Any) -> WorkQueue:
         arguments = record.arguments
@@ -354,9 +339,9 @@ class VirtualHost:
     def check_delete(self, queue: WorkQueue, *, if_unused: bool, if_empty: bool) -> None:
         rs = queue_arguments.resource("queue", queue.name, self.name)
         if if_unused and queue.consumer_count:
-            raise precondition_failed(f"{rs} in use")
+            raise PreconditionFailed(f"{rs} in use")
         if if_empty and queue.ready_count:
-            raise precondition_failed(f"{rs} not empty")
+            raise PreconditionFailed(f"{rs} not empty")
 
     async def delete_queue(self, queue: WorkQueue, *, if_unused: bool = False,
                            if_empty: bool = False) -> int:
@@ -391,7 +376,7 @@ class VirtualHost:
 
     def check_exchange(self, name: str) -> None:
         """exchange.declare passive: 404 unless the exchange exists (403 for the default)."""
-        self._run(lambda: self.router.declare(name, passive=True))
+        self.router.declare(name, passive=True)
 
     async def declare_exchange(self, name: str, type_name: str, *, durable: bool,
                                auto_delete: bool, internal: bool,

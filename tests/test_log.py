@@ -16,6 +16,8 @@ from warrenmq.log import batch as batch_codec
 from warrenmq.log import partition
 from warrenmq.log.segment import READ_CHUNK_BYTES
 
+from doubles import HeldExecutor
+
 
 def records(n, start=0, body_bytes=8):
     return [(b"amq.direct", b"key.%d" % i, b"\x80\x00" + bytes([i % 256]), bytes([i % 256]) * body_bytes) for i in range(start, start + n)]
@@ -239,25 +241,15 @@ def test_delete_before_removes_only_whole_segments_below_the_offset(tmp_path):
         assert log.end_offset == 300
 
 
-class _HeldExecutor:
-    """Keeps submitted work instead of running it: a worker thread that never got to it."""
-
-    def __init__(self):
-        self.held = []
-
-    def submit(self, fn, *args):
-        self.held.append((fn, args))
-
-
 def test_deleted_segments_are_unlinked_by_the_executor_and_leftovers_at_open(tmp_path, monkeypatch):
-    executor = _HeldExecutor()
+    executor = HeldExecutor()
     monkeypatch.setattr(partition, "_UNLINK_EXECUTOR", executor)
     log = PartitionLog.open(tmp_path, SMALL)
     for i in range(60):
         log.append(records(5, i * 5))
     log.sync()
     kept_from = log.delete_before(123)
-    assert executor.held, "the unlink is handed to the executor"
+    assert executor.jobs, "the unlink is handed to the executor"
     retired = sorted(p.name for p in tmp_path.glob("*.deleted"))
     assert retired and all(int(name.split(".")[0]) < kept_from for name in retired)
     assert min(int(p.stem) for p in tmp_path.glob("*.log")) == kept_from
@@ -267,8 +259,7 @@ def test_deleted_segments_are_unlinked_by_the_executor_and_leftovers_at_open(tmp
         assert not list(tmp_path.glob("*.deleted"))
         assert log.start_offset == kept_from
         assert raw(all_records(log)) == records(300 - kept_from, kept_from)
-    fn, args = executor.held[0]
-    fn(*args)  # a late unlink of files already gone is harmless
+    executor.run_all()  # a late unlink of files already gone is harmless
 
 
 def test_deleted_segment_files_are_gone_once_the_worker_ran(tmp_path, monkeypatch):

@@ -2,7 +2,6 @@
 on demand, and fsyncs that stay correct while the pool closes and reopens the files."""
 
 import asyncio
-import concurrent.futures
 import errno
 import os
 import resource
@@ -14,6 +13,8 @@ import pytest
 
 from warrenmq.log import DescriptorPool, LogConfig, LogError, PartitionLog
 from warrenmq.log import descriptors, partition
+
+from doubles import HeldExecutor
 
 SMALL = LogConfig(segment_bytes_max=4096, index_interval_bytes=256, tail_cache_bytes_max=0)
 
@@ -48,26 +49,6 @@ async def settle():
     """Let a commit start and hand its fsync to the executor."""
     for _ in range(5):
         await asyncio.sleep(0)
-
-
-class HeldExecutor:
-    """A worker thread that has not got to the job yet: jobs run only when told to."""
-
-    def __init__(self):
-        self.jobs = []
-
-    def submit(self, fn, /, *args):
-        future = concurrent.futures.Future()
-        self.jobs.append((future, fn, args))
-        return future
-
-    def run_all(self):
-        jobs, self.jobs = self.jobs, []
-        for future, fn, args in jobs:
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
 
 
 def test_the_pool_closes_the_least_recently_used_descriptor(tmp_path):

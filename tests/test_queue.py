@@ -8,6 +8,8 @@ from warrenmq.server.queue import LogQueue, QueueConfig, QueueError
 from warrenmq.server.queue import log_queue
 from warrenmq.server.queue.log_queue import ACKS_DIR, MESSAGES_DIR
 
+from doubles import HeldExecutor
+
 
 def records(start, n):
     return [(b"amq.direct", b"key.%d" % i, b"\x90\x00\x02", b"body-%d" % i) for i in range(start, start + n)]
@@ -345,16 +347,8 @@ def test_a_closed_queue_refuses_work_and_delete_removes_it(tmp_path):
     assert not directory.exists()
 
 
-class _HeldExecutor:
-    def __init__(self):
-        self.held = []
-
-    def submit(self, fn, *args, **kwargs):
-        self.held.append((fn, args, kwargs))
-
-
 def test_delete_takes_the_directory_away_at_once_and_removes_it_in_a_worker(tmp_path, monkeypatch):
-    executor = _HeldExecutor()
+    executor = HeldExecutor()
     monkeypatch.setattr(log_queue, "_REMOVE_EXECUTOR", executor)
     directory = tmp_path / "q"
     queue = LogQueue.open(directory)
@@ -368,8 +362,7 @@ def test_delete_takes_the_directory_away_at_once_and_removes_it_in_a_worker(tmp_
     queue = LogQueue.open(directory)
     assert queue.ready_count == 0
     queue.close()
-    for fn, args, kwargs in executor.held:
-        fn(*args, **kwargs)
+    executor.run_all()
     assert [p.name for p in tmp_path.iterdir()] == ["q"]
 
 

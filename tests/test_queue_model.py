@@ -12,13 +12,14 @@ then satisfy the guarantees stated in `warrenmq.server.queue.log_queue`:
 """
 
 import asyncio
-from concurrent.futures import Executor, Future
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from warrenmq.log import LogConfig
 from warrenmq.server.queue import LogQueue, QueueConfig
+
+from doubles import HeldExecutor
 
 
 class Model:
@@ -68,36 +69,11 @@ class Model:
         self.durable_end = max(self.durable_end, end)
 
 
-class ManualExecutor(Executor):
-    """Runs the logs' fsync jobs only when told to, so a crash can strike while one is pending."""
-
-    def __init__(self):
-        self.jobs = []
-
-    def submit(self, fn, /, *args, **kwargs):
-        future = Future()
-        self.jobs.append((future, fn, args))
-        return future
-
-    def run_all(self):
-        jobs, self.jobs = self.jobs, []
-        for future, fn, args in jobs:
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-    def drop_all(self):
-        """The crash: pending fsyncs never happen (they hold no descriptor: a job opens its
-        files when it runs)."""
-        self.jobs = []
-
-
 class Harness:
     def __init__(self, directory, config):
         self.directory = directory
         self.config = config
-        self.executor = ManualExecutor()
+        self.executor = HeldExecutor()
         self.model = Model()
         self.queue = LogQueue.open(directory, config, executor=self.executor)
         self.in_flight_commit = None  # (task, what the model gets when it returns)

@@ -1,6 +1,6 @@
 """A queue as the broker hosts it: the log-backed engine, its consumers, and dispatch.
 
-The engine (``server/queue``) knows offsets, acks and redelivery; this layer adds what only a
+The engine (``log_queue.LogQueue``, or one per level in ``priority.PriorityQueue``) knows offsets, acks and redelivery; this layer adds what only a
 running broker has: which channels consume, with what credit, and when to hand out messages.
 
 Publishes are buffered per tick (``stage``) and written with one engine append per queue
@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import fastpath
-from warrenmq.log.batch import HEADER_BYTES, RECORD_HEADER_BYTES, batch_bounds
+from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX, batch_bounds
 from .log_queue import LogQueue
 
 if TYPE_CHECKING:
     from warrenmq.server.session.channel import BrokerChannel
 
 log = logging.getLogger("warrenmq.server")
-
-_RECORD_NAMES_BYTES_MAX = RECORD_HEADER_BYTES + 2 * 255
 
 # A dispatch pass stops after this many deliveries and is rescheduled, so one busy queue
 # cannot hold the event loop for long.
@@ -244,10 +242,9 @@ class WorkQueue:
                       staged_bytes: int) -> Any:
         step = self._batch_records_max
         count = len(staged)
-        # Exchange and routing key are short strings: with them a record is at most this
-        # much more than its properties and body. When everything staged would fit one
-        # batch, any run of `step` records fits too: the common tick needs no measuring.
-        if staged_bytes + count * _RECORD_NAMES_BYTES_MAX + HEADER_BYTES <= self.engine.batch_bytes_max:
+        # When everything staged would fit one batch, any run of `step` records fits too:
+        # the common tick needs no measuring.
+        if staged_bytes + count * RECORD_OVERHEAD_BYTES_MAX + HEADER_BYTES <= self.engine.batch_bytes_max:
             return [(start, min(start + step, count)) for start in range(0, count, step)]
         return batch_bounds(staged, step, self.engine.batch_bytes_max)
 

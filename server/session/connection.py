@@ -24,7 +24,15 @@ from warrenmq.amqp.connection import Connection
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.exchanges.router import EXCHANGE_TYPES
-
+from warrenmq.server.errors import (
+    access_refused,
+    command_invalid,
+    from_routing,
+    not_allowed,
+    not_found,
+    not_implemented,
+    precondition_failed,
+)
 from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.arguments import EXPIRY_MS_MAX
 from warrenmq.server.queue.work_queue import Consumer, WorkQueue
@@ -36,16 +44,8 @@ from warrenmq.server.vhost import (
     VirtualHost,
     generated_name,
 )
+
 from .channel import BrokerChannel
-from warrenmq.server.errors import (
-    access_refused,
-    command_invalid,
-    from_routing,
-    not_allowed,
-    not_found,
-    not_implemented,
-    precondition_failed,
-)
 
 if TYPE_CHECKING:
     from warrenmq.server.broker import Broker
@@ -54,8 +54,8 @@ log = logging.getLogger("warrenmq.server")
 
 _REPLY_TO_BYTES = REPLY_TO_QUEUE.encode()
 _connection_ids = itertools.count(1)
-# Exchange names and routing keys keep their encoded (publish) and decoded (deliver) forms
-# in small per-channel/per-connection caches; a flood of distinct keys just clears them.
+# Exchange names and routing keys keep their decoded (deliver) forms in a small
+# per-connection cache; a flood of distinct keys just clears it.
 _ENCODED_NAMES_MAX = 1024
 
 
@@ -359,8 +359,7 @@ class BrokerConnection(asyncio.Protocol):
         if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
             # Direct reply-to goes out at once, in a transaction too (RabbitMQ does the same).
             outcome = vhost.publish(exchange, routing_key, properties, event.body,
-                                    persistent=False,
-                                    publisher=channel.publisher(event.confirm_tag))
+                                    persistent=False)
             self._published(channel, event, properties, outcome)
             return
         route = vhost.route(exchange, routing_key, properties)
@@ -374,8 +373,7 @@ class BrokerConnection(asyncio.Protocol):
         confirm_tag = event.confirm_tag
         outcome = self.vhost.stage(route, event.exchange, event.routing_key, event.body,
                                    event.delivery_mode == 2, event.expiration is not None,
-                                   (channel, confirm_tag) if confirm_tag or channel.tx
-                                   else None)
+                                   channel.publisher(confirm_tag))
         if outcome is Published.ROUTED and not channel.tx:
             if confirm_tag:
                 self.broker.stage_confirm(channel, confirm_tag)
