@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install reference-rabbitmq run test test-fast soak bench clean
+.PHONY: install reference-rabbitmq run lint format test test-fast soak bench clean
 
 install: $(STAMP)
 
@@ -28,7 +28,16 @@ reference-rabbitmq:
 run: $(STAMP)
 	$(BIN)/warren serve
 
-test: $(STAMP) reference-rabbitmq
+# One style, checked before every test run (configured in pyproject.toml).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: $(STAMP) reference-rabbitmq lint
 	$(BIN)/pytest
 
 test-fast: $(STAMP)

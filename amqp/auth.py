@@ -27,16 +27,20 @@ def parse_response(mechanism, response, class_id, method_id):
     """(username, password) from a start-ok response; raises AMQPConnectionError if malformed."""
     if mechanism not in MECHANISMS:
         raise replies.AMQPConnectionError(
-            replies.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'",
-            class_id, method_id)
+            replies.COMMAND_INVALID,
+            f"unknown authentication mechanism '{mechanism}'",
+            class_id,
+            method_id,
+        )
     raw = response.encode("utf-8") if isinstance(response, str) else bytes(response)
     try:
         if mechanism == "PLAIN":
             return _parse_plain(raw)
         return _parse_amqplain(raw)
     except (ValueError, UnicodeDecodeError) as error:
-        raise replies.AMQPConnectionError(replies.SYNTAX_ERROR, str(error), class_id,
-                                          method_id) from error
+        raise replies.AMQPConnectionError(
+            replies.SYNTAX_ERROR, str(error), class_id, method_id
+        ) from error
 
 
 def _parse_plain(raw):
@@ -53,5 +57,6 @@ def _parse_amqplain(raw):
     login, password = table["LOGIN"], table["PASSWORD"]
     if not isinstance(login, (str, bytes)) or not isinstance(password, (str, bytes)):
         raise ValueError(
-            f"AMQPLAIN auth info {table} uses unsupported type for LOGIN or PASSWORD field")
+            f"AMQPLAIN auth info {table} uses unsupported type for LOGIN or PASSWORD field"
+        )
     return _text(login), _text(password)

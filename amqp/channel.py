@@ -61,13 +61,28 @@ TX_SELECT = method_key(90, 10)
 # Methods a client may send on an open channel (the spec's "chassis server" methods), other
 # than the lifecycle ones the connection handles and the fast-path ones above.
 CLIENT_METHODS = frozenset(
-    method_key(c, m) for c, m in (
+    method_key(c, m)
+    for c, m in (
         (20, 20),
-        (40, 10), (40, 20), (40, 30), (40, 40),
-        (50, 10), (50, 20), (50, 30), (50, 40), (50, 50),
-        (60, 10), (60, 20), (60, 30), (60, 70), (60, 100), (60, 110),
+        (40, 10),
+        (40, 20),
+        (40, 30),
+        (40, 40),
+        (50, 10),
+        (50, 20),
+        (50, 30),
+        (50, 40),
+        (50, 50),
+        (60, 10),
+        (60, 20),
+        (60, 30),
+        (60, 70),
+        (60, 100),
+        (60, 110),
         (85, 10),
-        (90, 10), (90, 20), (90, 30),
+        (90, 10),
+        (90, 20),
+        (90, 30),
     )
 )
 
@@ -106,21 +121,40 @@ def decode_general(class_id, method_id, arguments):
         return frames.decode_method(class_id, method_id, arguments)
     except KeyError:
         raise replies.AMQPConnectionError(
-            replies.NOT_IMPLEMENTED, f"unknown method {{{class_id},{method_id}}}", class_id,
-            method_id) from None
+            replies.NOT_IMPLEMENTED,
+            f"unknown method {{{class_id},{method_id}}}",
+            class_id,
+            method_id,
+        ) from None
     except ValueError:
         raise replies.AMQPConnectionError(
-            replies.FRAME_ERROR, f"cannot decode <<{','.join(map(str, arguments))}>>",
-            class_id, method_id) from None
+            replies.FRAME_ERROR,
+            f"cannot decode <<{','.join(map(str, arguments))}>>",
+            class_id,
+            method_id,
+        ) from None
 
 
 class Channel:
     """State of one open channel; ``handle_*`` return an event or None, or raise ProtocolError."""
 
     __slots__ = (
-        "number", "state", "content_state", "send", "message_bytes_max", "last_method_ids",
-        "confirm_mode", "tx_mode", "publish_seq", "_exchange", "_routing_key",
-        "_mandatory", "_properties", "_scan", "_remaining", "_parts",
+        "number",
+        "state",
+        "content_state",
+        "send",
+        "message_bytes_max",
+        "last_method_ids",
+        "confirm_mode",
+        "tx_mode",
+        "publish_seq",
+        "_exchange",
+        "_routing_key",
+        "_mandatory",
+        "_properties",
+        "_scan",
+        "_remaining",
+        "_parts",
     )
 
     def __init__(self, number, send, message_bytes_max):
@@ -155,8 +189,9 @@ class Channel:
     def handle_method(self, key, class_id, method_id, payload):
         if self.content_state != AWAIT_METHOD:
             if self.content_state == AWAIT_HEADER:
-                raise unexpected("expected content header for class 60, "
-                                 "got non content header frame instead")
+                raise unexpected(
+                    "expected content header for class 60, got non content header frame instead"
+                )
             raise unexpected("expected content body, got non content body frame instead")
         self.last_method_ids = (class_id, method_id)
         if key == PUBLISH:
@@ -165,38 +200,43 @@ class Channel:
             delivery_tag, multiple = self._fast(fastpath.decode_ack, payload, class_id, method_id)
             return events.Acked(self.number, delivery_tag, multiple)
         if key == NACK:
-            delivery_tag, multiple, requeue = self._fast(fastpath.decode_nack, payload, class_id,
-                                                         method_id)
+            delivery_tag, multiple, requeue = self._fast(
+                fastpath.decode_nack, payload, class_id, method_id
+            )
             return events.Nacked(self.number, delivery_tag, multiple, requeue)
         if key == REJECT:
-            delivery_tag, requeue = self._fast(fastpath.decode_reject, payload, class_id,
-                                               method_id)
+            delivery_tag, requeue = self._fast(fastpath.decode_reject, payload, class_id, method_id)
             return events.Rejected(self.number, delivery_tag, requeue)
         method = decode_general(class_id, method_id, payload[4:])
         if key == CHANNEL_OPEN:
-            raise replies.AMQPConnectionError(replies.CHANNEL_ERROR, "second 'channel.open' seen",
-                                              class_id, method_id)
+            raise replies.AMQPConnectionError(
+                replies.CHANNEL_ERROR, "second 'channel.open' seen", class_id, method_id
+            )
         if key not in CLIENT_METHODS:
-            raise replies.AMQPConnectionError(replies.COMMAND_INVALID, "unimplemented method",
-                                              class_id, method_id)
+            raise replies.AMQPConnectionError(
+                replies.COMMAND_INVALID, "unimplemented method", class_id, method_id
+            )
         if key == CHANNEL_FLOW:
             if not method.active:
-                raise replies.AMQPConnectionError(replies.NOT_IMPLEMENTED, "active=false",
-                                                  class_id, method_id)
+                raise replies.AMQPConnectionError(
+                    replies.NOT_IMPLEMENTED, "active=false", class_id, method_id
+                )
             self.send(frames.encode_method(self.number, commands.Channel.FlowOk(active=True)))
             return events.FlowChanged(self.number, True)
         if key == CONFIRM_SELECT:
             if self.tx_mode:
-                raise replies.ChannelError(replies.PRECONDITION_FAILED,
-                                           "cannot switch from tx to confirm mode", 85, 10)
+                raise replies.ChannelError(
+                    replies.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
+                )
             self.confirm_mode = True
             if not method.nowait:
                 self.send(frames.encode_method(self.number, commands.Confirm.SelectOk()))
             return None
         if key == TX_SELECT:
             if self.confirm_mode:
-                raise replies.ChannelError(replies.PRECONDITION_FAILED,
-                                           "cannot switch from confirm to tx mode", 90, 10)
+                raise replies.ChannelError(
+                    replies.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
+                )
             self.tx_mode = True
         return events.MethodReceived(self.number, method)
 
@@ -206,12 +246,16 @@ class Channel:
             return decoder(payload)
         except ValueError:
             raise replies.AMQPConnectionError(
-                replies.FRAME_ERROR, f"cannot decode <<{','.join(map(str, payload[4:]))}>>",
-                class_id, method_id) from None
+                replies.FRAME_ERROR,
+                f"cannot decode <<{','.join(map(str, payload[4:]))}>>",
+                class_id,
+                method_id,
+            ) from None
 
     def _publish(self, payload):
-        exchange, routing_key, mandatory, immediate = self._fast(fastpath.decode_publish,
-                                                                 payload, 60, 40)
+        exchange, routing_key, mandatory, immediate = self._fast(
+            fastpath.decode_publish, payload, 60, 40
+        )
         if immediate:
             raise replies.AMQPConnectionError(replies.NOT_IMPLEMENTED, "immediate=true", 60, 40)
         if self.confirm_mode:
@@ -226,16 +270,18 @@ class Channel:
         if self.content_state != AWAIT_HEADER:
             if self.content_state == AWAIT_METHOD:
                 raise replies.AMQPConnectionError(
-                    replies.UNEXPECTED_FRAME,
-                    "expected method frame, got non method frame instead")
+                    replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+                )
             raise unexpected("expected content body, got non content body frame instead")
         class_id, weight, body_size, properties = fastpath.decode_content_header(payload)
         if weight != 0:
-            raise unexpected("expected content header for class 60, "
-                             "got non content header frame instead")
+            raise unexpected(
+                "expected content header for class 60, got non content header frame instead"
+            )
         if class_id != 60:
-            raise unexpected(f"expected content header for class 60, "
-                             f"got one for class {class_id} instead")
+            raise unexpected(
+                f"expected content header for class 60, got one for class {class_id} instead"
+            )
         try:
             self._scan = fastpath.scan_properties(properties)
         except fastpath.MalformedProperties:
@@ -246,7 +292,10 @@ class Channel:
             raise replies.ChannelError(
                 replies.PRECONDITION_FAILED,
                 f"message size {body_size} is larger than configured max size "
-                f"{self.message_bytes_max}", 60, 40)
+                f"{self.message_bytes_max}",
+                60,
+                40,
+            )
         self._properties = properties
         if body_size == 0:
             return self._published(b"")
@@ -259,14 +308,16 @@ class Channel:
         if self.content_state != AWAIT_BODY:
             if self.content_state == AWAIT_METHOD:
                 raise replies.AMQPConnectionError(
-                    replies.UNEXPECTED_FRAME,
-                    "expected method frame, got non method frame instead")
-            raise unexpected("expected content header for class 60, "
-                             "got non content header frame instead")
+                    replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+                )
+            raise unexpected(
+                "expected content header for class 60, got non content header frame instead"
+            )
         remaining = self._remaining - len(payload)
         if remaining < 0:
             raise replies.AMQPConnectionError(
-                replies.FRAME_ERROR, "content body frame exceeds remaining content size", 60, 40)
+                replies.FRAME_ERROR, "content body frame exceeds remaining content size", 60, 40
+            )
         self._parts.append(payload)
         self._remaining = remaining
         if remaining:
@@ -277,8 +328,17 @@ class Channel:
     def _published(self, body):
         delivery_mode, priority, expiration, user_id = self._scan
         event = events.MessagePublished(
-            self.number, self._exchange, self._routing_key, self._mandatory, self._properties,
-            body, delivery_mode, priority, expiration, user_id,
-            self.publish_seq if self.confirm_mode else 0)
+            self.number,
+            self._exchange,
+            self._routing_key,
+            self._mandatory,
+            self._properties,
+            body,
+            delivery_mode,
+            priority,
+            expiration,
+            user_id,
+            self.publish_seq if self.confirm_mode else 0,
+        )
         self._reset_content()
         return event

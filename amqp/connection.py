@@ -119,7 +119,8 @@ class ConnectionConfig:
     closing_timeout_s: float = 30.0
     mechanisms: tuple = auth.MECHANISMS
     server_properties: dict = field(
-        default_factory=lambda: {"product": "Warren", "platform": "Python"})
+        default_factory=lambda: {"product": "Warren", "platform": "Python"}
+    )
 
     def __post_init__(self):
         assert frames.FRAME_MIN_BYTES <= self.frame_bytes_max <= FRAME_BYTES_LIMIT
@@ -159,8 +160,12 @@ TRANSITIONS = {
 
 # rabbit_reader's connection_state names, used in its "unexpected method" text.
 RABBIT_STATE_NAMES = {
-    S.STARTING: "starting", S.AUTHENTICATING: "securing", S.TUNING: "tuning",
-    S.OPENING: "opening", S.VHOST_CHECK: "opening", S.OPEN: "running",
+    S.STARTING: "starting",
+    S.AUTHENTICATING: "securing",
+    S.TUNING: "tuning",
+    S.OPENING: "opening",
+    S.VHOST_CHECK: "opening",
+    S.OPEN: "running",
 }
 
 # Which handshake errors get a connection.close rather than a silent close
@@ -169,12 +174,14 @@ _ANNOUNCED_BEFORE_OPEN = {
     S.OPENING: lambda code, conn: True,
     S.VHOST_CHECK: lambda code, conn: True,
     S.TUNING: lambda code, conn: code == replies.NOT_ALLOWED,
-    S.STARTING: lambda code, conn: (code == replies.ACCESS_REFUSED
-                                    and conn.capabilities.get("authentication_failure_close")
-                                    is True),
+    S.STARTING: lambda code, conn: (
+        code == replies.ACCESS_REFUSED
+        and conn.capabilities.get("authentication_failure_close") is True
+    ),
     S.AUTHENTICATING: lambda code, conn: (
         code == replies.ACCESS_REFUSED
-        and conn.capabilities.get("authentication_failure_close") is True),
+        and conn.capabilities.get("authentication_failure_close") is True
+    ),
     S.AWAITING_HEADER: lambda code, conn: False,
 }
 
@@ -253,7 +260,7 @@ class Connection:
         return len(self._buffer) - self._offset + self._chunked_bytes
 
     def _merge_chunks(self):
-        self._buffer = b"".join([self._buffer[self._offset:], *self._chunks])
+        self._buffer = b"".join([self._buffer[self._offset :], *self._chunks])
         self._offset = 0
         self._chunks = []
         self._chunked_bytes = 0
@@ -286,24 +293,37 @@ class Connection:
                 return None
             frame_type, channel_number, size = _UNPACK_HEADER(buffer, offset)
             if size > self.frame_bytes_max:
-                self._fatal(replies.AMQPConnectionError(
-                    replies.FRAME_ERROR, frames.frame_error_text(
-                        frame_type, b"", "{frame_too_large,%d,%d}"
-                        % (size, self.frame_bytes_max - frames.FRAME_OVERHEAD_BYTES))))
+                self._fatal(
+                    replies.AMQPConnectionError(
+                        replies.FRAME_ERROR,
+                        frames.frame_error_text(
+                            frame_type,
+                            b"",
+                            f"{{frame_too_large,{size},"
+                            f"{self.frame_bytes_max - frames.FRAME_OVERHEAD_BYTES}}}",
+                        ),
+                    )
+                )
                 return pending.popleft() if pending else None
             end = payload_start + size
             if end >= len(buffer):
                 self._bytes_needed = size + frames.FRAME_OVERHEAD_BYTES
-                if self._chunks and (len(buffer) - offset + self._chunked_bytes
-                                     >= self._bytes_needed):
+                if self._chunks and (
+                    len(buffer) - offset + self._chunked_bytes >= self._bytes_needed
+                ):
                     self._merge_chunks()
                     continue
                 return None
             payload = buffer[payload_start:end]
             if buffer[end] != _FRAME_END:
-                self._fatal(replies.AMQPConnectionError(
-                    replies.FRAME_ERROR, frames.frame_error_text(
-                        frame_type, payload, "{invalid_frame_end_marker,%d}" % buffer[end])))
+                self._fatal(
+                    replies.AMQPConnectionError(
+                        replies.FRAME_ERROR,
+                        frames.frame_error_text(
+                            frame_type, payload, f"{{invalid_frame_end_marker,{buffer[end]}}}"
+                        ),
+                    )
+                )
                 return pending.popleft() if pending else None
             self._offset = end + 1
             try:
@@ -320,8 +340,9 @@ class Connection:
                             class_id, method_id = _UNPACK_IDS(payload)
                             key = (class_id << 16) | method_id
                             if key == CHANNEL_CLOSE and channel.content_state == AWAIT_METHOD:
-                                event = self._peer_closed_channel(channel, class_id, method_id,
-                                                                  payload)
+                                event = self._peer_closed_channel(
+                                    channel, class_id, method_id, payload
+                                )
                             else:
                                 event = channel.handle_method(key, class_id, method_id, payload)
                         else:
@@ -356,7 +377,7 @@ class Connection:
             return
         if self._chunks:
             self._merge_chunks()
-        header = self._buffer[self._offset:self._offset + frames.PROTOCOL_HEADER_BYTES]
+        header = self._buffer[self._offset : self._offset + frames.PROTOCOL_HEADER_BYTES]
         self._offset += frames.PROTOCOL_HEADER_BYTES
         if header != frames.PROTOCOL_HEADER:
             self._send(frames.PROTOCOL_HEADER)
@@ -365,9 +386,18 @@ class Connection:
         self._transition("protocol-header")
         capabilities = {name: True for name in CAPABILITIES}
         server_properties = dict(self.config.server_properties, capabilities=capabilities)
-        self._send(frames.encode_method(0, commands.Connection.Start(
-            version_major=0, version_minor=9, server_properties=server_properties,
-            mechanisms=" ".join(self.config.mechanisms), locales="en_US")))
+        self._send(
+            frames.encode_method(
+                0,
+                commands.Connection.Start(
+                    version_major=0,
+                    version_minor=9,
+                    server_properties=server_properties,
+                    mechanisms=" ".join(self.config.mechanisms),
+                    locales="en_US",
+                ),
+            )
+        )
 
     # -- frames by connection state ------------------------------------------------------
 
@@ -406,8 +436,9 @@ class Connection:
                 return channel.handle_header(payload)
             return None
         if frame_type == _HEARTBEAT and not payload:
-            raise replies.AMQPConnectionError(replies.UNEXPECTED_FRAME,
-                                              frames.unexpected_frame_text(frame_type, payload))
+            raise replies.AMQPConnectionError(
+                replies.UNEXPECTED_FRAME, frames.unexpected_frame_text(frame_type, payload)
+            )
         return self._unknown_frame(frame_type, payload)
 
     def _frame_handshake(self, frame_type, channel_number, payload):
@@ -438,14 +469,16 @@ class Connection:
             or (frame_type == _HEARTBEAT and not payload)
         )
         if well_formed:
-            raise replies.AMQPConnectionError(replies.UNEXPECTED_FRAME,
-                                              frames.unexpected_frame_text(frame_type, payload))
+            raise replies.AMQPConnectionError(
+                replies.UNEXPECTED_FRAME, frames.unexpected_frame_text(frame_type, payload)
+            )
         return self._unknown_frame(frame_type, payload)
 
     @staticmethod
     def _unknown_frame(frame_type, payload):
         raise replies.AMQPConnectionError(
-            replies.FRAME_ERROR, frames.frame_error_text(frame_type, payload, "unknown_frame"))
+            replies.FRAME_ERROR, frames.frame_error_text(frame_type, payload, "unknown_frame")
+        )
 
     # -- channel 0 -----------------------------------------------------------------------
 
@@ -474,8 +507,10 @@ class Connection:
             return events.MethodReceived(0, method)
         raise replies.AMQPConnectionError(
             replies.CHANNEL_ERROR,
-            f"unexpected method in connection state {RABBIT_STATE_NAMES[state]}", class_id,
-            method_id)
+            f"unexpected method in connection state {RABBIT_STATE_NAMES[state]}",
+            class_id,
+            method_id,
+        )
 
     def _start_ok(self, method, class_id, method_id):
         client_properties = method.client_properties or {}
@@ -485,18 +520,22 @@ class Connection:
         self.mechanism = method.mechanism
         if self.mechanism not in self.config.mechanisms:
             raise replies.AMQPConnectionError(
-                replies.COMMAND_INVALID, f"unknown authentication mechanism '{self.mechanism}'",
-                class_id, method_id)
-        username, password = auth.parse_response(self.mechanism, method.response, class_id,
-                                                 method_id)
+                replies.COMMAND_INVALID,
+                f"unknown authentication mechanism '{self.mechanism}'",
+                class_id,
+                method_id,
+            )
+        username, password = auth.parse_response(
+            self.mechanism, method.response, class_id, method_id
+        )
         self.username = username
         self._transition("start-ok")
-        return events.AuthenticationRequested(self.mechanism, username, password,
-                                              client_properties)
+        return events.AuthenticationRequested(self.mechanism, username, password, client_properties)
 
     def _tune_ok(self, method):
-        self._check_negotiated("frame_max", frames.FRAME_MIN_BYTES, method.frame_max,
-                               self.config.frame_bytes_max)
+        self._check_negotiated(
+            "frame_max", frames.FRAME_MIN_BYTES, method.frame_max, self.config.frame_bytes_max
+        )
         self._check_negotiated("channel_max", 1, method.channel_max, self.config.channel_max)
         self.frame_bytes_max = method.frame_max
         self.channel_max = method.channel_max
@@ -519,7 +558,10 @@ class Connection:
         raise replies.AMQPConnectionError(
             replies.NOT_ALLOWED,
             f"negotiated {name} = {client_value}{no_limit} is {detail} than the {which} "
-            f"allowed value ({bound})", 10, 30)
+            f"allowed value ({bound})",
+            10,
+            30,
+        )
 
     # -- channels ------------------------------------------------------------------------
 
@@ -529,14 +571,17 @@ class Connection:
             raise replies.AMQPConnectionError(
                 replies.NOT_ALLOWED,
                 f"number of channels opened ({len(self._channels)}) has reached the "
-                f"negotiated channel_max ({self.channel_max})")
+                f"negotiated channel_max ({self.channel_max})",
+            )
         if key is None:
             raise replies.AMQPConnectionError(
-                replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead")
+                replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
+            )
         decode_general(class_id, method_id, payload[4:])
         if key != CHANNEL_OPEN:
-            raise replies.AMQPConnectionError(replies.CHANNEL_ERROR, "expected 'channel.open'",
-                                              class_id, method_id)
+            raise replies.AMQPConnectionError(
+                replies.CHANNEL_ERROR, "expected 'channel.open'", class_id, method_id
+            )
         self._channels[number] = Channel(number, self._send, self.config.message_bytes_max)
         self._send(frames.encode_method(number, commands.Channel.OpenOk()))
         return events.ChannelOpened(number)
@@ -574,18 +619,35 @@ class Connection:
             if channel is None or channel.state is not ChannelState.OPEN:
                 return
             channel.transition("close-sent")
-            self._send(frames.encode_method(channel_number, commands.Channel.Close(
-                reply_code=error.code, reply_text=error.reply_text, class_id=error.class_id,
-                method_id=error.method_id)))
-            self._pending.append(events.ChannelClosed(channel_number, error.code,
-                                                      error.reply_text, False))
+            self._send(
+                frames.encode_method(
+                    channel_number,
+                    commands.Channel.Close(
+                        reply_code=error.code,
+                        reply_text=error.reply_text,
+                        class_id=error.class_id,
+                        method_id=error.method_id,
+                    ),
+                )
+            )
+            self._pending.append(
+                events.ChannelClosed(channel_number, error.code, error.reply_text, False)
+            )
             return
         announce = state is S.OPEN or _ANNOUNCED_BEFORE_OPEN[state](error.code, self)
         self._drop_channels()
         if announce:
-            self._send(frames.encode_method(0, commands.Connection.Close(
-                reply_code=error.code, reply_text=error.reply_text, class_id=error.class_id,
-                method_id=error.method_id)))
+            self._send(
+                frames.encode_method(
+                    0,
+                    commands.Connection.Close(
+                        reply_code=error.code,
+                        reply_text=error.reply_text,
+                        class_id=error.class_id,
+                        method_id=error.method_id,
+                    ),
+                )
+            )
             self._closing_deadline = self._now + self._close_ok_wait_s()
             self._transition("close-sent")
         else:
@@ -625,18 +687,29 @@ class Connection:
         self._transition("login-accepted")
         if username is not None:
             self.username = username
-        self._send(frames.encode_method(0, commands.Connection.Tune(
-            channel_max=self.config.channel_max, frame_max=self.config.frame_bytes_max,
-            heartbeat=self.config.heartbeat_s)))
+        self._send(
+            frames.encode_method(
+                0,
+                commands.Connection.Tune(
+                    channel_max=self.config.channel_max,
+                    frame_max=self.config.frame_bytes_max,
+                    heartbeat=self.config.heartbeat_s,
+                ),
+            )
+        )
 
     def refuse_login(self):
         """The credentials are bad: 403 ACCESS_REFUSED, sent if the client asked for it."""
         if self.state is not S.AUTHENTICATING:
             raise IllegalTransition(f"connection: login refused in state {self.state}")
-        self._fail(replies.AMQPConnectionError(
-            replies.ACCESS_REFUSED,
-            f"Login was refused using authentication mechanism {self.mechanism}. "
-            "For details see the broker logfile."), 0)
+        self._fail(
+            replies.AMQPConnectionError(
+                replies.ACCESS_REFUSED,
+                f"Login was refused using authentication mechanism {self.mechanism}. "
+                "For details see the broker logfile.",
+            ),
+            0,
+        )
 
     def accept_vhost(self):
         """The user may use the vhost of VhostAccessRequested: connection.open-ok is queued."""
@@ -647,10 +720,15 @@ class Connection:
         """530 NOT_ALLOWED; the default text is RabbitMQ's for a user without access."""
         if self.state is not S.VHOST_CHECK:
             raise IllegalTransition(f"connection: vhost refused in state {self.state}")
-        self._fail(replies.AMQPConnectionError(
-            replies.NOT_ALLOWED,
-            text or f"access to vhost '{self.vhost}' refused for user '{self.username}'",
-            10, 40), 0)
+        self._fail(
+            replies.AMQPConnectionError(
+                replies.NOT_ALLOWED,
+                text or f"access to vhost '{self.vhost}' refused for user '{self.username}'",
+                10,
+                40,
+            ),
+            0,
+        )
 
     def fail(self, error, channel=0):
         """Turn an error the broker raised while handling an event on ``channel`` into a close.
@@ -696,8 +774,9 @@ class Connection:
         Replies that carry a queue name or consumer tag go through ``declare_ok``,
         ``consume_ok`` and ``cancel_ok`` instead: pamqp refuses names RabbitMQ accepts.
         """
-        assert not isinstance(method, (commands.Channel.Close, commands.Connection.Close)), \
+        assert not isinstance(method, (commands.Channel.Close, commands.Connection.Close)), (
             "close with fail() or close(), so the machine tracks the handshake"
+        )
         if channel != 0 and not self.channel_is_open(channel):
             return False
         if channel == 0 and self.state is not S.OPEN:
@@ -727,14 +806,33 @@ class Connection:
         self._send(fastpath.encode_cancel_ok(channel, consumer_tag))
         return True
 
-    def deliver(self, channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
-                properties, body):
+    def deliver(
+        self,
+        channel,
+        consumer_tag,
+        delivery_tag,
+        redelivered,
+        exchange,
+        routing_key,
+        properties,
+        body,
+    ):
         """Queue basic.deliver + header + body frames. False if the channel is not open."""
         ch = self._channels.get(channel)
         if ch is None or ch.state is not ChannelState.OPEN:
             return False
-        fastpath.deliver_parts(self._out, channel, consumer_tag, delivery_tag, redelivered,
-                               exchange, routing_key, properties, body, self.frame_bytes_max)
+        fastpath.deliver_parts(
+            self._out,
+            channel,
+            consumer_tag,
+            delivery_tag,
+            redelivered,
+            exchange,
+            routing_key,
+            properties,
+            body,
+            self.frame_bytes_max,
+        )
         self._last_sent_at = self._now
         return True
 
@@ -744,28 +842,57 @@ class Connection:
         ch = self._channels.get(channel)
         if ch is None or ch.state is not ChannelState.OPEN:
             return False
-        fastpath.deliver_many_parts(self._out, channel, consumer_tag, first_tag, messages,
-                                    self.frame_bytes_max)
+        fastpath.deliver_many_parts(
+            self._out, channel, consumer_tag, first_tag, messages, self.frame_bytes_max
+        )
         self._last_sent_at = self._now
         return True
 
-    def get_ok(self, channel, delivery_tag, redelivered, exchange, routing_key, message_count,
-               properties, body):
+    def get_ok(
+        self,
+        channel,
+        delivery_tag,
+        redelivered,
+        exchange,
+        routing_key,
+        message_count,
+        properties,
+        body,
+    ):
         """Queue basic.get-ok + header + body frames. False if the channel is not open."""
         if not self.channel_is_open(channel):
             return False
-        self._send(fastpath.encode_get_ok(
-            channel, delivery_tag, redelivered, exchange, routing_key, message_count,
-            properties, body, self.frame_bytes_max))
+        self._send(
+            fastpath.encode_get_ok(
+                channel,
+                delivery_tag,
+                redelivered,
+                exchange,
+                routing_key,
+                message_count,
+                properties,
+                body,
+                self.frame_bytes_max,
+            )
+        )
         return True
 
     def basic_return(self, channel, reply_code, text, exchange, routing_key, properties, body):
         """Queue basic.return for an unroutable mandatory message (312 NO_ROUTE usually)."""
         if not self.channel_is_open(channel):
             return False
-        self._send(fastpath.encode_return(
-            channel, reply_code, replies.format_reply_text(reply_code, text), exchange,
-            routing_key, properties, body, self.frame_bytes_max))
+        self._send(
+            fastpath.encode_return(
+                channel,
+                reply_code,
+                replies.format_reply_text(reply_code, text),
+                exchange,
+                routing_key,
+                properties,
+                body,
+                self.frame_bytes_max,
+            )
+        )
         return True
 
     def confirm(self, channel, delivery_tag, multiple=False, nack=False):
@@ -814,8 +941,9 @@ class Connection:
             return self._created_at + self.config.handshake_timeout_s
         if not self.heartbeat_s:
             return None
-        return min(self._last_received_at + 2 * self.heartbeat_s,
-                   self._last_sent_at + self.heartbeat_s / 2)
+        return min(
+            self._last_received_at + 2 * self.heartbeat_s, self._last_sent_at + self.heartbeat_s / 2
+        )
 
     def tick(self, now):
         """Run the timers: heartbeats, heartbeat timeout, handshake and close-ok timeouts.

@@ -58,13 +58,13 @@ _PROPERTY_FIELDS = (
     (0x8000, "s"),  # content-type
     (0x4000, "s"),  # content-encoding
     (0x2000, "t"),  # headers
-    (0x1000, 1),    # delivery-mode
-    (0x0800, 1),    # priority
+    (0x1000, 1),  # delivery-mode
+    (0x0800, 1),  # priority
     (0x0400, "s"),  # correlation-id
     (0x0200, "s"),  # reply-to
     (0x0100, "s"),  # expiration
     (0x0080, "s"),  # message-id
-    (0x0040, 8),    # timestamp
+    (0x0040, 8),  # timestamp
     (0x0020, "s"),  # type
     (0x0010, "s"),  # user-id
     (0x0008, "s"),  # app-id
@@ -84,7 +84,7 @@ def decode_publish(payload):
         routing_key_end = exchange_end + 1 + payload[exchange_end]
         bits = payload[routing_key_end]
         exchange = payload[7:exchange_end].decode("utf-8")
-        routing_key = payload[exchange_end + 1:routing_key_end].decode("utf-8")
+        routing_key = payload[exchange_end + 1 : routing_key_end].decode("utf-8")
     except (IndexError, UnicodeDecodeError) as error:
         raise ValueError(f"malformed basic.publish: {error}") from error
     if routing_key_end + 1 != len(payload):
@@ -121,7 +121,7 @@ def decode_content_header(payload):
     if len(payload) < frames.CONTENT_HEADER_PREFIX_BYTES:
         raise ValueError("content header is truncated")
     class_id, weight, body_size = frames.CONTENT_HEADER_PREFIX.unpack_from(payload)
-    return class_id, weight, body_size, payload[frames.CONTENT_HEADER_PREFIX_BYTES:]
+    return class_id, weight, body_size, payload[frames.CONTENT_HEADER_PREFIX_BYTES :]
 
 
 class MalformedProperties(ValueError):
@@ -194,8 +194,11 @@ def _shortstr(text):
 def _content_frames(parts, channel, property_bytes, body, frame_max):
     """Append the content header frame and body frames (split at frame_max) to ``parts``."""
     body_size = len(body)
-    parts.append(_CONTENT_HEAD.pack(frames.FRAME_HEADER, channel, 12 + len(property_bytes),
-                                    BASIC_CLASS, 0, body_size))
+    parts.append(
+        _CONTENT_HEAD.pack(
+            frames.FRAME_HEADER, channel, 12 + len(property_bytes), BASIC_CLASS, 0, body_size
+        )
+    )
     parts.append(property_bytes)
     parts.append(_FRAME_END)
     chunk_bytes_max = frame_max - frames.FRAME_OVERHEAD_BYTES
@@ -207,14 +210,24 @@ def _content_frames(parts, channel, property_bytes, body, frame_max):
         return
     view = memoryview(body)
     for start in range(0, body_size, chunk_bytes_max):
-        chunk = view[start:start + chunk_bytes_max]
+        chunk = view[start : start + chunk_bytes_max]
         parts.append(_BODY_HEAD.pack(frames.FRAME_BODY, channel, len(chunk)))
         parts.append(chunk)
         parts.append(_FRAME_END)
 
 
-def deliver_parts(parts, channel, consumer_tag, delivery_tag, redelivered, exchange,
-                  routing_key, property_bytes, body, frame_max):
+def deliver_parts(
+    parts,
+    channel,
+    consumer_tag,
+    delivery_tag,
+    redelivered,
+    exchange,
+    routing_key,
+    property_bytes,
+    body,
+    frame_max,
+):
     """Append basic.deliver + content header + body frames to ``parts`` (buffers, not joined).
 
     The connection appends straight to its output list so a body is copied once, into the
@@ -227,10 +240,13 @@ def deliver_parts(parts, channel, consumer_tag, delivery_tag, redelivered, excha
     size = 16 + len(tag) + len(exchange_bytes) + len(routing_key_bytes)
     parts += (
         _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, size, BASIC_CLASS, DELIVER_METHOD),
-        bytes((len(tag),)), tag,
+        bytes((len(tag),)),
+        tag,
         _TAG_AND_BITS.pack(delivery_tag, 1 if redelivered else 0),
-        bytes((len(exchange_bytes),)), exchange_bytes,
-        bytes((len(routing_key_bytes),)), routing_key_bytes,
+        bytes((len(exchange_bytes),)),
+        exchange_bytes,
+        bytes((len(routing_key_bytes),)),
+        routing_key_bytes,
         _FRAME_END,
     )
     _content_frames(parts, channel, property_bytes, body, frame_max)
@@ -266,39 +282,74 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
             around = framing[(exchange, routing_key)] = (
                 method_head(frames.FRAME_METHOD, channel, size, BASIC_CLASS, DELIVER_METHOD)
                 + tag_part,
-                bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
+                bytes((len(exchange),))
+                + exchange
+                + bytes((len(routing_key),))
+                + routing_key
                 + _FRAME_END,
             )
         property_bytes = message.properties
         body = message.body
         body_size = len(body)
         parts += (
-            around[0], tag_and_bits(delivery_tag, 1 if message.redelivered else 0), around[1],
-            content_head(frames.FRAME_HEADER, channel, 12 + len(property_bytes), BASIC_CLASS, 0,
-                         body_size),
-            property_bytes, _FRAME_END,
+            around[0],
+            tag_and_bits(delivery_tag, 1 if message.redelivered else 0),
+            around[1],
+            content_head(
+                frames.FRAME_HEADER, channel, 12 + len(property_bytes), BASIC_CLASS, 0, body_size
+            ),
+            property_bytes,
+            _FRAME_END,
         )
         if 0 < body_size <= chunk_bytes_max:
             parts += (body_head(frames.FRAME_BODY, channel, body_size), body, _FRAME_END)
         elif body_size:
             view = memoryview(body)
             for start in range(0, body_size, chunk_bytes_max):
-                chunk = view[start:start + chunk_bytes_max]
+                chunk = view[start : start + chunk_bytes_max]
                 parts += (body_head(frames.FRAME_BODY, channel, len(chunk)), chunk, _FRAME_END)
         delivery_tag += 1
 
 
-def encode_deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
-                   property_bytes, body, frame_max):
+def encode_deliver(
+    channel,
+    consumer_tag,
+    delivery_tag,
+    redelivered,
+    exchange,
+    routing_key,
+    property_bytes,
+    body,
+    frame_max,
+):
     """basic.deliver + content header (stored property bytes) + body frames, as one bytes."""
     parts = []
-    deliver_parts(parts, channel, consumer_tag, delivery_tag, redelivered, exchange,
-                  routing_key, property_bytes, body, frame_max)
+    deliver_parts(
+        parts,
+        channel,
+        consumer_tag,
+        delivery_tag,
+        redelivered,
+        exchange,
+        routing_key,
+        property_bytes,
+        body,
+        frame_max,
+    )
     return b"".join(parts)
 
 
-def encode_get_ok(channel, delivery_tag, redelivered, exchange, routing_key, message_count,
-                  property_bytes, body, frame_max):
+def encode_get_ok(
+    channel,
+    delivery_tag,
+    redelivered,
+    exchange,
+    routing_key,
+    message_count,
+    property_bytes,
+    body,
+    frame_max,
+):
     """basic.get-ok + content header + body frames, as one bytes."""
     assert frame_max >= frames.FRAME_MIN_BYTES, frame_max
     exchange_bytes = _shortstr(exchange)
@@ -307,8 +358,10 @@ def encode_get_ok(channel, delivery_tag, redelivered, exchange, routing_key, mes
     parts = [
         _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, size, BASIC_CLASS, GET_OK_METHOD),
         _TAG_AND_BITS.pack(delivery_tag, 1 if redelivered else 0),
-        bytes((len(exchange_bytes),)), exchange_bytes,
-        bytes((len(routing_key_bytes),)), routing_key_bytes,
+        bytes((len(exchange_bytes),)),
+        exchange_bytes,
+        bytes((len(routing_key_bytes),)),
+        routing_key_bytes,
         _MESSAGE_COUNT.pack(message_count),
         _FRAME_END,
     ]
@@ -316,8 +369,9 @@ def encode_get_ok(channel, delivery_tag, redelivered, exchange, routing_key, mes
     return b"".join(parts)
 
 
-def encode_return(channel, reply_code, reply_text, exchange, routing_key, property_bytes, body,
-                  frame_max):
+def encode_return(
+    channel, reply_code, reply_text, exchange, routing_key, property_bytes, body, frame_max
+):
     """basic.return (an unroutable mandatory message) + content header + body frames."""
     assert frame_max >= frames.FRAME_MIN_BYTES, frame_max
     text_bytes = _shortstr(reply_text)
@@ -327,9 +381,12 @@ def encode_return(channel, reply_code, reply_text, exchange, routing_key, proper
     parts = [
         _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, size, BASIC_CLASS, RETURN_METHOD),
         _REPLY_CODE.pack(reply_code),
-        bytes((len(text_bytes),)), text_bytes,
-        bytes((len(exchange_bytes),)), exchange_bytes,
-        bytes((len(routing_key_bytes),)), routing_key_bytes,
+        bytes((len(text_bytes),)),
+        text_bytes,
+        bytes((len(exchange_bytes),)),
+        exchange_bytes,
+        bytes((len(routing_key_bytes),)),
+        routing_key_bytes,
         _FRAME_END,
     ]
     _content_frames(parts, channel, property_bytes, body, frame_max)
@@ -339,12 +396,17 @@ def encode_return(channel, reply_code, reply_text, exchange, routing_key, proper
 def encode_declare_ok(channel, queue, message_count, consumer_count):
     """A queue.declare-ok frame, for any queue name RabbitMQ accepts."""
     name = _shortstr(queue)
-    return b"".join((
-        _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 13 + len(name), QUEUE_CLASS,
-                          DECLARE_OK_METHOD),
-        bytes((len(name),)), name, _DECLARE_OK_COUNTS.pack(message_count, consumer_count),
-        _FRAME_END,
-    ))
+    return b"".join(
+        (
+            _METHOD_HEAD.pack(
+                frames.FRAME_METHOD, channel, 13 + len(name), QUEUE_CLASS, DECLARE_OK_METHOD
+            ),
+            bytes((len(name),)),
+            name,
+            _DECLARE_OK_COUNTS.pack(message_count, consumer_count),
+            _FRAME_END,
+        )
+    )
 
 
 def encode_consume_ok(channel, consumer_tag):
@@ -359,20 +421,40 @@ def encode_cancel_ok(channel, consumer_tag):
 
 def _consumer_tag_frame(channel, method_id, consumer_tag):
     tag = _shortstr(consumer_tag)
-    return b"".join((
-        _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 5 + len(tag), BASIC_CLASS, method_id),
-        bytes((len(tag),)), tag, _FRAME_END,
-    ))
+    return b"".join(
+        (
+            _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 5 + len(tag), BASIC_CLASS, method_id),
+            bytes((len(tag),)),
+            tag,
+            _FRAME_END,
+        )
+    )
 
 
 def encode_ack(channel, delivery_tag, multiple):
     """A basic.ack frame (a publisher confirm when sent by the broker)."""
-    return _ACK_FRAME.pack(frames.FRAME_METHOD, channel, _ACK_PAYLOAD_BYTES, BASIC_CLASS,
-                           ACK_METHOD, delivery_tag, 1 if multiple else 0, frames.FRAME_END)
+    return _ACK_FRAME.pack(
+        frames.FRAME_METHOD,
+        channel,
+        _ACK_PAYLOAD_BYTES,
+        BASIC_CLASS,
+        ACK_METHOD,
+        delivery_tag,
+        1 if multiple else 0,
+        frames.FRAME_END,
+    )
 
 
 def encode_nack(channel, delivery_tag, multiple, requeue=False):
     """A basic.nack frame (a negative publisher confirm when sent by the broker)."""
     bits = (1 if multiple else 0) | (2 if requeue else 0)
-    return _ACK_FRAME.pack(frames.FRAME_METHOD, channel, _ACK_PAYLOAD_BYTES, BASIC_CLASS,
-                           NACK_METHOD, delivery_tag, bits, frames.FRAME_END)
+    return _ACK_FRAME.pack(
+        frames.FRAME_METHOD,
+        channel,
+        _ACK_PAYLOAD_BYTES,
+        BASIC_CLASS,
+        NACK_METHOD,
+        delivery_tag,
+        bits,
+        frames.FRAME_END,
+    )

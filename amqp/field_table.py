@@ -19,10 +19,25 @@ import struct
 
 # Field-value types RabbitMQ's rabbit_binary_parser accepts in tables and arrays, with their
 # fixed widths; "S", "x", "F" and "A" carry a 32-bit length instead.
-_FIELD_WIDTHS = {ord(t): w for t, w in (
-    ("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("I", 4), ("i", 4), ("f", 4),
-    ("D", 5), ("l", 8), ("L", 8), ("d", 8), ("T", 8), ("V", 0),
-)}
+_FIELD_WIDTHS = {
+    ord(t): w
+    for t, w in (
+        ("t", 1),
+        ("b", 1),
+        ("B", 1),
+        ("s", 2),
+        ("u", 2),
+        ("I", 4),
+        ("i", 4),
+        ("f", 4),
+        ("D", 5),
+        ("l", 8),
+        ("L", 8),
+        ("d", 8),
+        ("T", 8),
+        ("V", 0),
+    )
+}
 _LENGTH_PREFIXED = frozenset(map(ord, "Sx"))
 _TABLE = ord("F")
 _ARRAY = ord("A")

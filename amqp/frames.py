@@ -53,8 +53,17 @@ _ARGUMENT_TYPES = {
 
 SNIPPET_BYTES_MAX = 16
 _ERLANG_PRINTABLE_CONTROLS = "\n\r\t\x0b\x08\x0c\x1b"
-_ERLANG_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x0b": "\\v", "\x08": "\\b",
-                   "\x0c": "\\f", "\x1b": "\\e", '"': '\\"', "\\": "\\\\"}
+_ERLANG_ESCAPES = {
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\x0b": "\\v",
+    "\x08": "\\b",
+    "\x0c": "\\f",
+    "\x1b": "\\e",
+    '"': '\\"',
+    "\\": "\\\\",
+}
 
 
 def method_ids(method_class):

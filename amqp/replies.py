@@ -53,8 +53,15 @@ CODE_NAMES = {
 }
 
 SOFT_CODES = frozenset(
-    {CONTENT_TOO_LARGE, NO_ROUTE, NO_CONSUMERS, ACCESS_REFUSED, NOT_FOUND, RESOURCE_LOCKED,
-     PRECONDITION_FAILED}
+    {
+        CONTENT_TOO_LARGE,
+        NO_ROUTE,
+        NO_CONSUMERS,
+        ACCESS_REFUSED,
+        NOT_FOUND,
+        RESOURCE_LOCKED,
+        PRECONDITION_FAILED,
+    }
 )
 HARD_CODES = frozenset(CODE_NAMES) - SOFT_CODES - {REPLY_SUCCESS}
 
@@ -117,7 +124,9 @@ class AMQPConnectionError(ProtocolError):
 
 
 def protocol_error(code, text, class_id=0, method_id=0):
-    """The right exception for ``code``: soft codes give a ChannelError, hard ones a connection error."""
+    """The right exception for ``code``: soft codes give a ChannelError, hard ones a connection
+    error.
+    """
     if code in SOFT_CODES:
         return ChannelError(code, text, class_id, method_id)
     return AMQPConnectionError(code, text, class_id, method_id)

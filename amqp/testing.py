@@ -48,24 +48,32 @@ def drain(conn):
     return out
 
 
-def start_ok(username="guest", password="guest", mechanism="PLAIN",
-             capabilities=None):
+def start_ok(username="guest", password="guest", mechanism="PLAIN", capabilities=None):
     response = f"\0{username}\0{password}" if mechanism == "PLAIN" else ""
     properties = {"product": "test", "capabilities": capabilities or dict(CLIENT_CAPABILITIES)}
-    return commands.Connection.StartOk(client_properties=properties, mechanism=mechanism,
-                                       response=response)
+    return commands.Connection.StartOk(
+        client_properties=properties, mechanism=mechanism, response=response
+    )
 
 
-def open_connection(conn, now=0.0, frame_max=131072, channel_max=2047, heartbeat=60,
-                    vhost="/", capabilities=None):
+def open_connection(
+    conn, now=0.0, frame_max=131072, channel_max=2047, heartbeat=60, vhost="/", capabilities=None
+):
     """Run the whole handshake, accepting login and vhost; returns the server's bytes."""
     conn.receive_data(frames.PROTOCOL_HEADER, now)
     conn.receive_data(marshal(0, start_ok(capabilities=capabilities)), now)
     requested = drain(conn)
     assert [type(e) for e in requested] == [events.AuthenticationRequested], requested
     conn.accept_login()
-    conn.receive_data(marshal(0, commands.Connection.TuneOk(
-        channel_max=channel_max, frame_max=frame_max, heartbeat=heartbeat)), now)
+    conn.receive_data(
+        marshal(
+            0,
+            commands.Connection.TuneOk(
+                channel_max=channel_max, frame_max=frame_max, heartbeat=heartbeat
+            ),
+        ),
+        now,
+    )
     conn.receive_data(marshal(0, commands.Connection.Open(virtual_host=vhost)), now)
     requested = drain(conn)
     assert [type(e) for e in requested] == [events.VhostAccessRequested], requested
@@ -80,17 +88,21 @@ def open_channel(conn, channel, now=0.0):
     return conn.data_to_send()
 
 
-def publish(channel, exchange, routing_key, body, properties=None, frame_max=131072,
-            mandatory=False):
+def publish(
+    channel, exchange, routing_key, body, properties=None, frame_max=131072, mandatory=False
+):
     """basic.publish + content header + body frames split at frame_max, built by pamqp."""
     chunk_bytes_max = frame_max - frames.FRAME_OVERHEAD_BYTES
     parts = [
         commands.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
-        pamqp_header.ContentHeader(body_size=len(body),
-                                   properties=properties or commands.Basic.Properties()),
+        pamqp_header.ContentHeader(
+            body_size=len(body), properties=properties or commands.Basic.Properties()
+        ),
     ]
-    parts.extend(pamqp_body.ContentBody(body[i:i + chunk_bytes_max])
-                 for i in range(0, len(body), chunk_bytes_max))
+    parts.extend(
+        pamqp_body.ContentBody(body[i : i + chunk_bytes_max])
+        for i in range(0, len(body), chunk_bytes_max)
+    )
     return marshal(channel, *parts)
 
 

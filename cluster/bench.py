@@ -46,7 +46,14 @@ from warrenmq.cluster.transport import FrameDecoder
 COMMAND_BYTES = 64
 _KEY_BYTES = 12
 _KEY_SPACE = 10_000
-_NODE_STATS = ("role", "commit", "ready_count", "entries_persisted", "persist_ms_total", "persist_ms_max")  # keys repeat, so the state machine (and its snapshots) stays small
+_NODE_STATS = (
+    "role",
+    "commit",
+    "ready_count",
+    "entries_persisted",
+    "persist_ms_total",
+    "persist_ms_max",
+)  # keys repeat, so the state machine (and its snapshots) stays small
 
 
 def command_for(sequence: int) -> bytes:
@@ -127,7 +134,9 @@ async def _find_leader(cluster: LocalCluster, timeout_s: float = 20.0) -> str:
 
 async def _connect(address: str, total: int) -> _Driver:
     host, port = address.rsplit(":", 1)
-    _, driver = await asyncio.get_running_loop().create_connection(lambda: _Driver(total), host, int(port))
+    _, driver = await asyncio.get_running_loop().create_connection(
+        lambda: _Driver(total), host, int(port)
+    )
     return driver
 
 
@@ -200,7 +209,11 @@ def _percentile(sorted_values: Sequence[float], fraction: float) -> float:
 async def _run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, object]:
     leader = await _find_leader(cluster)
     await measure_throughput(leader, min(5_000, args.count), min(args.inflight, 1_000))  # warm-up
-    throughput = None if args.skip_throughput else await measure_throughput(leader, args.count, args.inflight)
+    throughput = (
+        None
+        if args.skip_throughput
+        else await measure_throughput(leader, args.count, args.inflight)
+    )
     latency = await measure_latency(leader, args.rate, args.latency_seconds)
     node_stats = {}
     for address in cluster.client_addresses():
@@ -224,15 +237,25 @@ async def _run(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, obj
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m warrenmq.cluster.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m warrenmq.cluster.bench", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--count", type=int, default=100_000, help="puts in the throughput run")
-    parser.add_argument("--inflight", type=int, default=4096, help="outstanding puts in the throughput run")
+    parser.add_argument(
+        "--inflight", type=int, default=4096, help="outstanding puts in the throughput run"
+    )
     parser.add_argument("--rate", type=int, default=1000, help="puts per second in the latency run")
     parser.add_argument("--latency-seconds", type=float, default=5.0)
-    parser.add_argument("--data-dir", type=Path, default=None, help="default: a temporary directory, removed after")
-    parser.add_argument("--skip-throughput", action="store_true", help="run only the latency schedule")
-    parser.add_argument("node_args", nargs="*", help="extra node options, after --, e.g. -- --no-overlap-fsync")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="default: a temporary directory, removed after"
+    )
+    parser.add_argument(
+        "--skip-throughput", action="store_true", help="run only the latency schedule"
+    )
+    parser.add_argument(
+        "node_args", nargs="*", help="extra node options, after --, e.g. -- --no-overlap-fsync"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="warren-raft-bench-", dir=args.data_dir) as directory:
         cluster = LocalCluster(Path(directory), size=3, extra_args=tuple(args.node_args))
@@ -251,7 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         if t is not None:
             print(f"{t['commits_per_s']} commits/s ({t['inflight']} in flight)", file=sys.stderr)
-        print(f"at {lat['rate_per_s']}/s: p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms", file=sys.stderr)
+        print(
+            f"at {lat['rate_per_s']}/s: p50 {lat['p50_ms']} ms, p99 {lat['p99_ms']} ms",
+            file=sys.stderr,
+        )
     return 0
 
 

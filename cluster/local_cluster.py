@@ -45,7 +45,9 @@ class LocalCluster:
             self.clients[node] = ("127.0.0.1", free_port())
 
     def client_addresses(self, nodes: Sequence[int] | None = None) -> list[str]:
-        return [f"{h}:{p}" for n, (h, p) in sorted(self.clients.items()) if nodes is None or n in nodes]
+        return [
+            f"{h}:{p}" for n, (h, p) in sorted(self.clients.items()) if nodes is None or n in nodes
+        ]
 
     def start(self, node: int) -> None:
         assert node not in self.processes or self.processes[node].poll() is not None
@@ -83,7 +85,9 @@ class LocalCluster:
                 self.wait_listening()
                 return
             except RuntimeError:
-                lost_port = any("address already in use" in self.log_tail(n).lower() for n in self.peers)
+                lost_port = any(
+                    "address already in use" in self.log_tail(n).lower() for n in self.peers
+                )
                 if not lost_port or attempt == attempts - 1:
                     raise
                 self.stop_all()
@@ -104,7 +108,9 @@ class LocalCluster:
             while True:
                 process = self.processes[node]
                 if process.poll() is not None:
-                    raise RuntimeError(f"node {node} exited with {process.returncode}: {self.log_tail(node)}")
+                    raise RuntimeError(
+                        f"node {node} exited with {process.returncode}: {self.log_tail(node)}"
+                    )
                 with open(log_path, "rb") as log:
                     log.seek(self._log_offsets.get(node, 0))
                     if serving in log.read():

@@ -44,15 +44,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from warrenmq.cluster.raft.core import (
-    LEADER,
-    NotLeader,
-    ProposalRefused,
-    RaftConfig,
-    RaftError,
-    RaftNode,
-    Ready,
-)
 from warrenmq.cluster.kv import (
     KVStore,
     Op,
@@ -62,6 +53,15 @@ from warrenmq.cluster.kv import (
     encode_not_leader,
     encode_response,
     put_key_end,
+)
+from warrenmq.cluster.raft.core import (
+    LEADER,
+    NotLeader,
+    ProposalRefused,
+    RaftConfig,
+    RaftError,
+    RaftNode,
+    Ready,
 )
 from warrenmq.cluster.raft.messages import (
     DecodeError,
@@ -106,7 +106,9 @@ class ServerConfig:
     gc_freeze_entries: int = 10_000
     """Move every live object to the permanent GC generation after this many applied entries."""
     overlap_leader_fsync: bool = True
-    """Let a steady leader's appends leave before its own fsync (see _may_send_before_persisting)."""
+    """Let a steady leader's appends leave before its own fsync (see
+    _may_send_before_persisting).
+    """
 
 
 def coalesce_appends(messages: Sequence[Message]) -> list[Message]:
@@ -205,7 +207,9 @@ class RaftServer:
         self.storage = RaftStorage.open(config.data_dir)
         hard_state = self.storage.hard_state
         if hard_state is not None and hard_state.commit > self.storage.last_index:
-            raise RuntimeError(f"stored commit {hard_state.commit} is beyond the log end {self.storage.last_index}")
+            raise RuntimeError(
+                f"stored commit {hard_state.commit} is beyond the log end {self.storage.last_index}"
+            )
         self.raft = RaftNode(
             self.raft_config,
             tuple(sorted(config.voters if config.voters is not None else config.peers)),
@@ -275,7 +279,9 @@ class RaftServer:
         self._stopped.set()
 
     async def _transfer_leadership_away(self, timeout_s: float) -> None:
-        peers = [v for v in self.raft.voters if v != self.config.node_id and self.transport.connected(v)]
+        peers = [
+            v for v in self.raft.voters if v != self.config.node_id and self.transport.connected(v)
+        ]
         if not peers:
             return
         try:
@@ -347,7 +353,9 @@ class RaftServer:
         else:
             client.respond(request_id, Status.OK, json.dumps(self.status()).encode())
 
-    def _propose_membership(self, client: _ClientConnection, request_id: int, op: Op, node: int) -> None:
+    def _propose_membership(
+        self, client: _ClientConnection, request_id: int, op: Op, node: int
+    ) -> None:
         raft = self.raft
         adding = op is Op.ADD_VOTER
         if raft.role == LEADER and (node in raft.voters) == adding:
@@ -358,7 +366,9 @@ class RaftServer:
         if node not in self.config.peers:
             client.respond(request_id, Status.REFUSED, f"no address known for node {node}".encode())
             return
-        self._propose(client, request_id, b"", membership=(node if adding else None, None if adding else node))
+        self._propose(
+            client, request_id, b"", membership=(node if adding else None, None if adding else node)
+        )
 
     def _propose(
         self,
@@ -467,7 +477,13 @@ class RaftServer:
         leadership = (raft.term, raft.leader_id)
         if leadership != self._leadership:
             self._leadership = leadership
-            _log.info("node %d: term %d, leader %s, role %s", raft.node_id, raft.term, raft.leader_id, raft.role)
+            _log.info(
+                "node %d: term %d, leader %s, role %s",
+                raft.node_id,
+                raft.term,
+                raft.leader_id,
+                raft.role,
+            )
             self._retry_unconfirmed_reads()
         # Everything this iteration had to say is queued: write it now rather than one
         # loop iteration later.
@@ -518,7 +534,9 @@ class RaftServer:
         for read_state in ready.read_states:
             batch = self._reads_by_context.pop(read_state.context, None)
             if batch is not None:
-                heapq.heappush(self._reads_waiting, (read_state.index, next(self._read_counter), batch))
+                heapq.heappush(
+                    self._reads_waiting, (read_state.index, next(self._read_counter), batch)
+                )
         self._serve_reads()
 
     def _may_send_before_persisting(self, ready: Ready) -> bool:
@@ -533,10 +551,16 @@ class RaftServer:
         only while this node was leader for the whole Ready: its term and vote did not
         change in it (a new term or vote must be durable before anyone hears of it).
         """
-        if not self.config.overlap_leader_fsync or self.raft.role != LEADER or ready.snapshot is not None:
+        if (
+            not self.config.overlap_leader_fsync
+            or self.raft.role != LEADER
+            or ready.snapshot is not None
+        ):
             return False
         hard_state = ready.hard_state
-        return hard_state is None or self.storage.term_and_vote_durable(hard_state.term, hard_state.vote)
+        return hard_state is None or self.storage.term_and_vote_durable(
+            hard_state.term, hard_state.vote
+        )
 
     def _install_snapshot_state(self, index: int, data: bytes) -> None:
         self.kv.restore(index, data)
@@ -643,11 +667,15 @@ class RaftServer:
                 if item[2].deadline_s > now_s:
                     keep.append(item)
                     continue
-                self._answer_reads(item[2].requests, Status.RETRY, b"not applied up to the read index in time")
+                self._answer_reads(
+                    item[2].requests, Status.RETRY, b"not applied up to the read index in time"
+                )
             heapq.heapify(keep)
             self._reads_waiting = keep
 
-    def _answer_reads(self, requests: list[tuple[_ClientConnection, int, bytes]], status: Status, payload: bytes) -> None:
+    def _answer_reads(
+        self, requests: list[tuple[_ClientConnection, int, bytes]], status: Status, payload: bytes
+    ) -> None:
         self._reads_pending -= len(requests)
         for client, request_id, _ in requests:
             client.respond(request_id, status, payload)
@@ -672,10 +700,14 @@ def _argument_parser() -> argparse.ArgumentParser:
         description="Run one Raft node of the replicated key-value service.",
     )
     parser.add_argument("--id", type=int, required=True)
-    parser.add_argument("--peers", required=True, help="id=host:port of every node's Raft transport")
+    parser.add_argument(
+        "--peers", required=True, help="id=host:port of every node's Raft transport"
+    )
     parser.add_argument("--clients", required=True, help="id=host:port of every node's client port")
     parser.add_argument("--data-dir", required=True, type=Path)
-    parser.add_argument("--voters", default=None, help="bootstrap voter ids, e.g. 1,2,3 (default: every peer)")
+    parser.add_argument(
+        "--voters", default=None, help="bootstrap voter ids, e.g. 1,2,3 (default: every peer)"
+    )
     parser.add_argument("--tick-ms", type=float, default=10.0)
     parser.add_argument("--election-ticks", type=int, default=30)
     parser.add_argument("--heartbeat-ticks", type=int, default=3)
@@ -685,7 +717,9 @@ def _argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-overlap-fsync",
         action="store_true",
-        help="a leader sends its appends only after its own fsync (the strict order; for comparison)",
+        help=(
+            "a leader sends its appends only after its own fsync (the strict order; for comparison)"
+        ),
     )
     return parser
 

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from crc32c import crc32c
+
 from warrenmq.cluster.raft.core import HardState
 from warrenmq.cluster.raft.messages import (
     DecodeError,
@@ -108,7 +109,9 @@ def _unseal(path: Path, magic: bytes) -> bytes | None:
 
 
 def encode_hard_state(state: HardState) -> bytes:
-    return _seal(_HARD_STATE_MAGIC, _HARD_STATE_BODY.pack(state.term, state.vote or 0, state.commit))
+    return _seal(
+        _HARD_STATE_MAGIC, _HARD_STATE_BODY.pack(state.term, state.vote or 0, state.commit)
+    )
 
 
 class RaftStorage:
@@ -128,7 +131,9 @@ class RaftStorage:
     # -- opening -----------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], log_config: LogConfig | None = None) -> RaftStorage:
+    def open(
+        cls, directory: str | os.PathLike[str], log_config: LogConfig | None = None
+    ) -> RaftStorage:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         storage = cls(path, log_config or DEFAULT_LOG_CONFIG)
@@ -161,7 +166,9 @@ class RaftStorage:
         self._rebuild_term_runs()
         if self.snapshot is None:
             if self._log.start_offset != 1:
-                raise StorageError(f"log starts at {self._log.start_offset} but there is no snapshot")
+                raise StorageError(
+                    f"log starts at {self._log.start_offset} but there is no snapshot"
+                )
         elif not self._matches(self.snapshot.index, self.snapshot.term):
             # A crash interrupted installing this snapshot: the log is not its prefix.
             self._reset_log_after(self.snapshot)
@@ -191,7 +198,9 @@ class RaftStorage:
     def _note_term(self, index: int, term: int) -> None:
         if not self._term_runs or self._term_runs[-1][1] != term:
             if self._term_runs and self._term_runs[-1][1] > term:
-                raise StorageError(f"term goes down from {self._term_runs[-1][1]} to {term} at index {index}")
+                raise StorageError(
+                    f"term goes down from {self._term_runs[-1][1]} to {term} at index {index}"
+                )
             self._term_runs.append((index, term))
 
     # -- reading -----------------------------------------------------------------------
@@ -248,7 +257,9 @@ class RaftStorage:
             for record in records:
                 if record.offset >= end:
                     break
-                out.append(Entry(record.term, record.offset, kinds(record.properties[0]), record.body))
+                out.append(
+                    Entry(record.term, record.offset, kinds(record.properties[0]), record.body)
+                )
             offset = records[-1].offset + 1
         return out
 
@@ -295,7 +306,9 @@ class RaftStorage:
         if first > self._last_index + 1:
             raise StorageError(f"append at {first} leaves a gap after {self._last_index}")
         if first <= self._snapshot_index:
-            raise StorageError(f"append at {first} overwrites the snapshot ending at {self._snapshot_index}")
+            raise StorageError(
+                f"append at {first} overwrites the snapshot ending at {self._snapshot_index}"
+            )
         if first <= self._last_index:
             self._log.truncate(first)
             cut = bisect_right(self._term_runs, (first, -1))
@@ -312,7 +325,11 @@ class RaftStorage:
         for entry in entries:
             if entry.index != expected:
                 raise StorageError(f"entries not contiguous at {entry.index}, expected {expected}")
-            if records and (entry.term != batch_term or len(records) >= records_max or batch_bytes + len(entry.data) > bytes_max):
+            if records and (
+                entry.term != batch_term
+                or len(records) >= records_max
+                or batch_bytes + len(entry.data) > bytes_max
+            ):
                 self._append_batch(records, batch_term, expected - len(records))
                 records = []
                 batch_bytes = 0
@@ -323,7 +340,9 @@ class RaftStorage:
         self._append_batch(records, batch_term, expected - len(records))
         self._last_index = entries[-1].index
 
-    def _append_batch(self, records: list[tuple[bytes, bytes, bytes, bytes]], term: int, first: int) -> None:
+    def _append_batch(
+        self, records: list[tuple[bytes, bytes, bytes, bytes]], term: int, first: int
+    ) -> None:
         """One log batch of entries of one term, the first at index `first`."""
         assert self._log is not None
         base_offset = self._log.append(records, timestamp_ms=0, term=term)
@@ -342,8 +361,12 @@ class RaftStorage:
         keep entries the core no longer has (a restart would resurrect them).
         """
         if snapshot.index <= self._snapshot_index:
-            raise StorageError(f"snapshot at {snapshot.index} is not newer than {self._snapshot_index}")
-        write_file_atomically(self.directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot)))
+            raise StorageError(
+                f"snapshot at {snapshot.index} is not newer than {self._snapshot_index}"
+            )
+        write_file_atomically(
+            self.directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot))
+        )
         self.snapshot = snapshot
         self._reset_log_after(snapshot)
         self._raise_commit_to(snapshot.index)
@@ -353,8 +376,12 @@ class RaftStorage:
         if snapshot.index <= self._snapshot_index:
             return
         if snapshot.index > self._last_index or self.term_at(snapshot.index) != snapshot.term:
-            raise StorageError(f"snapshot at {snapshot.index} (term {snapshot.term}) is not in the log")
-        write_file_atomically(self.directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot)))
+            raise StorageError(
+                f"snapshot at {snapshot.index} (term {snapshot.term}) is not in the log"
+            )
+        write_file_atomically(
+            self.directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot))
+        )
         self.snapshot = snapshot
         self._drop_before_snapshot()
         self._raise_commit_to(snapshot.index)

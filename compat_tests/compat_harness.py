@@ -20,7 +20,6 @@ from urllib.parse import quote, urlsplit
 
 import pika
 import pytest
-
 from rabbitmq_reference import (
     ReferenceNode,
     ReferenceUnavailable,
@@ -61,7 +60,9 @@ class Broker(abc.ABC):
     def url(self) -> str:
         return self.url_for()
 
-    def url_for(self, user: str = "guest", password: str = "guest", vhost: str = "/", **query) -> str:
+    def url_for(
+        self, user: str = "guest", password: str = "guest", vhost: str = "/", **query
+    ) -> str:
         base = f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{self.host}:{self.port}/"
         url = base + quote(vhost, safe="")
         if query:
@@ -125,7 +126,14 @@ class WarrenBroker(Broker):
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [*self._warren(), "serve", "--port", str(self.port), "--data-dir", str(self.data_dir)],
+                [
+                    *self._warren(),
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--data-dir",
+                    str(self.data_dir),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -144,7 +152,9 @@ class WarrenBroker(Broker):
                 )
             time.sleep(0.05)
         self.stop()
-        raise TimeoutError(f"warren serve printed no {WARREN_READY_LINE!r} line; see {self.log_path}")
+        raise TimeoutError(
+            f"warren serve printed no {WARREN_READY_LINE!r} line; see {self.log_path}"
+        )
 
     def stop(self) -> None:
         process, self.process = self.process, None
@@ -169,7 +179,14 @@ class WarrenBroker(Broker):
         # `warren users|vhosts …` are the admin module's commands; running the module itself
         # works whether or not the `warren` entry point lists it yet.
         done = subprocess.run(
-            [sys.executable, "-m", "warrenmq.server.admin_cli", *args, "--data-dir", str(self.data_dir)],
+            [
+                sys.executable,
+                "-m",
+                "warrenmq.server.admin_cli",
+                *args,
+                "--data-dir",
+                str(self.data_dir),
+            ],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
@@ -185,7 +202,9 @@ class WarrenBroker(Broker):
             self._admin("vhosts", "add", SEED_VHOST)
             self._admin("users", "set-permissions", "guest", *(".*",) * 3, "--vhost", SEED_VHOST)
             self._admin("users", "add", *LIMITED_USER)
-            self._admin("users", "set-permissions", LIMITED_USER[0], *LIMITED_PERMISSIONS, "--vhost", "/")
+            self._admin(
+                "users", "set-permissions", LIMITED_USER[0], *LIMITED_PERMISSIONS, "--vhost", "/"
+            )
             self._admin("users", "add", *NOPERM_USER)
         finally:
             self.start()
@@ -280,5 +299,3 @@ def start_reference() -> Broker:
         pytest.skip(f"no reference RabbitMQ: {why}")
     broker.start()
     return broker
-
-

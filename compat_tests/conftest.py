@@ -24,7 +24,7 @@ import pytest
 # This folder is not a package (pytest runs in importlib mode, and the repository root must
 # stay off sys.path), so its helper modules are found by putting the folder itself there.
 sys.path.insert(0, str(Path(__file__).parent))
-from compat_harness import Broker, start_reference, WarrenBroker  # noqa: E402
+from compat_harness import Broker, WarrenBroker, start_reference  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=["warren", "rabbitmq"])

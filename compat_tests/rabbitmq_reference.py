@@ -149,7 +149,7 @@ class ReferenceNode:
         return {"env": self._env()}
 
     @classmethod
-    def create(cls) -> "ReferenceNode":
+    def create(cls) -> ReferenceNode:
         reason = unavailable_reason()
         if reason is not None:
             raise ReferenceUnavailable(reason)
@@ -203,7 +203,9 @@ class ReferenceNode:
         output.close()
         self.pid = process.pid
         try:
-            wait_for_port("127.0.0.1", self.amqp_port, BOOT_SECONDS_MAX, lambda: process.poll() is None)
+            wait_for_port(
+                "127.0.0.1", self.amqp_port, BOOT_SECONDS_MAX, lambda: process.poll() is None
+            )
         except Exception:
             self.stop()
             raise RuntimeError(f"RabbitMQ did not start; see {self.base_dir}/console.log") from None

@@ -37,7 +37,7 @@ class RawClient:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> "RawClient":
+    def __enter__(self) -> RawClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -80,7 +80,9 @@ class RawClient:
 
     def expect(self, kind, timeout_s: float | None = None):
         channel, value = self.recv(timeout_s)
-        assert isinstance(value, kind), f"expected {kind.__name__}, got {value!r} on channel {channel}"
+        assert isinstance(value, kind), (
+            f"expected {kind.__name__}, got {value!r} on channel {channel}"
+        )
         return channel, value
 
     def handshake(
@@ -98,15 +100,23 @@ class RawClient:
         _, start = self.expect(commands.Connection.Start)
         self.server_properties = start.server_properties
         response = f"\0{user}\0{password}"
-        self.send(0, commands.Connection.StartOk(
-            client_properties={"product": "warren-compat-raw"}, mechanism=mechanism, response=response
-        ))
+        self.send(
+            0,
+            commands.Connection.StartOk(
+                client_properties={"product": "warren-compat-raw"},
+                mechanism=mechanism,
+                response=response,
+            ),
+        )
         _, self.tune = self.expect(commands.Connection.Tune)
-        self.send(0, commands.Connection.TuneOk(
-            channel_max=channel_max or self.tune.channel_max,
-            frame_max=frame_max,
-            heartbeat=heartbeat_s,
-        ))
+        self.send(
+            0,
+            commands.Connection.TuneOk(
+                channel_max=channel_max or self.tune.channel_max,
+                frame_max=frame_max,
+                heartbeat=heartbeat_s,
+            ),
+        )
         self.send(0, commands.Connection.Open(virtual_host=vhost))
         self.expect(commands.Connection.OpenOk)
 
@@ -114,19 +124,23 @@ class RawClient:
         self.send(channel, commands.Channel.Open())
         self.expect(commands.Channel.OpenOk)
 
-    def publish_confirmed(self, channel: int, queue: str, bodies: list[bytes], timeout_s: float = 60.0) -> None:
+    def publish_confirmed(
+        self, channel: int, queue: str, bodies: list[bytes], timeout_s: float = 60.0
+    ) -> None:
         """Publish persistent messages to `queue` (default exchange) on an open channel, all at
         once, and wait until every one is confirmed: pika's blocking channel would wait for
         each confirm before sending the next message."""
         self.send(channel, commands.Confirm.Select())
         self.expect(commands.Confirm.SelectOk)
         persistent = commands.Basic.Properties(delivery_mode=2)
-        self.send_bytes(b"".join(
-            frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), channel)
-            + frame.marshal(header.ContentHeader(0, len(body), persistent), channel)
-            + frame.marshal(content_body.ContentBody(body), channel)
-            for body in bodies
-        ))
+        self.send_bytes(
+            b"".join(
+                frame.marshal(commands.Basic.Publish(exchange="", routing_key=queue), channel)
+                + frame.marshal(header.ContentHeader(0, len(body), persistent), channel)
+                + frame.marshal(content_body.ContentBody(body), channel)
+                for body in bodies
+            )
+        )
         confirmed = 0
         while confirmed < len(bodies):
             _, ack = self.expect(commands.Basic.Ack, timeout_s)

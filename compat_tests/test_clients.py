@@ -7,12 +7,13 @@ import asyncio
 import time
 
 import aio_pika
-import amqp
 import amqpstorm
 import kombu
 import pika
 import pytest
 from pika.adapters.asyncio_connection import AsyncioConnection
+
+import amqp
 
 MESSAGES = 20
 
@@ -34,7 +35,9 @@ def test_pika_select_connection_round_trip(broker, uid):
         channel.basic_qos(prefetch_count=5)
         channel.basic_consume(f"{uid}-q", on_message)
         for i in range(MESSAGES):
-            channel.basic_publish("", f"{uid}-q", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+            channel.basic_publish(
+                "", f"{uid}-q", str(i).encode(), pika.BasicProperties(delivery_mode=2)
+            )
 
     def on_confirm(frame):
         state["confirmed"] = frame.method.delivery_tag
@@ -103,13 +106,16 @@ def test_aio_pika_round_trip_with_confirms(broker, uid):
         async with connection:
             channel = await connection.channel(publisher_confirms=True)
             await channel.set_qos(prefetch_count=4)
-            exchange = await channel.declare_exchange(f"{uid}-x", aio_pika.ExchangeType.TOPIC,
-                                                      auto_delete=True)
+            exchange = await channel.declare_exchange(
+                f"{uid}-x", aio_pika.ExchangeType.TOPIC, auto_delete=True
+            )
             queue = await channel.declare_queue(f"{uid}-q", exclusive=True)
             await queue.bind(exchange, "jobs.#")
             for i in range(MESSAGES):
                 confirmation = await exchange.publish(
-                    aio_pika.Message(str(i).encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                    aio_pika.Message(
+                        str(i).encode(), delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                    ),
                     routing_key="jobs.new",
                 )
                 assert confirmation is not None
@@ -145,8 +151,14 @@ def test_kombu_producer_and_consumer(broker, uid):
     with kombu.Connection(broker.url, transport="pyamqp", connect_timeout=5) as conn:
         producer = conn.Producer(serializer="json")
         for i in range(MESSAGES):
-            producer.publish({"n": i}, exchange=exchange, routing_key="work", declare=[queue],
-                             delivery_mode=2, retry=False)
+            producer.publish(
+                {"n": i},
+                exchange=exchange,
+                routing_key="work",
+                declare=[queue],
+                delivery_mode=2,
+                retry=False,
+            )
 
         def on_message(body, message):
             received.append(body["n"])
@@ -191,9 +203,9 @@ def test_py_amqp_consume_and_drain(broker, uid):
         deadline = time.monotonic() + 10
         while len(received) < MESSAGES and time.monotonic() < deadline:
             conn.drain_events(timeout=1)
-        assert [bytes(body) if not isinstance(body, str) else body.encode() for body in received] == [
-            str(i).encode() for i in range(MESSAGES)
-        ]
+        assert [
+            bytes(body) if not isinstance(body, str) else body.encode() for body in received
+        ] == [str(i).encode() for i in range(MESSAGES)]
     finally:
         conn.close()
 

@@ -27,8 +27,9 @@ def test_concurrent_confirmed_publishers_and_competing_consumers(broker, uid):
             ch = conn.channel()
             ch.confirm_delivery()
             for n in range(MESSAGES_PER_PUBLISHER):
-                ch.basic_publish("", queue, f"{index}:{n}".encode(),
-                                 pika.BasicProperties(delivery_mode=2))
+                ch.basic_publish(
+                    "", queue, f"{index}:{n}".encode(), pika.BasicProperties(delivery_mode=2)
+                )
             conn.close()
         except BaseException as error:  # reported by the main thread
             errors.append(error)

@@ -6,13 +6,13 @@ import socket
 import struct
 import time
 
-import amqp
 import pika
 import pytest
 from pamqp import body, commands, frame, header
-
 from pika_helpers import channel_error
 from raw_client import PROTOCOL_HEADER, Closed, RawClient, raw_frame
+
+import amqp
 
 CAPABILITIES = (
     "publisher_confirms",
@@ -127,8 +127,13 @@ def test_guest_refused_from_a_remote_address(broker):
     if broker.external_host is None:
         pytest.skip("the broker is not reachable on a non-loopback address here")
     with pytest.raises(amqp.exceptions.AccessRefused) as refused:
-        conn = amqp.Connection(f"{broker.external_host}:{broker.port}", userid="guest",
-                               password="guest", login_method="PLAIN", connect_timeout=5)
+        conn = amqp.Connection(
+            f"{broker.external_host}:{broker.port}",
+            userid="guest",
+            password="guest",
+            login_method="PLAIN",
+            connect_timeout=5,
+        )
         conn.connect()
     assert refused.value.reply_code == 403
     assert refused.value.reply_text == LOGIN_REFUSED.format("PLAIN")
@@ -139,8 +144,12 @@ def test_other_users_may_log_in_remotely(seeded):
 
     if seeded.external_host is None:
         pytest.skip("the broker is not reachable on a non-loopback address here")
-    conn = amqp.Connection(f"{seeded.external_host}:{seeded.port}", userid=LIMITED_USER[0],
-                           password=LIMITED_USER[1], connect_timeout=5)
+    conn = amqp.Connection(
+        f"{seeded.external_host}:{seeded.port}",
+        userid=LIMITED_USER[0],
+        password=LIMITED_USER[1],
+        connect_timeout=5,
+    )
     conn.connect()
     conn.close()
 
@@ -155,8 +164,13 @@ def loopback_users(seeded):
 
 
 def _remote_login(broker, user: str, password: str) -> None:
-    conn = amqp.Connection(f"{broker.external_host}:{broker.port}", userid=user, password=password,
-                           login_method="PLAIN", connect_timeout=5)
+    conn = amqp.Connection(
+        f"{broker.external_host}:{broker.port}",
+        userid=user,
+        password=password,
+        login_method="PLAIN",
+        connect_timeout=5,
+    )
     conn.connect()
     conn.close()
 
@@ -279,11 +293,15 @@ def test_frame_above_frame_max_closes_with_501(broker):
         raw.handshake(frame_max=4096)
         raw.open_channel(1)
         raw.send(1, commands.Basic.Publish(exchange="", routing_key="nowhere"))
-        raw.send_bytes(raw_frame(2, 1, b"\x00\x3c\x00\x00" + (5000).to_bytes(8, "big") + b"\x00\x00"))
+        raw.send_bytes(
+            raw_frame(2, 1, b"\x00\x3c\x00\x00" + (5000).to_bytes(8, "big") + b"\x00\x00")
+        )
         raw.send_bytes(raw_frame(3, 1, b"x" * 5000))
         close = raw.expect_connection_close()
     assert close.reply_code == 501
-    assert close.reply_text == "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,5000,4088}"
+    assert (
+        close.reply_text == "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,5000,4088}"
+    )
 
 
 def test_bad_frame_end_closes_with_501(broker, channel):
@@ -315,7 +333,8 @@ def test_channel_error_closes_only_that_channel(broker, uid):
         raw.send(1, commands.Queue.Declare(queue=f"{uid}-nope", passive=True))
         close = raw.expect_channel_close(1)
         assert (close.reply_code, close.reply_text) == (
-            404, f"NOT_FOUND - no queue '{uid}-nope' in vhost '/'"
+            404,
+            f"NOT_FOUND - no queue '{uid}-nope' in vhost '/'",
         )
         assert (close.class_id, close.method_id) == (50, 10)
         raw.send(2, commands.Queue.Declare(queue="", exclusive=True))
@@ -352,7 +371,9 @@ def test_content_without_method_is_505(broker):
         raw.send_bytes(raw_frame(3, 1, b"body"))
         close = raw.expect_connection_close()
     assert close.reply_code == 505
-    assert close.reply_text == "UNEXPECTED_FRAME - expected method frame, got non method frame instead"
+    assert (
+        close.reply_text == "UNEXPECTED_FRAME - expected method frame, got non method frame instead"
+    )
 
 
 def test_unknown_method_ends_only_that_connection(broker, channel):
@@ -406,9 +427,13 @@ def test_client_close_handshake(broker):
     with RawClient(broker.host, broker.port) as raw:
         raw.handshake()
         raw.open_channel(1)
-        raw.send(1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        raw.send(
+            1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+        )
         raw.expect(commands.Channel.CloseOk)
-        raw.send(0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        raw.send(
+            0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+        )
         raw.expect(commands.Connection.CloseOk)
 
 
@@ -460,11 +485,14 @@ def test_content_frames_of_different_channels_may_interleave(broker, uid):
         for channel in (1, 2):
             raw.send(channel, commands.Basic.Publish(exchange="", routing_key=f"{uid}-q"))
         for channel in (1, 2):
-            raw.send(channel, header.ContentHeader(0, len(payloads[channel]), commands.Basic.Properties()))
+            raw.send(
+                channel,
+                header.ContentHeader(0, len(payloads[channel]), commands.Basic.Properties()),
+            )
         chunk_bytes = 4096 - 8
         for offset in range(0, 10_000, chunk_bytes):
             for channel in (1, 2):
-                piece = payloads[channel][offset:offset + chunk_bytes]
+                piece = payloads[channel][offset : offset + chunk_bytes]
                 if piece:
                     raw.send(channel, body.ContentBody(piece))
         # Channel 2's publish is routed asynchronously to channel 1's requests: poll.
@@ -496,7 +524,9 @@ def _publish_then(*frames: bytes) -> bytes:
 
 
 def _content_header(class_id: int, size: int) -> bytes:
-    return raw_frame(2, 1, class_id.to_bytes(2, "big") + b"\x00\x00" + size.to_bytes(8, "big") + b"\x00\x00")
+    return raw_frame(
+        2, 1, class_id.to_bytes(2, "big") + b"\x00\x00" + size.to_bytes(8, "big") + b"\x00\x00"
+    )
 
 
 def _properties_header(properties: bytes) -> bytes:
@@ -532,54 +562,88 @@ _MALFORMED_TABLES = {
 MALFORMED = {
     "header-of-other-class": (
         _publish_then(_content_header(50, 1)),
-        505, "UNEXPECTED_FRAME - expected content header for class 60, got one for class 50 instead",
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, got one for class 50 instead",
         (60, 40),
     ),
     "truncated-method": (
-        raw_frame(1, 1, b"\x00\x32\x00\x0a\x00"), 501, "FRAME_ERROR - cannot decode <<0>>", (50, 10),
+        raw_frame(1, 1, b"\x00\x32\x00\x0a\x00"),
+        501,
+        "FRAME_ERROR - cannot decode <<0>>",
+        (50, 10),
     ),
     "channel-method-on-channel-0": (
         frame.marshal(commands.Basic.Publish(exchange="", routing_key="x"), 0),
-        504, "CHANNEL_ERROR - unexpected method in connection state running", (60, 40),
+        504,
+        "CHANNEL_ERROR - unexpected method in connection state running",
+        (60, 40),
     ),
     "heartbeat-on-channel-1": (
-        raw_frame(8, 1, b""), 505, "UNEXPECTED_FRAME - type 8, all octets = <<>>", (0, 0),
+        raw_frame(8, 1, b""),
+        505,
+        "UNEXPECTED_FRAME - type 8, all octets = <<>>",
+        (0, 0),
     ),
     "method-inside-content": (
-        _publish_then(_content_header(60, 5),
-                      frame.marshal(commands.Queue.Declare(queue="", exclusive=True), 1)),
-        505, "UNEXPECTED_FRAME - expected content body, got non content body frame instead", (60, 40),
+        _publish_then(
+            _content_header(60, 5),
+            frame.marshal(commands.Queue.Declare(queue="", exclusive=True), 1),
+        ),
+        505,
+        "UNEXPECTED_FRAME - expected content body, got non content body frame instead",
+        (60, 40),
     ),
     "header-without-method": (
-        _content_header(60, 5), 505,
-        "UNEXPECTED_FRAME - expected method frame, got non method frame instead", (0, 0),
+        _content_header(60, 5),
+        505,
+        "UNEXPECTED_FRAME - expected method frame, got non method frame instead",
+        (0, 0),
     ),
     "connection-method-on-channel-1": (
         frame.marshal(commands.Connection.Open(virtual_host="/"), 1),
-        503, "COMMAND_INVALID - unimplemented method", (10, 40),
+        503,
+        "COMMAND_INVALID - unimplemented method",
+        (10, 40),
     ),
     "bytes-after-the-last-argument": (
         raw_frame(1, 1, b"\x00\x32\x00\x0a" + _declare_arguments("x", b"") + b"\x00"),
-        501, "FRAME_ERROR - cannot decode <<0,0,1,120,4,0,0,0,0,0>>", (50, 10),
+        501,
+        "FRAME_ERROR - cannot decode <<0,0,1,120,4,0,0,0,0,0>>",
+        (50, 10),
     ),
     # RabbitMQ's channel process crashes decoding the headers; its reader closes with 541.
     "headers-string-past-its-table": (
         _publish_then(_properties_header(_headers(_MALFORMED_TABLES["string-past-table"]))),
-        541, "INTERNAL_ERROR", (0, 0),
+        541,
+        "INTERNAL_ERROR",
+        (0, 0),
     ),
     "headers-partial-entry-after-last": (
         _publish_then(_properties_header(_headers(_MALFORMED_TABLES["partial-entry-after-last"]))),
-        541, "INTERNAL_ERROR", (0, 0),
+        541,
+        "INTERNAL_ERROR",
+        (0, 0),
     ),
     "headers-table-past-the-properties": (
         _publish_then(_properties_header(struct.pack(">HI", 0x2000, 40) + b"\x01aS")),
-        541, "INTERNAL_ERROR", (0, 0),
+        541,
+        "INTERNAL_ERROR",
+        (0, 0),
     ),
     # On channel 0 rabbit_reader:handle_method0 catches the parser's crash.
     "malformed-table-on-channel-0": (
-        raw_frame(1, 0, b"\x00\x0a\x00\x0b" + _table(_MALFORMED_TABLES["partial-entry-after-last"])
-                  + b"\x05PLAIN" + _table(b"\0guest\0guest") + b"\x05en_US"),
-        541, "INTERNAL_ERROR", (0, 0),
+        raw_frame(
+            1,
+            0,
+            b"\x00\x0a\x00\x0b"
+            + _table(_MALFORMED_TABLES["partial-entry-after-last"])
+            + b"\x05PLAIN"
+            + _table(b"\0guest\0guest")
+            + b"\x05en_US",
+        ),
+        541,
+        "INTERNAL_ERROR",
+        (0, 0),
     ),
 }
 
@@ -620,8 +684,9 @@ def test_nowait_methods_get_no_reply(broker, uid):
         raw.handshake()
         raw.open_channel(1)
         for method in [
-            commands.Exchange.Declare(exchange=f"{uid}-x", exchange_type="fanout", auto_delete=True,
-                                      nowait=True),
+            commands.Exchange.Declare(
+                exchange=f"{uid}-x", exchange_type="fanout", auto_delete=True, nowait=True
+            ),
             commands.Queue.Declare(queue=f"{uid}-q", exclusive=True, nowait=True),
             commands.Queue.Bind(queue=f"{uid}-q", exchange=f"{uid}-x", nowait=True),
             commands.Basic.Qos(prefetch_count=10),
@@ -644,5 +709,6 @@ def test_nowait_methods_get_no_reply(broker, uid):
         raw.send(1, commands.Queue.Declare(queue=f"{uid}-q", passive=True))
         close = raw.expect_channel_close(1)
         assert (close.reply_code, close.reply_text) == (
-            404, f"NOT_FOUND - no queue '{uid}-q' in vhost '/'"
+            404,
+            f"NOT_FOUND - no queue '{uid}-q' in vhost '/'",
         )

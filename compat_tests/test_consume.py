@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import time
+from datetime import UTC
 
 import pika
 import pytest
 from pamqp import commands
-
 from pika_helpers import channel_error, connection_error, drain, sync, wait_get
 from raw_client import RawClient
 
@@ -93,7 +93,10 @@ def test_reused_consumer_tag_raw(broker, uid):
         raw.expect(commands.Basic.ConsumeOk)
         raw.send(1, commands.Basic.Consume(queue=f"{uid}-q", consumer_tag="mine"))
         close = raw.expect_connection_close()
-    assert (close.reply_code, close.reply_text) == (530, "NOT_ALLOWED - attempt to reuse consumer tag 'mine'")
+    assert (close.reply_code, close.reply_text) == (
+        530,
+        "NOT_ALLOWED - attempt to reuse consumer tag 'mine'",
+    )
 
 
 def test_exclusive_consumer(connection, uid):
@@ -101,9 +104,7 @@ def test_exclusive_consumer(connection, uid):
     ch.queue_declare(f"{uid}-q", auto_delete=True)
     ch.basic_consume(f"{uid}-q", lambda *a: None, exclusive=True)
     code, text = channel_error(connection.channel().basic_consume, f"{uid}-q", lambda *a: None)
-    assert (code, text) == (
-        403, f"ACCESS_REFUSED - queue '{uid}-q' in vhost '/' in exclusive use"
-    )
+    assert (code, text) == (403, f"ACCESS_REFUSED - queue '{uid}-q' in vhost '/' in exclusive use")
 
 
 def test_exclusive_consume_on_queue_with_consumers(connection, uid):
@@ -113,9 +114,7 @@ def test_exclusive_consume_on_queue_with_consumers(connection, uid):
     code, text = channel_error(
         connection.channel().basic_consume, f"{uid}-q", lambda *a: None, exclusive=True
     )
-    assert (code, text) == (
-        403, f"ACCESS_REFUSED - queue '{uid}-q' in vhost '/' in exclusive use"
-    )
+    assert (code, text) == (403, f"ACCESS_REFUSED - queue '{uid}-q' in vhost '/' in exclusive use")
 
 
 def test_per_consumer_prefetch(connection, channel, uid):
@@ -234,10 +233,19 @@ def test_server_cancels_consumer_when_queue_deleted(connection, open_connection,
 
 def test_mandatory_unroutable_is_returned(connection, channel, uid):
     returned = []
-    channel.add_on_return_callback(lambda ch, method, props, body: returned.append(
-        (method.reply_code, method.reply_text, method.exchange, method.routing_key,
-         props.content_type, props.headers, body)
-    ))
+    channel.add_on_return_callback(
+        lambda ch, method, props, body: returned.append(
+            (
+                method.reply_code,
+                method.reply_text,
+                method.exchange,
+                method.routing_key,
+                props.content_type,
+                props.headers,
+                body,
+            )
+        )
+    )
     props = pika.BasicProperties(content_type="text/plain", headers={"k": "v"})
     channel.basic_publish("amq.direct", f"{uid}-nowhere", b"lost", props, mandatory=True)
     channel.basic_publish("amq.direct", f"{uid}-nowhere", b"dropped", props, mandatory=False)
@@ -254,15 +262,26 @@ def test_get_and_get_empty(channel, uid):
     assert method is None
     _fill(channel, f"{uid}-q", 3)
     method, props, body = channel.basic_get(f"{uid}-q")
-    assert (method.delivery_tag, method.redelivered, method.message_count, body) == (1, False, 2, b"0")
+    assert (method.delivery_tag, method.redelivered, method.message_count, body) == (
+        1,
+        False,
+        2,
+        b"0",
+    )
     assert (method.exchange, method.routing_key) == ("", f"{uid}-q")
     channel.basic_ack(method.delivery_tag)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("queue_type", "no_ack"), [
-    ("classic", True), ("classic", False), ("quorum", True),
-], ids=["classic-no-ack", "classic-manual-ack", "quorum-no-ack"])
+@pytest.mark.parametrize(
+    ("queue_type", "no_ack"),
+    [
+        ("classic", True),
+        ("classic", False),
+        ("quorum", True),
+    ],
+    ids=["classic-no-ack", "classic-manual-ack", "quorum-no-ack"],
+)
 def test_get_drains_a_deep_queue(broker, channel, uid, queue_type, no_ack):
     """Polling workers (kombu's Queue.get) take a deep durable queue one basic.get at a time:
     every message comes back, none is answered with get-empty while the queue holds it."""
@@ -294,16 +313,38 @@ def test_get_from_missing_queue_is_404(channel, uid):
 def test_properties_round_trip(channel, uid):
     channel.queue_declare(f"{uid}-q", exclusive=True)
     sent = pika.BasicProperties(
-        content_type="application/json", content_encoding="utf-8", headers={"a": 1, "b": "two"},
-        delivery_mode=2, priority=3, correlation_id="c-1", reply_to="r", expiration="60000",
-        message_id="m-1", timestamp=1_700_000_000, type="t", user_id="guest", app_id="compat",
+        content_type="application/json",
+        content_encoding="utf-8",
+        headers={"a": 1, "b": "two"},
+        delivery_mode=2,
+        priority=3,
+        correlation_id="c-1",
+        reply_to="r",
+        expiration="60000",
+        message_id="m-1",
+        timestamp=1_700_000_000,
+        type="t",
+        user_id="guest",
+        app_id="compat",
     )
     channel.basic_publish("", f"{uid}-q", b"\x00\xff" * 70_000, sent)
     _, props, body = wait_get(channel, f"{uid}-q")
     assert body == b"\x00\xff" * 70_000
-    for field in ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
-                  "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
-                  "user_id", "app_id"):
+    for field in (
+        "content_type",
+        "content_encoding",
+        "headers",
+        "delivery_mode",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "timestamp",
+        "type",
+        "user_id",
+        "app_id",
+    ):
         assert getattr(props, field) == getattr(sent, field), field
 
 
@@ -312,7 +353,9 @@ def test_user_id_must_match_the_connection(channel, uid):
     channel.basic_publish("", f"{uid}-q", b"x", pika.BasicProperties(user_id="someone-else"))
     code, text = channel_error(sync, channel)
     assert (code, text) == (
-        406, "PRECONDITION_FAILED - user_id property set to 'someone-else' but authenticated user was 'guest'"
+        406,
+        "PRECONDITION_FAILED - user_id property set to "
+        "'someone-else' but authenticated user was 'guest'",
     )
 
 
@@ -385,7 +428,10 @@ def test_double_ack_is_406(channel, uid):
     channel.basic_ack(method.delivery_tag)
     channel.basic_ack(method.delivery_tag)
     code, text = channel_error(sync, channel)
-    assert (code, text) == (406, f"PRECONDITION_FAILED - unknown delivery tag {method.delivery_tag}")
+    assert (code, text) == (
+        406,
+        f"PRECONDITION_FAILED - unknown delivery tag {method.delivery_tag}",
+    )
 
 
 def test_ack_of_no_ack_delivery_is_406(connection, channel, uid):
@@ -396,7 +442,10 @@ def test_ack_of_no_ack_delivery_is_406(connection, channel, uid):
     got.wait(connection, 1)
     channel.basic_ack(got.deliveries[0][0])
     code, text = channel_error(sync, channel)
-    assert (code, text) == (406, f"PRECONDITION_FAILED - unknown delivery tag {got.deliveries[0][0]}")
+    assert (code, text) == (
+        406,
+        f"PRECONDITION_FAILED - unknown delivery tag {got.deliveries[0][0]}",
+    )
 
 
 def test_multiple_ack_of_zero_acks_everything(connection, channel, uid):
@@ -450,7 +499,7 @@ def test_requeued_message_goes_to_another_consumer(connection, open_connection, 
 
 
 def test_header_table_types_round_trip(channel, uid):
-    from datetime import datetime, timezone
+    from datetime import datetime
     from decimal import Decimal
 
     headers = {
@@ -461,7 +510,7 @@ def test_header_table_types_round_trip(channel, uid):
         "none": None,
         "bytes": b"\x00\x01",
         "decimal": Decimal("1.23"),
-        "timestamp": datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+        "timestamp": datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC),
         "nested": {"list": [1, "two", False, {"deep": "x"}], "empty": {}},
         "array": [],
     }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pika
 import pytest
-
 from pika_helpers import channel_error, connection_error, drain, sync
 
 BUILTIN = {
@@ -75,14 +74,16 @@ def test_passive_declare_of_missing_exchange_is_404(channel, uid):
 def test_amq_prefix_is_reserved(channel):
     code, text = channel_error(channel.exchange_declare, "amq.warren-compat", "direct")
     assert (code, text) == (
-        403, "ACCESS_REFUSED - exchange name 'amq.warren-compat' contains reserved prefix 'amq.*'"
+        403,
+        "ACCESS_REFUSED - exchange name 'amq.warren-compat' contains reserved prefix 'amq.*'",
     )
 
 
 def test_builtin_exchange_cannot_be_deleted(connection):
     code, text = channel_error(connection.channel().exchange_delete, "amq.direct")
     assert (code, text) == (
-        403, "ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '/' not allowed"
+        403,
+        "ACCESS_REFUSED - deletion of system exchange 'amq.direct' in vhost '/' not allowed",
     )
     code, text = channel_error(connection.channel().exchange_delete, "")
     assert (code, text) == (403, "ACCESS_REFUSED - operation not permitted on the default exchange")
@@ -125,7 +126,8 @@ def test_publish_to_internal_exchange_is_403(connection, uid):
     ch.basic_publish(f"{uid}-int", "", b"x")
     code, text = channel_error(sync, ch)
     assert (code, text) == (
-        403, f"ACCESS_REFUSED - cannot publish to internal exchange '{uid}-int' in vhost '/'"
+        403,
+        f"ACCESS_REFUSED - cannot publish to internal exchange '{uid}-int' in vhost '/'",
     )
 
 
@@ -244,7 +246,7 @@ def test_headers_bad_x_match_is_406(channel, uid):
     )
     assert code == 406
     assert text == (
-        "PRECONDITION_FAILED - Invalid x-match field value <<\"some\">>; "
+        'PRECONDITION_FAILED - Invalid x-match field value <<"some">>; '
         "expected all, any, all-with-x, or any-with-x"
     )
 
@@ -315,9 +317,11 @@ def test_alternate_exchange_takes_unroutable(channel, uid):
 
 def test_missing_alternate_exchange_means_unroutable(channel, uid):
     returned = []
-    channel.add_on_return_callback(lambda ch, method, props, body: returned.append(
-        (method.reply_code, method.reply_text, body)
-    ))
+    channel.add_on_return_callback(
+        lambda ch, method, props, body: returned.append(
+            (method.reply_code, method.reply_text, body)
+        )
+    )
     channel.exchange_declare(
         f"{uid}-x", "direct", auto_delete=True, arguments={"alternate-exchange": f"{uid}-absent"}
     )

@@ -10,7 +10,6 @@ import os
 
 import pika
 import pytest
-
 from pika_helpers import channel_error
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -20,7 +19,11 @@ MESSAGE_BYTES_MAX = 128 * MIB
 
 def _body(size: int) -> bytes:
     # Distinct bytes at both ends, so a truncated or shifted body cannot pass for the original.
-    return os.urandom(min(size, 64)) + b"m" * max(0, size - 128) + os.urandom(min(max(size - 64, 0), 64))
+    return (
+        os.urandom(min(size, 64))
+        + b"m" * max(0, size - 128)
+        + os.urandom(min(max(size - 64, 0), 64))
+    )
 
 
 def _get_all(channel, queue: str, count: int) -> list[bytes]:
@@ -86,8 +89,11 @@ def test_a_message_at_the_maximum_size_is_stored_and_one_byte_more_is_refused(co
     del body
     too_big = connection.channel()
     too_big.confirm_delivery()
-    assert channel_error(too_big.basic_publish, "", queue, b"x" * (MESSAGE_BYTES_MAX + 1),
-                         PERSISTENT) == (
-        406, f"PRECONDITION_FAILED - message size {MESSAGE_BYTES_MAX + 1} is larger than "
-             f"configured max size {MESSAGE_BYTES_MAX}")
+    assert channel_error(
+        too_big.basic_publish, "", queue, b"x" * (MESSAGE_BYTES_MAX + 1), PERSISTENT
+    ) == (
+        406,
+        f"PRECONDITION_FAILED - message size {MESSAGE_BYTES_MAX + 1} is larger than "
+        f"configured max size {MESSAGE_BYTES_MAX}",
+    )
     channel.queue_delete(queue)

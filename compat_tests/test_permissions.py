@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import pika
 import pytest
-
 from compat_harness import LIMITED_USER
 from pika_helpers import channel_error, drain
 
 
 def _refused(kind: str, name: str) -> tuple[int, str]:
     return 403, (
-        f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '/' refused for user '{LIMITED_USER[0]}'"
+        f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '/' "
+        f"refused for user '{LIMITED_USER[0]}'"
     )
 
 
 @pytest.fixture
 def limited(seeded):
-    conn = pika.BlockingConnection(
-        seeded.params(credentials=pika.PlainCredentials(*LIMITED_USER))
-    )
+    conn = pika.BlockingConnection(seeded.params(credentials=pika.PlainCredentials(*LIMITED_USER)))
     yield conn
     if conn.is_open:
         conn.close()

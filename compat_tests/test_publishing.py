@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-import amqp
 import pika
 import pytest
 from pamqp import body as content_body
 from pamqp import commands, frame, header
-
 from pika_helpers import channel_error, drain, sync, wait_get
 from raw_client import RawClient
+
+import amqp
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -34,14 +34,18 @@ def test_confirmed_unroutable_mandatory_is_returned_then_acked(channel, uid):
     channel.basic_publish("amq.direct", f"{uid}-nowhere", b"x")
 
 
-def _publish_bytes(channel: int, exchange: str, key: str, payload: bytes, persistent: bool) -> bytes:
+def _publish_bytes(
+    channel: int, exchange: str, key: str, payload: bytes, persistent: bool
+) -> bytes:
     """basic.publish, its content header and body, encoded for one write."""
     properties = commands.Basic.Properties(delivery_mode=2 if persistent else 1)
-    return b"".join([
-        frame.marshal(commands.Basic.Publish(exchange=exchange, routing_key=key), channel),
-        frame.marshal(header.ContentHeader(0, len(payload), properties), channel),
-        frame.marshal(content_body.ContentBody(payload), channel),
-    ])
+    return b"".join(
+        [
+            frame.marshal(commands.Basic.Publish(exchange=exchange, routing_key=key), channel),
+            frame.marshal(header.ContentHeader(0, len(payload), properties), channel),
+            frame.marshal(content_body.ContentBody(payload), channel),
+        ]
+    )
 
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "transient"])
@@ -54,9 +58,11 @@ def test_confirms_cover_every_publish_once_in_order(broker, uid, persistent):
         raw.expect(commands.Confirm.SelectOk)
         raw.send(1, commands.Queue.Declare(queue=f"{uid}-q", durable=True))
         raw.expect(commands.Queue.DeclareOk)
-        raw.send_bytes(b"".join(
-            _publish_bytes(1, "", f"{uid}-q", str(i).encode(), persistent) for i in range(count)
-        ))
+        raw.send_bytes(
+            b"".join(
+                _publish_bytes(1, "", f"{uid}-q", str(i).encode(), persistent) for i in range(count)
+            )
+        )
         confirmed: list[int] = []
         highest = 0
         while highest < count:
@@ -145,15 +151,19 @@ def test_direct_reply_to_rpc(connection, open_connection, uid):
 
     client = connection.channel()
     replies = []
-    client.basic_consume(REPLY_TO, lambda ch, m, p, b: replies.append((p.correlation_id, b)),
-                         auto_ack=True)
+    client.basic_consume(
+        REPLY_TO, lambda ch, m, p, b: replies.append((p.correlation_id, b)), auto_ack=True
+    )
     client.basic_publish(
         "", f"{uid}-rpc", b"ping", pika.BasicProperties(reply_to=REPLY_TO, correlation_id="c-7")
     )
     method, props, body = wait_get(server_ch, f"{uid}-rpc")
     assert props.reply_to.startswith(REPLY_TO + ".") and props.reply_to != REPLY_TO + "."
     server_ch.basic_publish(
-        "", props.reply_to, b"pong:" + body, pika.BasicProperties(correlation_id=props.correlation_id)
+        "",
+        props.reply_to,
+        b"pong:" + body,
+        pika.BasicProperties(correlation_id=props.correlation_id),
     )
     server_ch.basic_ack(method.delivery_tag)
     deadline = time.monotonic() + 5

@@ -6,7 +6,6 @@ import time
 
 import pika
 import pytest
-
 from pika_helpers import channel_error, drain, sync
 
 

@@ -6,7 +6,6 @@ import re
 
 import pika
 import pytest
-
 from pika_helpers import channel_error, sync, wait_get
 
 
@@ -89,7 +88,8 @@ def test_queue_names_end_at_255_bytes(channel, uid):
 def test_amq_prefix_is_reserved(channel):
     code, text = channel_error(channel.queue_declare, "amq.warren-compat")
     assert (code, text) == (
-        403, "ACCESS_REFUSED - queue name 'amq.warren-compat' contains reserved prefix 'amq.*'"
+        403,
+        "ACCESS_REFUSED - queue name 'amq.warren-compat' contains reserved prefix 'amq.*'",
     )
 
 
@@ -145,7 +145,9 @@ def test_redeclare_inequivalent_argument_is_406(connection, uid):
 )
 def test_invalid_argument_is_406(channel, uid, arguments, explanation):
     (arg,) = arguments
-    code, text = channel_error(channel.queue_declare, f"{uid}-q", exclusive=True, arguments=arguments)
+    code, text = channel_error(
+        channel.queue_declare, f"{uid}-q", exclusive=True, arguments=arguments
+    )
     assert code == 406
     assert text == (
         f"PRECONDITION_FAILED - invalid arg '{arg}' for queue '{uid}-q' in vhost '/': {explanation}"
@@ -178,7 +180,10 @@ def test_classic_and_quorum_queues_round_trip(connection, uid, queue_type):
 
 def test_quorum_queue_cannot_be_exclusive(channel, uid):
     code, text = channel_error(
-        channel.queue_declare, f"{uid}-q", durable=True, exclusive=True,
+        channel.queue_declare,
+        f"{uid}-q",
+        durable=True,
+        exclusive=True,
         arguments={"x-queue-type": "quorum"},
     )
     assert code == 406

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pika
 import pytest
-
 from pika_helpers import drain, wait_get
 from raw_client import RawClient
 
@@ -97,7 +96,10 @@ def test_get_drains_a_deep_queue_across_a_restart(broker, uid):
     conn = pika.BlockingConnection(broker.params())
     try:
         ch = conn.channel()
-        assert ch.queue_declare(f"{uid}-q", passive=True).method.message_count == count - before_restart
+        assert (
+            ch.queue_declare(f"{uid}-q", passive=True).method.message_count
+            == count - before_restart
+        )
         assert drain(ch, f"{uid}-q") == bodies[before_restart:]
         ch.queue_delete(f"{uid}-q")
     finally:

@@ -54,13 +54,11 @@ class BindingTable(ABC):
         # router can skip its exchange-to-exchange walk.
         self.exchange_destinations = 0
 
-    def validate_binding(self, arguments: Mapping[str, Any]) -> None:
+    def validate_binding(self, arguments: Mapping[str, Any]) -> None:  # noqa: B027 (accepts all)
         """Raise PreconditionFailed if this type refuses the binding's arguments."""
 
     @abstractmethod
-    def match(
-        self, routing_key: str, headers: Mapping[str, Any] | None
-    ) -> Collection[Destination]:
+    def match(self, routing_key: str, headers: Mapping[str, Any] | None) -> Collection[Destination]:
         """The destinations of the bindings that match a message."""
 
     def bind(

@@ -176,7 +176,9 @@ def argument_mismatch(current: Any, received: Any) -> tuple[str, str] | None:
     if current is ABSENT and received is ABSENT:
         return None
     if current is not ABSENT and received is not ABSENT:
-        if type_class(current) == type_class(received) and erlang_key(current) == erlang_key(received):
+        if type_class(current) == type_class(received) and erlang_key(current) == erlang_key(
+            received
+        ):
             return None
         return f"'{erlang_str(received)}'", f"'{erlang_str(current)}'"
     return (

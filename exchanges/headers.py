@@ -125,9 +125,7 @@ class HeadersExchange(BindingTable):
     def validate_binding(self, arguments: Mapping[str, Any]) -> None:
         validate_x_match(arguments)
 
-    def match(
-        self, routing_key: str, headers: Mapping[str, Any] | None
-    ) -> Collection[Destination]:
+    def match(self, routing_key: str, headers: Mapping[str, Any] | None) -> Collection[Destination]:
         found = set(self._always.values())
         if not headers or not (self._any or self._anchored):
             return found

@@ -436,7 +436,10 @@ class Router:
             if current != received:
                 self._inequivalent(exchange.name, field, _atom(received), _atom(current))
         # RabbitMQ compares only this argument for exchanges (rabbit_exchange.erl).
-        mismatch = argument_mismatch(exchange.arguments.get(ALTERNATE_EXCHANGE, ABSENT), arguments.get(ALTERNATE_EXCHANGE, ABSENT))
+        mismatch = argument_mismatch(
+            exchange.arguments.get(ALTERNATE_EXCHANGE, ABSENT),
+            arguments.get(ALTERNATE_EXCHANGE, ABSENT),
+        )
         if mismatch is not None:
             self._inequivalent(exchange.name, ALTERNATE_EXCHANGE, *mismatch)
 
@@ -497,5 +500,3 @@ def _atom(value: bool | str) -> str:
     if isinstance(value, bool):
         return "'true'" if value else "'false'"
     return f"'{value}'"
-
-

@@ -22,7 +22,8 @@ The properties are the AMQP content-header property bytes exactly as the client 
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -80,10 +81,18 @@ class BatchHeader(NamedTuple):
 
 def record_size(record: Record) -> int:
     """Bytes the record takes inside its batch."""
-    return RECORD_HEADER_BYTES + len(record.exchange) + len(record.routing_key) + len(record.properties) + len(record.body)
+    return (
+        RECORD_HEADER_BYTES
+        + len(record.exchange)
+        + len(record.routing_key)
+        + len(record.properties)
+        + len(record.body)
+    )
 
 
-def batch_bounds(records: Sequence[RawRecord], records_max: int, bytes_max: int) -> list[tuple[int, int]]:
+def batch_bounds(
+    records: Sequence[RawRecord], records_max: int, bytes_max: int
+) -> list[tuple[int, int]]:
     """Split `records` into runs `[start, end)` that each encode to a batch within the bounds.
 
     A record too large for any batch gets a run of its own (the append then refuses it), so a
@@ -93,7 +102,9 @@ def batch_bounds(records: Sequence[RawRecord], records_max: int, bytes_max: int)
     start = 0
     size = HEADER_BYTES
     for index, (exchange, routing_key, properties, body) in enumerate(records):
-        record_bytes = RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
+        record_bytes = (
+            RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
+        )
         if index > start and (size + record_bytes > bytes_max or index - start >= records_max):
             bounds.append((start, index))
             start = index
@@ -123,13 +134,19 @@ def encode_records(records: Sequence[RawRecord], record_bytes_max: int) -> bytes
     # when it does not, so the common case costs nothing per record.
     if len(payload) > record_bytes_max:
         for exchange, routing_key, properties, body in records:
-            size = RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
+            size = (
+                RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
+            )
             if size > record_bytes_max:
-                raise LogError(f"record of {size} bytes exceeds record_bytes_max {record_bytes_max}")
+                raise LogError(
+                    f"record of {size} bytes exceeds record_bytes_max {record_bytes_max}"
+                )
     return payload
 
 
-def encode_header(base_offset: int, term: int, record_count: int, timestamp_ms: int, payload: bytes) -> bytes:
+def encode_header(
+    base_offset: int, term: int, record_count: int, timestamp_ms: int, payload: bytes
+) -> bytes:
     length = HEADER_AFTER_LENGTH + len(payload)
     head = _HEADER_HEAD.pack(base_offset, length, MAGIC)
     tail = _HEADER_TAIL.pack(term, record_count, timestamp_ms, 0)
@@ -154,7 +171,10 @@ def read_header(buf: bytes | memoryview, position: int) -> BatchHeader | None:
 
 def verify_crc(buf: bytes | memoryview, position: int, header: BatchHeader) -> None:
     end = position + header.total_bytes
-    if crc32c(buf[position + CRC_START : end], crc32c(buf[position : position + CRC_AT])) != header.crc:
+    if (
+        crc32c(buf[position + CRC_START : end], crc32c(buf[position : position + CRC_AT]))
+        != header.crc
+    ):
         raise CorruptBatchError(f"CRC mismatch in batch at offset {header.base_offset}")
 
 

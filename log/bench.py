@@ -18,7 +18,9 @@ from .partition import PartitionLog
 _MB = 1_000_000
 
 
-def _append_run(directory: Path, record_count: int, body_bytes: int, batch_records: int, synced: bool) -> dict[str, float]:
+def _append_run(
+    directory: Path, record_count: int, body_bytes: int, batch_records: int, synced: bool
+) -> dict[str, float]:
     batch = [(b"", b"bench", b"", os.urandom(body_bytes)) for _ in range(batch_records)]
     log = PartitionLog.open(directory, LogConfig(segment_bytes_max=256 << 20))
     batches = max(1, record_count // batch_records)
@@ -36,7 +38,9 @@ def _append_run(directory: Path, record_count: int, body_bytes: int, batch_recor
 
 def _read_run(directory: Path) -> dict[str, float]:
     """Sequential read of a whole log from its segments (the tail cache is off)."""
-    log = PartitionLog.open(directory, LogConfig(segment_bytes_max=256 << 20, tail_cache_bytes_max=0))
+    log = PartitionLog.open(
+        directory, LogConfig(segment_bytes_max=256 << 20, tail_cache_bytes_max=0)
+    )
     offset, records, payload = log.start_offset, 0, 0
     start = time.perf_counter()
     while offset < log.end_offset:
@@ -66,14 +70,22 @@ def _disk_synced_write(directory: Path, chunk_bytes: int, seconds: float) -> flo
     return written / elapsed / _MB
 
 
-def run(directory: str | None, records_64b: int, records_1k: int, batch_records: int, seconds_disk: float) -> dict[str, float | int | str]:
+def run(
+    directory: str | None,
+    records_64b: int,
+    records_1k: int,
+    batch_records: int,
+    seconds_disk: float,
+) -> dict[str, float | int | str]:
     scratch = Path(tempfile.mkdtemp(prefix="warren-bench-log-", dir=directory))
     try:
         small = _append_run(scratch / "64b", records_64b, 64, batch_records, synced=False)
         read_small = _read_run(scratch / "64b")
         large = _append_run(scratch / "1k", records_1k, 1024, batch_records, synced=False)
         read = _read_run(scratch / "1k")
-        large_synced = _append_run(scratch / "1k-synced", records_1k, 1024, batch_records, synced=True)
+        large_synced = _append_run(
+            scratch / "1k-synced", records_1k, 1024, batch_records, synced=True
+        )
         disk = _disk_synced_write(scratch, batch_records * 1024, seconds_disk)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -44,7 +44,12 @@ class LogConfig:
             if getattr(self, name) > _U32_MAX:
                 raise LogError(f"{name} must fit 32 bits, got {getattr(self, name)}")
         if self.tail_cache_bytes_max < 0:
-            raise LogError(f"tail_cache_bytes_max must not be negative, got {self.tail_cache_bytes_max}")
-        for name, value in (("retention_ms", self.retention_ms), ("retention_bytes", self.retention_bytes)):
+            raise LogError(
+                f"tail_cache_bytes_max must not be negative, got {self.tail_cache_bytes_max}"
+            )
+        for name, value in (
+            ("retention_ms", self.retention_ms),
+            ("retention_bytes", self.retention_bytes),
+        ):
             if value is not None and value < 0:
                 raise LogError(f"{name} must not be negative, got {value}")

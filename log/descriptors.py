@@ -91,7 +91,9 @@ class DescriptorPool:
     def open_count(self) -> int:
         return len(self._recent)
 
-    def open(self, path: str | os.PathLike[str], flags: int, *, first_flags: int = 0, mode: int = 0o644) -> PooledFile:
+    def open(
+        self, path: str | os.PathLike[str], flags: int, *, first_flags: int = 0, mode: int = 0o644
+    ) -> PooledFile:
         """Open `path` now with `flags | first_flags`; reopens after an eviction use `flags`."""
         file = PooledFile(os.fspath(path), flags, self)
         self._open(file, flags | first_flags, mode)

@@ -115,14 +115,43 @@ class PartitionLog:
 
     # Slots: a broker holds two logs per queue, hundreds of thousands of them.
     __slots__ = (
-        "directory", "config", "_segments", "_bases", "_executor", "_descriptors", "_end_offset",
-        "_durable_offset", "_last_timestamp_ms", "_cache_bases", "_cache_terms", "_cache_timestamps",
-        "_cache_sizes", "_cache_starts", "_cache_fields", "_cache_fields_base", "_cache_head",
-        "_cache_bytes", "_dir_dirty", "_sync_task", "_syncing_paths", "_unsynced_paths", "_truncations",
-        "_recovery_point", "_failed", "_closed", "_last_term",
+        "directory",
+        "config",
+        "_segments",
+        "_bases",
+        "_executor",
+        "_descriptors",
+        "_end_offset",
+        "_durable_offset",
+        "_last_timestamp_ms",
+        "_cache_bases",
+        "_cache_terms",
+        "_cache_timestamps",
+        "_cache_sizes",
+        "_cache_starts",
+        "_cache_fields",
+        "_cache_fields_base",
+        "_cache_head",
+        "_cache_bytes",
+        "_dir_dirty",
+        "_sync_task",
+        "_syncing_paths",
+        "_unsynced_paths",
+        "_truncations",
+        "_recovery_point",
+        "_failed",
+        "_closed",
+        "_last_term",
     )
 
-    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment], executor: Executor, descriptors: DescriptorPool) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[Segment],
+        executor: Executor,
+        descriptors: DescriptorPool,
+    ) -> None:
         self.directory = directory
         self.config = config
         self._segments = segments
@@ -131,10 +160,13 @@ class PartitionLog:
         self._descriptors = descriptors
         self._end_offset = segments[-1].end_offset
         self._durable_offset = self._end_offset
-        self._last_timestamp_ms = max((s.max_timestamp_ms for s in segments if s.max_timestamp_ms is not None), default=0)
+        self._last_timestamp_ms = max(
+            (s.max_timestamp_ms for s in segments if s.max_timestamp_ms is not None), default=0
+        )
         # The tail cache: batch i (for i >= _cache_head) starts at offset _cache_bases[i] and
         # its records' bytes fields, 4 per record, are _cache_fields[_cache_starts[i] -
-        # _cache_fields_base:] up to the next batch's start. Every field of every cached batch sits in that one list, so
+        # _cache_fields_base:] up to the next batch's start. Every field of every cached batch sits
+        # in that one list, so
         # the cache holds no object per batch or per record that the garbage collector must
         # walk: a cache of the appended record tuples piled up in the collector's youngest
         # generation (freed old objects keep its collection from triggering), and each young
@@ -167,8 +199,14 @@ class PartitionLog:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], config: LogConfig | None = None, *, executor: Executor | None = None,
-             descriptors: DescriptorPool | None = None) -> PartitionLog:
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        executor: Executor | None = None,
+        descriptors: DescriptorPool | None = None,
+    ) -> PartitionLog:
         """Open or create the log in `directory`, recovering from a crash.
 
         The newest segment is scanned batch by batch and cut at the first torn or corrupt batch;
@@ -188,7 +226,11 @@ class PartitionLog:
         except FileNotFoundError:
             path.mkdir(parents=True)
             names = []
-        bases = sorted(int(stem) for stem, _, suffix in map(_split_suffix, names) if suffix == "log" and stem.isdigit())
+        bases = sorted(
+            int(stem)
+            for stem, _, suffix in map(_split_suffix, names)
+            if suffix == "log" and stem.isdigit()
+        )
         kept = set(bases)
         indexed = set()
         for name in names:
@@ -205,8 +247,14 @@ class PartitionLog:
         segments: list[Segment] = []
         for i, base in enumerate(bases):
             last = i == len(bases) - 1
-            segment = Segment.recover(path, base, config, descriptors, full_scan=last or bases[i + 1] > recovery_point,
-                                      index_files=base in indexed)
+            segment = Segment.recover(
+                path,
+                base,
+                config,
+                descriptors,
+                full_scan=last or bases[i + 1] > recovery_point,
+                index_files=base in indexed,
+            )
             segments.append(segment)
             if not last and segment.end_offset != bases[i + 1]:
                 cls._delete_from(path, config, descriptors, bases[i + 1 :])
@@ -219,7 +267,9 @@ class PartitionLog:
         return log
 
     @staticmethod
-    def _delete_from(path: Path, config: LogConfig, descriptors: DescriptorPool, bases: list[int]) -> None:
+    def _delete_from(
+        path: Path, config: LogConfig, descriptors: DescriptorPool, bases: list[int]
+    ) -> None:
         for base in bases:
             Segment(path, base, config, descriptors).delete()
 
@@ -265,7 +315,9 @@ class PartitionLog:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None, term: int = 0) -> int:
+    def append(
+        self, records: Sequence[RawRecord], timestamp_ms: int | None = None, term: int = 0
+    ) -> int:
         """Append `records` as one batch; returns the offset of the first.
 
         Every record gets the batch's timestamp, clamped so timestamps never go backwards
@@ -277,11 +329,15 @@ class PartitionLog:
         if count == 0:
             raise LogError("a batch needs at least one record")
         if count > config.batch_records_max:
-            raise LogError(f"batch of {count} records exceeds batch_records_max {config.batch_records_max}")
+            raise LogError(
+                f"batch of {count} records exceeds batch_records_max {config.batch_records_max}"
+            )
         payload = batch_codec.encode_records(records, config.record_bytes_max)
         total = HEADER_BYTES + len(payload)
         if total > config.batch_bytes_max:
-            raise LogError(f"batch of {total} bytes exceeds batch_bytes_max {config.batch_bytes_max}")
+            raise LogError(
+                f"batch of {total} bytes exceeds batch_bytes_max {config.batch_bytes_max}"
+            )
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
         timestamp_ms = max(timestamp_ms, self._last_timestamp_ms)
@@ -312,7 +368,14 @@ class PartitionLog:
         self._dir_dirty = True
         return segment
 
-    def _cache_push(self, base: int, term: int, timestamp_ms: int, records: Sequence[RawRecord], encoded_bytes: int) -> None:
+    def _cache_push(
+        self,
+        base: int,
+        term: int,
+        timestamp_ms: int,
+        records: Sequence[RawRecord],
+        encoded_bytes: int,
+    ) -> None:
         limit = self.config.tail_cache_bytes_max
         if encoded_bytes > limit:
             self._cache_clear()
@@ -343,12 +406,25 @@ class PartitionLog:
             cut = starts[head] - fields_base
             del fields[:cut]
             self._cache_fields_base = fields_base + cut
-            for column in (self._cache_bases, self._cache_terms, self._cache_timestamps, sizes, starts):
+            for column in (
+                self._cache_bases,
+                self._cache_terms,
+                self._cache_timestamps,
+                sizes,
+                starts,
+            ):
                 del column[:head]
             self._cache_head = 0
 
     def _cache_clear(self) -> None:
-        for column in (self._cache_bases, self._cache_terms, self._cache_timestamps, self._cache_sizes, self._cache_starts, self._cache_fields):
+        for column in (
+            self._cache_bases,
+            self._cache_terms,
+            self._cache_timestamps,
+            self._cache_sizes,
+            self._cache_starts,
+            self._cache_fields,
+        ):
             column.clear()
         self._cache_fields_base = 0
         self._cache_head = 0
@@ -365,7 +441,9 @@ class PartitionLog:
         """
         self._check_usable()
         if offset < self.start_offset:
-            raise OffsetOutOfRangeError(f"offset {offset} is below the log start {self.start_offset}")
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is below the log start {self.start_offset}"
+            )
         if offset >= self._end_offset or max_records <= 0:
             return []
         bases = self._cache_bases
@@ -406,15 +484,36 @@ class PartitionLog:
             for at in range(start + 4 * max(0, offset - base), end, 4):
                 exchange, routing_key, properties, body = fields[at : at + 4]
                 assert body is not None
-                size = RECORD_HEADER_BYTES + len(exchange) + len(routing_key) + len(properties) + len(body)
+                size = (
+                    RECORD_HEADER_BYTES
+                    + len(exchange)
+                    + len(routing_key)
+                    + len(properties)
+                    + len(body)
+                )
                 if records and (size > budget or len(records) >= max_records):
                     return records
-                append(new(Record, (base + (at - start) // 4, timestamp_ms, term, exchange, routing_key, properties, body)))
+                append(
+                    new(
+                        Record,
+                        (
+                            base + (at - start) // 4,
+                            timestamp_ms,
+                            term,
+                            exchange,
+                            routing_key,
+                            properties,
+                            body,
+                        ),
+                    )
+                )
                 budget -= size
         return records
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
-        """The first offset whose timestamp is >= timestamp_ms, or None when every record is older."""
+        """The first offset whose timestamp is >= timestamp_ms, or None when every record is
+        older.
+        """
         self._check_usable()
         for segment in self._segments:
             found = segment.offset_for_timestamp(timestamp_ms)
@@ -485,7 +584,9 @@ class PartitionLog:
             end, truncations, active_base = self._end_offset, self._truncations, self._bases[-1]
             paths = self._syncing_paths = self._take_sync_paths()
             try:
-                await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_files, paths)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, _fsync_files, paths
+                )
             except _FilesNotOpened:
                 self._unsynced_paths += paths
                 raise
@@ -531,7 +632,8 @@ class PartitionLog:
         self._end_offset = segment.end_offset
         self._durable_offset = min(self._durable_offset, self._end_offset)
         self._last_timestamp_ms = max(
-            (s.max_timestamp_ms for s in self._segments if s.max_timestamp_ms is not None), default=0
+            (s.max_timestamp_ms for s in self._segments if s.max_timestamp_ms is not None),
+            default=0,
         )
         self._cache_clear()
         self._last_term = self._read_last_term()
@@ -546,7 +648,9 @@ class PartitionLog:
         self._lower_recovery_point(0)
         for segment in self._segments:
             segment.delete()
-        self._segments = [Segment.create(self.directory, start_offset, self.config, self._descriptors)]
+        self._segments = [
+            Segment.create(self.directory, start_offset, self.config, self._descriptors)
+        ]
         self._bases = [start_offset]
         self._end_offset = self._durable_offset = start_offset
         self._last_term = 0
@@ -600,7 +704,9 @@ class PartitionLog:
         if self._closed:
             raise LogError(f"log {self.directory} is closed")
         if self._failed is not None:
-            raise LogError(f"log {self.directory} failed an fsync and refuses further use") from self._failed
+            raise LogError(
+                f"log {self.directory} failed an fsync and refuses further use"
+            ) from self._failed
 
     def close(self) -> None:
         """Close the files. Unsynced appends are not fsynced: call sync() first to keep them."""

@@ -53,13 +53,33 @@ class Segment:
     """
 
     __slots__ = (
-        "base_offset", "config", "_descriptors", "_log_file", "size", "end_offset", "max_timestamp_ms",
-        "_index_rel", "_index_pos", "_time_ts", "_bytes_since_index", "_index_file", "_time_file",
-        "_index_files_exist", "dirty", "write_failed",
+        "base_offset",
+        "config",
+        "_descriptors",
+        "_log_file",
+        "size",
+        "end_offset",
+        "max_timestamp_ms",
+        "_index_rel",
+        "_index_pos",
+        "_time_ts",
+        "_bytes_since_index",
+        "_index_file",
+        "_time_file",
+        "_index_files_exist",
+        "dirty",
+        "write_failed",
     )
 
-    def __init__(self, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool, *,
-                 index_files: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        config: LogConfig,
+        descriptors: DescriptorPool,
+        *,
+        index_files: bool = False,
+    ) -> None:
         self.base_offset = base_offset
         self.config = config
         self._descriptors = descriptors
@@ -102,15 +122,25 @@ class Segment:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool) -> Segment:
+    def create(
+        cls, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool
+    ) -> Segment:
         segment = cls(directory, base_offset, config, descriptors)
         if segment.size:
             raise CorruptBatchError(f"segment {segment.log_path} already exists")
         return segment
 
     @classmethod
-    def recover(cls, directory: Path, base_offset: int, config: LogConfig, descriptors: DescriptorPool, *, full_scan: bool,
-                index_files: bool) -> Segment:
+    def recover(
+        cls,
+        directory: Path,
+        base_offset: int,
+        config: LogConfig,
+        descriptors: DescriptorPool,
+        *,
+        full_scan: bool,
+        index_files: bool,
+    ) -> Segment:
         """Open an existing segment, cutting its file back to the last whole, CRC-valid batch.
 
         `full_scan` verifies every batch (the newest segment, where a crash tears writes);
@@ -198,7 +228,9 @@ class Segment:
             for pos, header, _, _ in self._batches(0, self.size, verify=True):
                 if header.base_offset != expected:
                     break
-                self._note_batch(pos, header.base_offset, header.max_timestamp_ms, header.total_bytes)
+                self._note_batch(
+                    pos, header.base_offset, header.max_timestamp_ms, header.total_bytes
+                )
                 expected = header.next_offset
                 valid_end = pos + header.total_bytes
         except CorruptBatchError:
@@ -220,7 +252,9 @@ class Segment:
             return False
         return self.end_offset + record_count - self.base_offset <= _REL_OFFSET_MAX
 
-    def append(self, header: bytes, payload: bytes, base_offset: int, record_count: int, timestamp_ms: int) -> None:
+    def append(
+        self, header: bytes, payload: bytes, base_offset: int, record_count: int, timestamp_ms: int
+    ) -> None:
         """Write one batch; on any failure (disk full, a short write) nothing of it remains."""
         assert base_offset == self.end_offset, (base_offset, self.end_offset)
         total = len(header) + len(payload)
@@ -230,7 +264,9 @@ class Segment:
         try:
             written = os.writev(self._log_file.fileno(), (header, payload))
             if written != total:
-                raise OSError(errno.ENOSPC, f"short write to {self.log_path}: {written} of {total} bytes")
+                raise OSError(
+                    errno.ENOSPC, f"short write to {self.log_path}: {written} of {total} bytes"
+                )
             self._note_batch(position, base_offset, timestamp_ms, total, write_index=True)
         except OSError:
             self._bytes_since_index, self.max_timestamp_ms = bytes_since_index, max_timestamp_ms
@@ -254,7 +290,14 @@ class Segment:
         except OSError:
             self.write_failed = True
 
-    def _note_batch(self, position: int, base_offset: int, timestamp_ms: int, total: int, write_index: bool = False) -> None:
+    def _note_batch(
+        self,
+        position: int,
+        base_offset: int,
+        timestamp_ms: int,
+        total: int,
+        write_index: bool = False,
+    ) -> None:
         if position > 0 and self._bytes_since_index >= self.config.index_interval_bytes:
             rel = base_offset - self.base_offset
             self._index_rel.append(rel)
@@ -307,11 +350,16 @@ class Segment:
         assert self._index_file is not None and self._time_file is not None
         os.write(
             self._index_file.fileno(),
-            b"".join(INDEX_ENTRY.pack(r, p) for r, p in zip(self._index_rel, self._index_pos)),
+            b"".join(
+                INDEX_ENTRY.pack(r, p)
+                for r, p in zip(self._index_rel, self._index_pos, strict=True)
+            ),
         )
         os.write(
             self._time_file.fileno(),
-            b"".join(TIME_ENTRY.pack(t, r) for t, r in zip(self._time_ts, self._index_rel)),
+            b"".join(
+                TIME_ENTRY.pack(t, r) for t, r in zip(self._time_ts, self._index_rel, strict=True)
+            ),
         )
 
     def truncate(self, offset: int) -> tuple[int, int, list[RawRecord]] | None:
@@ -325,7 +373,11 @@ class Segment:
         position, header, records = self._locate_batch(offset)
         remainder = None
         if header.base_offset < offset:
-            kept = [(r.exchange, r.routing_key, r.properties, r.body) for r in records if r.offset < offset]
+            kept = [
+                (r.exchange, r.routing_key, r.properties, r.body)
+                for r in records
+                if r.offset < offset
+            ]
             remainder = (header.term, header.max_timestamp_ms, kept)
         os.ftruncate(self._log_file.fileno(), position)
         self.size = position
@@ -335,7 +387,7 @@ class Segment:
         self.max_timestamp_ms = None
         start = self._index_pos[-1] if self._index_pos else 0
         self._bytes_since_index = 0
-        for pos, hdr, _, _ in self._batches(start, self.size, verify=False):
+        for _, hdr, _, _ in self._batches(start, self.size, verify=False):
             self._bytes_since_index += hdr.total_bytes
             self.max_timestamp_ms = hdr.max_timestamp_ms
         if self.max_timestamp_ms is None and self._time_ts:
@@ -344,7 +396,9 @@ class Segment:
         return remainder
 
     def _locate_batch(self, offset: int) -> tuple[int, BatchHeader, list[Record]]:
-        for pos, header, buf, at in self._batches(self._floor_position(offset), self.size, verify=True):
+        for pos, header, buf, at in self._batches(
+            self._floor_position(offset), self.size, verify=True
+        ):
             if header.next_offset > offset:
                 return pos, header, batch_codec.decode_records(buf, at, header, header.base_offset)
         raise CorruptBatchError(f"offset {offset} not found in segment {self.log_path}")
@@ -357,12 +411,17 @@ class Segment:
 
     def _pread_header(self, position: int) -> BatchHeader | None:
         try:
-            return batch_codec.read_header(os.pread(self._log_file.fileno(), HEADER_BYTES, position), 0)
+            return batch_codec.read_header(
+                os.pread(self._log_file.fileno(), HEADER_BYTES, position), 0
+            )
         except CorruptBatchError:
             return None
 
-    def _batches(self, position: int, end: int, *, verify: bool) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
-        """(file position, header, buffer, position in buffer) of each whole batch in [position, end).
+    def _batches(
+        self, position: int, end: int, *, verify: bool
+    ) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
+        """(file position, header, buffer, position in buffer) of each whole batch in [position,
+        end).
 
         Stops silently at a torn tail (a batch that runs past `end`); raises CorruptBatchError
         on a bad header or, with `verify`, a CRC mismatch.
@@ -372,13 +431,19 @@ class Segment:
         while position < end:
             at = position - buf_start
             if len(buf) - at < HEADER_BYTES:
-                buf = os.pread(self._log_file.fileno(), min(READ_CHUNK_BYTES, end - position), position)
+                buf = os.pread(
+                    self._log_file.fileno(), min(READ_CHUNK_BYTES, end - position), position
+                )
                 buf_start, at = position, 0
             header = batch_codec.read_header(buf, at)
             if header is None or position + header.total_bytes > end:
                 return
             if at + header.total_bytes > len(buf):
-                buf = os.pread(self._log_file.fileno(), min(max(READ_CHUNK_BYTES, header.total_bytes), end - position), position)
+                buf = os.pread(
+                    self._log_file.fileno(),
+                    min(max(READ_CHUNK_BYTES, header.total_bytes), end - position),
+                    position,
+                )
                 buf_start, at = position, 0
                 if len(buf) < header.total_bytes:
                     return
@@ -396,9 +461,13 @@ class Segment:
         records: list[Record] = []
         budget = max_bytes
         expected: int | None = None
-        for _, header, buf, at in self._batches(self._floor_position(offset), self.size, verify=True):
+        for _, header, buf, at in self._batches(
+            self._floor_position(offset), self.size, verify=True
+        ):
             if expected is not None and header.base_offset != expected:
-                raise CorruptBatchError(f"offsets in {self.log_path} jump from {expected} to {header.base_offset}")
+                raise CorruptBatchError(
+                    f"offsets in {self.log_path} jump from {expected} to {header.base_offset}"
+                )
             expected = header.next_offset
             if header.next_offset <= offset:
                 continue

@@ -190,10 +190,7 @@ async def _set_tags(store: MetadataStore, args: argparse.Namespace) -> None:
 async def _list_users(store: MetadataStore, args: argparse.Namespace) -> None:
     users = sorted(store.state.users.values(), key=lambda user: user.name)
     if args.json:
-        print(json.dumps([
-            {"name": u.name, "tags": list(u.tags)}
-            for u in users
-        ]))
+        print(json.dumps([{"name": u.name, "tags": list(u.tags)} for u in users]))
         return
     print("user\ttags")
     for user in users:
@@ -214,15 +211,25 @@ async def _clear_permissions(store: MetadataStore, args: argparse.Namespace) -> 
 
 async def _list_permissions(store: MetadataStore, args: argparse.Namespace) -> None:
     rows = [
-        p for _, p in sorted(store.state.permissions.items())
+        p
+        for _, p in sorted(store.state.permissions.items())
         if args.vhost is None or p.vhost == args.vhost
     ]
     if args.json:
-        print(json.dumps([
-            {"user": p.user, "vhost": p.vhost, "configure": p.configure, "write": p.write,
-             "read": p.read}
-            for p in rows
-        ]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "user": p.user,
+                        "vhost": p.vhost,
+                        "configure": p.configure,
+                        "write": p.write,
+                        "read": p.read,
+                    }
+                    for p in rows
+                ]
+            )
+        )
         return
     print("user\tvhost\tconfigure\twrite\tread")
     for p in rows:
@@ -242,9 +249,14 @@ async def _delete_vhost(store: MetadataStore, args: argparse.Namespace) -> None:
 async def _list_vhosts(store: MetadataStore, args: argparse.Namespace) -> None:
     vhosts = sorted(store.state.vhosts.values(), key=lambda vhost: vhost.name)
     if args.json:
-        print(json.dumps([
-            {"name": v.name, "description": v.description, "tags": list(v.tags)} for v in vhosts
-        ]))
+        print(
+            json.dumps(
+                [
+                    {"name": v.name, "description": v.description, "tags": list(v.tags)}
+                    for v in vhosts
+                ]
+            )
+        )
         return
     print("name\tdescription")
     for vhost in vhosts:

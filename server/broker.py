@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pamqp import commands
+
 from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import DescriptorPool, LogConfig
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
@@ -31,11 +32,11 @@ from warrenmq.log.descriptors import default_capacity
 from warrenmq.server.metadata import MetadataStore, loopback_refused
 from warrenmq.server.queue import LogQueue, QueueConfig
 
-from .session.channel import BrokerChannel
 from .config import BrokerConfig
-from .session.connection import BrokerConnection
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
+from .session.channel import BrokerChannel
+from .session.connection import BrokerConnection
 from .vhost import REPLY_TO_PREFIX, VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
@@ -43,6 +44,7 @@ log = logging.getLogger("warrenmq.server")
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
 
 METADATA_FILE = "metadata.sqlite3"
 
@@ -52,9 +54,12 @@ def message_log_config(config: BrokerConfig) -> LogConfig:
     bound follows the broker's maximum message size (body, plus a content header of up to a
     frame, plus exchange and routing key)."""
     record_bytes_max = config.message_bytes_max + config.frame_bytes_max + RECORD_OVERHEAD_BYTES_MAX
-    return LogConfig(segment_bytes_max=config.segment_bytes_max, tail_cache_bytes_max=2 << 20,
-                     record_bytes_max=record_bytes_max,
-                     batch_bytes_max=max(64 << 20, record_bytes_max + HEADER_BYTES))
+    return LogConfig(
+        segment_bytes_max=config.segment_bytes_max,
+        tail_cache_bytes_max=2 << 20,
+        record_bytes_max=record_bytes_max,
+        batch_bytes_max=max(64 << 20, record_bytes_max + HEADER_BYTES),
+    )
 
 
 class _Tick:
@@ -62,9 +67,12 @@ class _Tick:
 
     __slots__ = ("confirms", "nacks", "waiters", "ready")
 
-    def __init__(self, confirms: dict[BrokerChannel, int],
-                 nacks: dict[BrokerChannel, list[int]],
-                 waiters: list[asyncio.Future[None]]) -> None:
+    def __init__(
+        self,
+        confirms: dict[BrokerChannel, int],
+        nacks: dict[BrokerChannel, list[int]],
+        waiters: list[asyncio.Future[None]],
+    ) -> None:
         self.confirms = confirms
         self.nacks = nacks
         self.waiters = waiters
@@ -75,8 +83,11 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.amqp_config = ConnectionConfig(
-            frame_bytes_max=config.frame_bytes_max, channel_max=config.channel_max,
-            heartbeat_s=config.heartbeat_s, message_bytes_max=config.message_bytes_max)
+            frame_bytes_max=config.frame_bytes_max,
+            channel_max=config.channel_max,
+            heartbeat_s=config.heartbeat_s,
+            message_bytes_max=config.message_bytes_max,
+        )
         self.message_log_config = message_log_config(config)
         # One config per queue type, shared by every queue: 100,000 queues need not hold
         # 100,000 copies.
@@ -125,8 +136,12 @@ class Broker:
                 if collecting:
                     gc.enable()
             self.server = await self._loop.create_server(
-                lambda: BrokerConnection(self), self.config.bind, self.config.port,
-                reuse_address=True, backlog=1024)
+                lambda: BrokerConnection(self),
+                self.config.bind,
+                self.config.port,
+                reuse_address=True,
+                backlog=1024,
+            )
         except BaseException:
             await self._abandon_start()
             raise
@@ -141,10 +156,16 @@ class Broker:
             await self.store.close()
 
     def _new_vhost(self, name: str) -> VirtualHost:
-        vhost = VirtualHost(name, self.data_dir, self.store, open_engine=self._open_engine,
-                            batch_records_max=self.config.queue_batch_records_max,
-                            staged=self.staged, deliver_reply=self.deliver_reply,
-                            cancel_consumers=self.cancel_consumers)
+        vhost = VirtualHost(
+            name,
+            self.data_dir,
+            self.store,
+            open_engine=self._open_engine,
+            batch_records_max=self.config.queue_batch_records_max,
+            staged=self.staged,
+            deliver_reply=self.deliver_reply,
+            cancel_consumers=self.cancel_consumers,
+        )
         self.vhosts[name] = vhost
         return vhost
 
@@ -155,11 +176,19 @@ class Broker:
         config = self._queue_configs[quorum]
         descriptors = self.descriptors
         max_priority = arguments.get("x-max-priority")
-        if isinstance(max_priority, int) and not isinstance(max_priority, bool) \
-                and max_priority > 0:
-            return PriorityQueue(directory, max_priority, config.message_log.batch_bytes_max,
-                                 lambda level_directory: LogQueue.open(
-                                     level_directory, config, descriptors=descriptors))
+        if (
+            isinstance(max_priority, int)
+            and not isinstance(max_priority, bool)
+            and max_priority > 0
+        ):
+            return PriorityQueue(
+                directory,
+                max_priority,
+                config.message_log.batch_bytes_max,
+                lambda level_directory: LogQueue.open(
+                    level_directory, config, descriptors=descriptors
+                ),
+            )
         return LogQueue.open(directory, config, descriptors=descriptors)
 
     def _recover(self) -> None:
@@ -182,9 +211,14 @@ class Broker:
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:
                         shutil.rmtree(leftover, ignore_errors=True)
-            log.info("vhost '%s': %d exchanges, %d queues recovered, %d unavailable (%.1f s)",
-                     name, len(vhost.router.exchanges()), len(vhost.queues), len(vhost.failed),
-                     time.monotonic() - started)
+            log.info(
+                "vhost '%s': %d exchanges, %d queues recovered, %d unavailable (%.1f s)",
+                name,
+                len(vhost.router.exchanges()),
+                len(vhost.queues),
+                len(vhost.failed),
+                time.monotonic() - started,
+            )
 
     def sync_vhosts(self) -> None:
         """Host vhosts created (and drop those deleted) in the store by another process."""
@@ -231,8 +265,11 @@ class Broker:
 
     def accept(self, connection: BrokerConnection) -> bool:
         if self._stopping or len(self.connections) >= self.config.connections_max:
-            log.error("refusing connection from %s: %s", connection.name,
-                      "shutting down" if self._stopping else "connections_max reached")
+            log.error(
+                "refusing connection from %s: %s",
+                connection.name,
+                "shutting down" if self._stopping else "connections_max reached",
+            )
             return False
         self.connections.add(connection)
         return True
@@ -241,8 +278,7 @@ class Broker:
         self.connections.discard(connection)
         self._output.pop(connection, None)
 
-    async def authenticate(self, username: str, password: str, address: str,
-                           mechanism: str) -> Any:
+    async def authenticate(self, username: str, password: str, address: str, mechanism: str) -> Any:
         store = self.store
         assert store is not None
         try:
@@ -255,8 +291,9 @@ class Broker:
             log.error("%s login refused: user '%s' - invalid credentials", mechanism, username)
             return None
         if loopback_refused(user.name, address, self.config.loopback_users):
-            log.error("%s login refused: user '%s' can only connect via localhost", mechanism,
-                      username)
+            log.error(
+                "%s login refused: user '%s' can only connect via localhost", mechanism, username
+            )
             return None
         return user
 
@@ -276,16 +313,25 @@ class Broker:
         self.reply_channels[name] = channel
         return name
 
-    def deliver_reply(self, routing_key: str, exchange: str, properties: bytes,
-                      body: bytes) -> bool:
+    def deliver_reply(
+        self, routing_key: str, exchange: str, properties: bytes, body: bytes
+    ) -> bool:
         """Publish to "amq.rabbitmq.reply-to.X": straight to X's channel, never stored."""
         channel = self.reply_channels.get(routing_key)
         if channel is None or channel.reply_consumer is None:
             return False
         connection = channel.connection
         channel.delivery_tag += 1
-        connection.amqp.deliver(channel.number, channel.reply_consumer, channel.delivery_tag,
-                                False, exchange, routing_key, properties, body)
+        connection.amqp.deliver(
+            channel.number,
+            channel.reply_consumer,
+            channel.delivery_tag,
+            False,
+            exchange,
+            routing_key,
+            properties,
+            body,
+        )
         self.want_flush(connection)
         return True
 
@@ -350,7 +396,8 @@ class Broker:
         queue.last_used_s = self._loop.time()
         if queue.expiry_timer is None:
             queue.expiry_timer = self._loop.call_at(
-                queue.last_used_s + queue.expires_ms / 1000, self._expire, queue)
+                queue.last_used_s + queue.expires_ms / 1000, self._expire, queue
+            )
 
     def _expire(self, queue: WorkQueue) -> None:
         assert self._loop is not None
@@ -362,8 +409,12 @@ class Broker:
         if self._loop.time() < due_s:
             queue.expiry_timer = self._loop.call_at(due_s, self._expire, queue)
             return
-        log.info("queue '%s' in vhost '%s' expired (x-expires %d ms)", queue.name, queue.vhost,
-                 queue.expires_ms)
+        log.info(
+            "queue '%s' in vhost '%s' expired (x-expires %d ms)",
+            queue.name,
+            queue.vhost,
+            queue.expires_ms,
+        )
         self.drop_queue(queue)
 
     def arm_message_expiry(self, queue: WorkQueue) -> None:
@@ -391,8 +442,9 @@ class Broker:
             channel.consumers.pop(consumer.tag, None)
             connection = channel.connection
             if connection.amqp.capabilities.get("consumer_cancel_notify") is True:
-                connection.amqp.send_method(channel.number, commands.Basic.Cancel(
-                    consumer_tag=consumer.tag, nowait=True))
+                connection.amqp.send_method(
+                    channel.number, commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True)
+                )
                 self.want_flush(connection)
 
     def _tick(self) -> None:
@@ -418,8 +470,9 @@ class Broker:
                     self.arm_message_expiry(queue)
             except Exception as error:
                 # A queue whose log cannot be read stops delivering; the others carry on.
-                log.error("queue '%s' in vhost '%s': delivery failed: %r", queue.name,
-                          queue.vhost, error)
+                log.error(
+                    "queue '%s' in vhost '%s': delivery failed: %r", queue.name, queue.vhost, error
+                )
         if self._dispatch:
             self._schedule()
         confirms, self._confirms = self._confirms, {}
@@ -456,20 +509,25 @@ class Broker:
         try:
             await queue.commit()
         except Exception as error:
-            log.error("queue '%s' in vhost '%s': commit failed: %r", queue.name, queue.vhost,
-                      error)
+            log.error("queue '%s' in vhost '%s': commit failed: %r", queue.name, queue.vhost, error)
             return
         self.want_dispatch(queue)
 
     async def _commit(self, tick: _Tick, to_commit: list[tuple[WorkQueue, list[Any]]]) -> None:
         """fsync the tick's queues; a queue whose fsync fails fails exactly the publishes
         written to it in this tick, and the others' are confirmed."""
-        outcomes = await asyncio.gather(*(queue.commit() for queue, _ in to_commit),
-                                        return_exceptions=True)
-        for (queue, written), outcome in zip(to_commit, outcomes):
+        outcomes = await asyncio.gather(
+            *(queue.commit() for queue, _ in to_commit), return_exceptions=True
+        )
+        for (queue, written), outcome in zip(to_commit, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                log.error("queue '%s' in vhost '%s': fsync failed, refusing the publishes "
-                          "written to it: %r", queue.name, queue.vhost, outcome)
+                log.error(
+                    "queue '%s' in vhost '%s': fsync failed, refusing the publishes "
+                    "written to it: %r",
+                    queue.name,
+                    queue.vhost,
+                    outcome,
+                )
                 for publisher in written:
                     _publish_failed(publisher)
         tick.ready = True

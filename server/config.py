@@ -72,27 +72,44 @@ class BrokerConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, got {self.port}")
         if self.log_level not in LOG_LEVELS:
-            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+            raise ConfigError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
         if self.frame_bytes_max < 4096:
             raise ConfigError(f"frame_bytes_max must be at least 4096, got {self.frame_bytes_max}")
         if not 1 <= self.channel_max <= 65535:
             raise ConfigError(f"channel_max must be 1..65535, got {self.channel_max}")
         if not 0 <= self.heartbeat_s <= 65535:
             raise ConfigError(f"heartbeat_s must be 0..65535, got {self.heartbeat_s}")
-        for name in ("message_bytes_max", "connections_max", "read_buffer_bytes_max",
-                     "write_buffer_bytes_high", "unacked_per_channel_max",
-                     "queue_batch_records_max", "segment_bytes_max"):
+        for name in (
+            "message_bytes_max",
+            "connections_max",
+            "read_buffer_bytes_max",
+            "write_buffer_bytes_high",
+            "unacked_per_channel_max",
+            "queue_batch_records_max",
+            "segment_bytes_max",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.message_bytes_max > MESSAGE_BYTES_LIMIT:
-            raise ConfigError(f"message_bytes_max must be at most {MESSAGE_BYTES_LIMIT} (as RabbitMQ's "
-                              f"max_message_size), got {self.message_bytes_max}")
+            raise ConfigError(
+                f"message_bytes_max must be at most {MESSAGE_BYTES_LIMIT} (as RabbitMQ's "
+                f"max_message_size), got {self.message_bytes_max}"
+            )
         if self.frame_bytes_max > FRAME_BYTES_LIMIT:
-            raise ConfigError(f"frame_bytes_max must be at most {FRAME_BYTES_LIMIT}, got {self.frame_bytes_max}")
+            raise ConfigError(
+                f"frame_bytes_max must be at most {FRAME_BYTES_LIMIT}, got {self.frame_bytes_max}"
+            )
         if self.log_open_files_max < 0:
-            raise ConfigError(f"log_open_files_max must not be negative (0 is automatic), got {self.log_open_files_max}")
+            raise ConfigError(
+                "log_open_files_max must not be negative (0 is "
+                f"automatic), got {self.log_open_files_max}"
+            )
         if self.shutdown_timeout_s < 0:
-            raise ConfigError(f"shutdown_timeout_s must not be negative, got {self.shutdown_timeout_s}")
+            raise ConfigError(
+                f"shutdown_timeout_s must not be negative, got {self.shutdown_timeout_s}"
+            )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}
@@ -140,7 +157,7 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
-        name = key[len(ENV_PREFIX):].lower()
+        name = key[len(ENV_PREFIX) :].lower()
         if name in _FIELDS:
             settings[name] = _coerce(name, value)
     return settings

@@ -37,14 +37,21 @@ def register(commands: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     try:
-        config = load(args.config, overrides={"port": args.port, "bind": args.bind,
-                                              "data_dir": args.data_dir,
-                                              "log_level": args.log_level})
+        config = load(
+            args.config,
+            overrides={
+                "port": args.port,
+                "bind": args.bind,
+                "data_dir": args.data_dir,
+                "log_level": args.log_level,
+            },
+        )
     except ConfigError as error:
         print(f"warren serve: {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         import uvloop
     except ImportError:

@@ -118,11 +118,18 @@ class VirtualHost:
     deleted queue's consumers.
     """
 
-    def __init__(self, name: str, data_dir: Path, store: Any, *,
-                 open_engine: Callable[[Path, str, Mapping[str, Any]], Any],
-                 batch_records_max: int, staged: Callable[[WorkQueue], None],
-                 deliver_reply: Callable[[str, str, bytes, bytes], bool],
-                 cancel_consumers: Callable[[WorkQueue], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        data_dir: Path,
+        store: Any,
+        *,
+        open_engine: Callable[[Path, str, Mapping[str, Any]], Any],
+        batch_records_max: int,
+        staged: Callable[[WorkQueue], None],
+        deliver_reply: Callable[[str, str, bytes, bytes], bool],
+        cancel_consumers: Callable[[WorkQueue], None],
+    ) -> None:
         self.name = name
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
@@ -148,8 +155,17 @@ class VirtualHost:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes, *,
-                persistent: bool, expiring: bool = False, publisher: Any = None) -> Published:
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+        *,
+        persistent: bool,
+        expiring: bool = False,
+        publisher: Any = None,
+    ) -> Published:
         """Route a message and stage it on its queues (written by the next tick).
 
         `publisher` is whoever waits for it to be stored (see `WorkQueue.stage`).
@@ -183,8 +199,16 @@ class VirtualHost:
             return router.route(exchange, routing_key, headers), properties
         return router.route_keys(exchange, routing_keys, headers), properties
 
-    def stage(self, route: Route, exchange: str, routing_key: str, body: bytes,
-              persistent: bool, expiring: bool, publisher: Any) -> Published:
+    def stage(
+        self,
+        route: Route,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        persistent: bool,
+        expiring: bool,
+        publisher: Any,
+    ) -> Published:
         """Stage a routed message on each of its queues that still exists."""
         queue_names, properties = route
         if not queue_names:
@@ -235,18 +259,32 @@ class VirtualHost:
         queue.flush()
         return queue
 
-    async def declare_queue(self, name: str, *, durable: bool, exclusive: bool,
-                            auto_delete: bool, arguments: Mapping[str, Any], owner: str,
-                            server_named: bool) -> WorkQueue:
+    async def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: Mapping[str, Any],
+        owner: str,
+        server_named: bool,
+    ) -> WorkQueue:
         command = mc.DeclareQueue(
-            self.name, name, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
-            arguments=dict(arguments), owner=owner, server_named=server_named)
+            self.name,
+            name,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=dict(arguments),
+            owner=owner,
+            server_named=server_named,
+        )
         name = strip_cr_lf(name)
         if self.store.state.queue(self.name, name) is not None:
             outcome = await self._apply(command)
             return self._hosted(outcome.queue)
-        queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete,
-                                      arguments)
+        queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete, arguments)
         engine = self._open_new(name, arguments)
         self._opening[name] = engine
         try:
@@ -294,16 +332,20 @@ class VirtualHost:
         return queue
 
     def _open_existing(self, record: Any) -> Any:
-        return self._open_engine(self.queue_directory(record.name), record.name,
-                                 record.arguments)
+        return self._open_engine(self.queue_directory(record.name), record.name, record.arguments)
 
     def _failed(self, name: str, error: Exception) -> None:
         self.failed[name] = describe(error)
-        log.error("queue '%s' in vhost '%s' is unavailable until a declare opens it (its "
-                  "record and files are kept): opening its storage failed: %r", name, self.name,
-                  error)
-        log.debug("queue '%s' in vhost '%s': opening its storage failed", name, self.name,
-                  exc_info=error)
+        log.error(
+            "queue '%s' in vhost '%s' is unavailable until a declare opens it (its "
+            "record and files are kept): opening its storage failed: %r",
+            name,
+            self.name,
+            error,
+        )
+        log.debug(
+            "queue '%s' in vhost '%s': opening its storage failed", name, self.name, exc_info=error
+        )
 
     def _crashed(self, name: str) -> Exception:
         # rabbit_amqqueue:priv_absent/4 for a queue process that crashed.
@@ -313,10 +355,17 @@ class VirtualHost:
     def _host(self, record: Any, engine: Any) -> WorkQueue:
         arguments = record.arguments
         queue_type = queue_arguments.queue_type(arguments)
-        queue = WorkQueue(self.name, record.name, engine, durable=record.durable,
-                            auto_delete=record.auto_delete,
-                            exclusive_owner=record.exclusive_owner, arguments=arguments,
-                            queue_type=queue_type, batch_records_max=self._batch_records_max)
+        queue = WorkQueue(
+            self.name,
+            record.name,
+            engine,
+            durable=record.durable,
+            auto_delete=record.auto_delete,
+            exclusive_owner=record.exclusive_owner,
+            arguments=arguments,
+            queue_type=queue_type,
+            batch_records_max=self._batch_records_max,
+        )
         self.queues[record.name] = queue
         self.failed.pop(record.name, None)
         return queue
@@ -343,14 +392,17 @@ class VirtualHost:
         if if_empty and queue.ready_count:
             raise PreconditionFailed(f"{rs} not empty")
 
-    async def delete_queue(self, queue: WorkQueue, *, if_unused: bool = False,
-                           if_empty: bool = False) -> int:
+    async def delete_queue(
+        self, queue: WorkQueue, *, if_unused: bool = False, if_empty: bool = False
+    ) -> int:
         """The one way a queue goes (queue.delete, auto-delete, exclusive owner gone,
         x-expires): checks, the metadata record (routing to it stops at once), then consumers
         cancelled and data deleted. Returns how many ready messages it held; 0 when it was
         already gone."""
-        if self.queues.get(queue.name) is not queue \
-                or self.store.state.queue(self.name, queue.name) is None:
+        if (
+            self.queues.get(queue.name) is not queue
+            or self.store.state.queue(self.name, queue.name) is None
+        ):
             return 0
         self.check_delete(queue, if_unused=if_unused, if_empty=if_empty)
         count = queue.ready_count
@@ -378,27 +430,50 @@ class VirtualHost:
         """exchange.declare passive: 404 unless the exchange exists (403 for the default)."""
         self.router.declare(name, passive=True)
 
-    async def declare_exchange(self, name: str, type_name: str, *, durable: bool,
-                               auto_delete: bool, internal: bool,
-                               arguments: Mapping[str, Any]) -> None:
-        await self._apply(mc.DeclareExchange(self.name, name, type_name, durable=durable,
-                                             auto_delete=auto_delete, internal=internal,
-                                             arguments=dict(arguments)))
+    async def declare_exchange(
+        self,
+        name: str,
+        type_name: str,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        await self._apply(
+            mc.DeclareExchange(
+                self.name,
+                name,
+                type_name,
+                durable=durable,
+                auto_delete=auto_delete,
+                internal=internal,
+                arguments=dict(arguments),
+            )
+        )
 
     async def delete_exchange(self, name: str, *, if_unused: bool) -> None:
         await self._apply(mc.DeleteExchange(self.name, name, if_unused=if_unused))
 
     # -- bindings -------------------------------------------------------------------------
 
-    async def bind(self, source: str, destination: Destination, routing_key: str,
-                   arguments: Mapping[str, Any]) -> None:
-        await self._apply(mc.Bind(self.name, source, destination.name, destination.kind,
-                                  routing_key, dict(arguments)))
+    async def bind(
+        self, source: str, destination: Destination, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
+        await self._apply(
+            mc.Bind(
+                self.name, source, destination.name, destination.kind, routing_key, dict(arguments)
+            )
+        )
 
-    async def unbind(self, source: str, destination: Destination, routing_key: str,
-                     arguments: Mapping[str, Any]) -> None:
-        await self._apply(mc.Unbind(self.name, source, destination.name, destination.kind,
-                                    routing_key, dict(arguments)))
+    async def unbind(
+        self, source: str, destination: Destination, routing_key: str, arguments: Mapping[str, Any]
+    ) -> None:
+        await self._apply(
+            mc.Unbind(
+                self.name, source, destination.name, destination.kind, routing_key, dict(arguments)
+            )
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -417,8 +492,12 @@ class VirtualHost:
                 try:
                     await queue.engine.shutdown()
                 except Exception as error:
-                    log.error("queue '%s' in vhost '%s': clean shutdown failed: %r",
-                              queue.name, self.name, error)
+                    log.error(
+                        "queue '%s' in vhost '%s': clean shutdown failed: %r",
+                        queue.name,
+                        self.name,
+                        error,
+                    )
                     queue.engine.close()
 
         await asyncio.gather(*(shut_down_in_turn() for _ in range(SHUTDOWN_CONCURRENT_MAX)))

@@ -43,16 +43,27 @@ def test_channel_open_close_by_client_and_number_reuse():
 def test_publish_event_carries_property_bytes_verbatim():
     conn = connected()
     properties = commands.Basic.Properties(
-        content_type="application/json", headers={"a": 1, "b": "x"}, delivery_mode=2,
-        priority=7, expiration="60000", user_id="guest", message_id="m1")
-    [event] = feed(conn, testing.publish(1, "amq.topic", "a.b", b'{"k": 1}', properties,
-                                         mandatory=True))
+        content_type="application/json",
+        headers={"a": 1, "b": "x"},
+        delivery_mode=2,
+        priority=7,
+        expiration="60000",
+        user_id="guest",
+        message_id="m1",
+    )
+    [event] = feed(
+        conn, testing.publish(1, "amq.topic", "a.b", b'{"k": 1}', properties, mandatory=True)
+    )
     assert isinstance(event, events.MessagePublished)
     assert (event.exchange, event.routing_key, event.mandatory) == ("amq.topic", "a.b", True)
     assert event.properties == properties.marshal()
     assert event.body == b'{"k": 1}'
     assert (event.delivery_mode, event.priority, event.expiration, event.user_id) == (
-        2, 7, "60000", "guest")
+        2,
+        7,
+        "60000",
+        "guest",
+    )
     assert event.confirm_tag == 0
 
 
@@ -63,8 +74,11 @@ def test_empty_body_needs_no_body_frame():
 
 
 @settings(max_examples=80, deadline=None)
-@given(body=st.binary(max_size=20000), frame_max=st.integers(min_value=4096, max_value=9000),
-       cut=st.integers(min_value=0, max_value=30000))
+@given(
+    body=st.binary(max_size=20000),
+    frame_max=st.integers(min_value=4096, max_value=9000),
+    cut=st.integers(min_value=0, max_value=30000),
+)
 def test_multi_frame_bodies_are_joined(body, frame_max, cut):
     conn = connected(frame_bytes_max=frame_max)
     data = testing.publish(1, "ex", "rk", body, frame_max=frame_max)
@@ -85,7 +99,9 @@ def test_publishes_on_two_channels_interleave():
                 interleaved.append(testing.marshal(*parsed[i]))
     published = feed(conn, b"".join(interleaved))
     assert sorted((e.channel, e.routing_key, len(e.body)) for e in published) == [
-        (1, "a", 10000), (2, "b", 5000)]
+        (1, "a", 10000),
+        (2, "b", 5000),
+    ]
 
 
 def test_confirm_mode_numbers_publishes_and_confirms_encode():
@@ -117,7 +133,8 @@ def test_tx_and_confirm_do_not_mix():
     assert isinstance(event.method, commands.Tx.Select)
     [closed] = feed(conn, testing.marshal(1, commands.Confirm.Select()))
     assert closed == events.ChannelClosed(
-        1, 406, "PRECONDITION_FAILED - cannot switch from tx to confirm mode", False)
+        1, 406, "PRECONDITION_FAILED - cannot switch from tx to confirm mode", False
+    )
     [(_, close)] = sent(conn)
     assert (close.reply_code, close.class_id, close.method_id) == (406, 85, 10)
     feed(conn, testing.marshal(2, commands.Confirm.Select()))
@@ -128,7 +145,8 @@ def test_tx_and_confirm_do_not_mix():
 def test_flow_active_is_acknowledged_and_inactive_is_540_as_in_rabbitmq():
     conn = connected()
     assert feed(conn, testing.marshal(1, commands.Channel.Flow(active=True))) == [
-        events.FlowChanged(1, True)]
+        events.FlowChanged(1, True)
+    ]
     [(_, flow_ok)] = sent(conn)
     assert isinstance(flow_ok, commands.Channel.FlowOk) and flow_ok.active is True
     [closed] = feed(conn, testing.marshal(1, commands.Channel.Flow(active=False)))
@@ -139,22 +157,35 @@ def test_flow_active_is_acknowledged_and_inactive_is_540_as_in_rabbitmq():
 
 def test_ack_nack_reject_events():
     conn = connected()
-    got = feed(conn, testing.marshal(
-        1, commands.Basic.Ack(delivery_tag=5, multiple=True),
-        commands.Basic.Nack(delivery_tag=6, multiple=False, requeue=True),
-        commands.Basic.Reject(delivery_tag=7, requeue=False)))
-    assert got == [events.Acked(1, 5, True), events.Nacked(1, 6, False, True),
-                   events.Rejected(1, 7, False)]
+    got = feed(
+        conn,
+        testing.marshal(
+            1,
+            commands.Basic.Ack(delivery_tag=5, multiple=True),
+            commands.Basic.Nack(delivery_tag=6, multiple=False, requeue=True),
+            commands.Basic.Reject(delivery_tag=7, requeue=False),
+        ),
+    )
+    assert got == [
+        events.Acked(1, 5, True),
+        events.Nacked(1, 6, False, True),
+        events.Rejected(1, 7, False),
+    ]
 
 
 def test_other_methods_reach_the_broker_as_pamqp_objects():
     conn = connected()
-    [event] = feed(conn, testing.marshal(1, commands.Queue.Declare(
-        queue="jobs", durable=True, arguments={"x-max-length": 10})))
+    [event] = feed(
+        conn,
+        testing.marshal(
+            1, commands.Queue.Declare(queue="jobs", durable=True, arguments={"x-max-length": 10})
+        ),
+    )
     assert event.channel == 1 and isinstance(event.method, commands.Queue.Declare)
     assert event.method.queue == "jobs" and event.method.arguments == {"x-max-length": 10}
-    assert conn.send_method(1, commands.Queue.DeclareOk(queue="jobs", message_count=0,
-                                                        consumer_count=0))
+    assert conn.send_method(
+        1, commands.Queue.DeclareOk(queue="jobs", message_count=0, consumer_count=0)
+    )
     [(_, declare_ok)] = sent(conn)
     assert declare_ok.queue == "jobs"
 
@@ -165,8 +196,7 @@ def test_replies_carrying_names_pamqp_refuses_go_out_on_open_channels_only():
     assert conn.consume_ok(1, "tag (1) \N{RABBIT}")
     assert conn.cancel_ok(1, "tag (1) \N{RABBIT}")
     [(_, declare_ok), (_, consume_ok), (_, cancel_ok)] = sent(conn)
-    assert (declare_ok.queue, declare_ok.message_count, declare_ok.consumer_count) == (
-        "café", 3, 1)
+    assert (declare_ok.queue, declare_ok.message_count, declare_ok.consumer_count) == ("café", 3, 1)
     assert consume_ok.consumer_tag == cancel_ok.consumer_tag == "tag (1) \N{RABBIT}"
     assert not conn.declare_ok(2, "café", 0, 0)
     assert not conn.consume_ok(2, "t") and not conn.cancel_ok(2, "t")
@@ -179,12 +209,15 @@ def test_broker_channel_error_closes_only_that_channel_and_drops_what_follows():
         testing.marshal(1, commands.Queue.Declare(queue="missing", passive=True))
         + testing.publish(1, "", "q", b"dropped")
         + testing.marshal(1, commands.Queue.Declare(queue="dropped too"))
-        + testing.publish(2, "", "q", b"kept"), 1.0)
+        + testing.publish(2, "", "q", b"kept"),
+        1.0,
+    )
     declare = conn.next_event()
     assert isinstance(declare.method, commands.Queue.Declare)
     conn.fail(ChannelError(replies.NOT_FOUND, "no queue 'missing' in vhost '/'"), 1)
     assert conn.next_event() == events.ChannelClosed(
-        1, 404, "NOT_FOUND - no queue 'missing' in vhost '/'", False)
+        1, 404, "NOT_FOUND - no queue 'missing' in vhost '/'", False
+    )
     kept = conn.next_event()
     assert (kept.channel, kept.body) == (2, b"kept")
     assert conn.next_event() is None
@@ -193,8 +226,12 @@ def test_broker_channel_error_closes_only_that_channel_and_drops_what_follows():
     assert close.reply_text == "NOT_FOUND - no queue 'missing' in vhost '/'"
     assert not conn.deliver(1, "c", 1, False, "", "q", b"\x00\x00", b"x")
     # A crossing channel.close is answered; close-ok frees the number for reuse.
-    feed(conn, testing.marshal(1, commands.Channel.Close(reply_code=200, reply_text="",
-                                                         class_id=0, method_id=0)))
+    feed(
+        conn,
+        testing.marshal(
+            1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0)
+        ),
+    )
     [(_, close_ok)] = sent(conn)
     assert isinstance(close_ok, commands.Channel.CloseOk)
     assert feed(conn, testing.marshal(1, commands.Channel.Open())) == []
@@ -204,8 +241,9 @@ def test_broker_channel_error_closes_only_that_channel_and_drops_what_follows():
 
 def test_broker_connection_error_from_a_channel_closes_the_connection():
     conn = connected()
-    [event] = feed(conn, testing.marshal(1, commands.Exchange.Declare(exchange="x",
-                                                                      exchange_type="bogus")))
+    [event] = feed(
+        conn, testing.marshal(1, commands.Exchange.Declare(exchange="x", exchange_type="bogus"))
+    )
     conn.fail(replies.protocol_error(replies.COMMAND_INVALID, "unknown exchange type 'bogus'"), 1)
     [(channel, close)] = sent(conn)
     assert channel == 0 and (close.reply_code, close.class_id, close.method_id) == (503, 40, 10)
@@ -215,12 +253,22 @@ def test_broker_connection_error_from_a_channel_closes_the_connection():
 
 def test_delivery_round_trips_through_a_client_parser():
     conn = connected(frame_bytes_max=4096)
-    properties = commands.Basic.Properties(content_type="text/plain", delivery_mode=2,
-                                           headers={"x-id": 9})
-    [published] = feed(conn, testing.publish(1, "ex", "rk", b"b" * 9000, properties,
-                                             frame_max=4096))
-    assert conn.deliver(1, "ctag-1", 42, True, published.exchange, published.routing_key,
-                        published.properties, published.body)
+    properties = commands.Basic.Properties(
+        content_type="text/plain", delivery_mode=2, headers={"x-id": 9}
+    )
+    [published] = feed(
+        conn, testing.publish(1, "ex", "rk", b"b" * 9000, properties, frame_max=4096)
+    )
+    assert conn.deliver(
+        1,
+        "ctag-1",
+        42,
+        True,
+        published.exchange,
+        published.routing_key,
+        published.properties,
+        published.body,
+    )
     parsed = sent(conn)
     deliver, header = parsed[0][1], parsed[1][1]
     assert isinstance(deliver, commands.Basic.Deliver)

@@ -22,8 +22,11 @@ from warrenmq.amqp import (
 
 def connected(channels=(1,), **kwargs):
     conn = Connection(ConnectionConfig(**kwargs))
-    testing.open_connection(conn, frame_max=kwargs.get("frame_bytes_max", 131072),
-                            channel_max=kwargs.get("channel_max", 2047))
+    testing.open_connection(
+        conn,
+        frame_max=kwargs.get("frame_bytes_max", 131072),
+        channel_max=kwargs.get("channel_max", 2047),
+    )
     for channel in channels:
         testing.open_channel(conn, channel)
     return conn
@@ -63,27 +66,38 @@ def channel_close(conn, data, channel=1):
 
 # -- frame level -------------------------------------------------------------------------------
 
+
 def test_bad_frame_end_is_fatal_501():
     conn = connected()
     data = raw_frame(1, 1, struct.pack(">HHQB", 60, 80, 1, 0), end=b"\x00")
     assert connection_close(conn, data + testing.heartbeat()) == (
-        501, "FRAME_ERROR - type 1, all octets = <<0,60,0,80,0,0,0,0,0,0,0,1,0>>: "
-             "{invalid_frame_end_marker,0}", 0, 0)
+        501,
+        "FRAME_ERROR - type 1, all octets = <<0,60,0,80,0,0,0,0,0,0,0,1,0>>: "
+        "{invalid_frame_end_marker,0}",
+        0,
+        0,
+    )
     assert conn.finished
 
 
 def test_bad_frame_end_with_a_long_payload_shows_the_first_16_octets():
     conn = connected()
     code, text, _, _ = connection_close(conn, raw_frame(3, 1, b"a" * 40, end=b"\xcf"))
-    assert text == ('FRAME_ERROR - type 3, first 16 octets = <<"aaaaaaaaaaaaaaaa">>: '
-                    "{invalid_frame_end_marker,207}")
+    assert text == (
+        'FRAME_ERROR - type 3, first 16 octets = <<"aaaaaaaaaaaaaaaa">>: '
+        "{invalid_frame_end_marker,207}"
+    )
 
 
 def test_frame_larger_than_negotiated_frame_max_is_fatal_501():
     conn = connected(frame_bytes_max=8192)
     header = struct.pack(">BHI", 3, 1, 9000)
     assert connection_close(conn, header) == (
-        501, "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,9000,8184}", 0, 0)
+        501,
+        "FRAME_ERROR - type 3, all octets = <<>>: {frame_too_large,9000,8184}",
+        0,
+        0,
+    )
     assert conn.finished
 
 
@@ -95,12 +109,15 @@ def test_frame_max_applies_before_tune_ok_too():
     assert conn.finished
 
 
-@pytest.mark.parametrize("frame_type, channel, payload, text", [
-    (9, 0, b"", "FRAME_ERROR - type 9, all octets = <<>>: unknown_frame"),
-    (8, 0, b"x", 'FRAME_ERROR - type 8, all octets = <<"x">>: unknown_frame'),
-    (1, 1, b"\x00\x3c", "FRAME_ERROR - type 1, all octets = <<0,60>>: unknown_frame"),
-    (2, 1, b"\x00\x3c\x00", "FRAME_ERROR - type 2, all octets = <<0,60,0>>: unknown_frame"),
-])
+@pytest.mark.parametrize(
+    "frame_type, channel, payload, text",
+    [
+        (9, 0, b"", "FRAME_ERROR - type 9, all octets = <<>>: unknown_frame"),
+        (8, 0, b"x", 'FRAME_ERROR - type 8, all octets = <<"x">>: unknown_frame'),
+        (1, 1, b"\x00\x3c", "FRAME_ERROR - type 1, all octets = <<0,60>>: unknown_frame"),
+        (2, 1, b"\x00\x3c\x00", "FRAME_ERROR - type 2, all octets = <<0,60,0>>: unknown_frame"),
+    ],
+)
 def test_malformed_frames_are_501_unknown_frame(frame_type, channel, payload, text):
     conn = connected()
     assert connection_close(conn, raw_frame(frame_type, channel, payload)) == (501, text, 0, 0)
@@ -109,48 +126,77 @@ def test_malformed_frames_are_501_unknown_frame(frame_type, channel, payload, te
 def test_heartbeat_on_a_channel_and_content_on_channel_0_are_505():
     conn = connected()
     assert connection_close(conn, raw_frame(8, 1, b"")) == (
-        505, "UNEXPECTED_FRAME - type 8, all octets = <<>>", 0, 0)
+        505,
+        "UNEXPECTED_FRAME - type 8, all octets = <<>>",
+        0,
+        0,
+    )
     conn = connected()
     assert connection_close(conn, raw_frame(3, 0, b"body")) == (
-        505, 'UNEXPECTED_FRAME - type 3, all octets = <<"body">>', 0, 0)
+        505,
+        'UNEXPECTED_FRAME - type 3, all octets = <<"body">>',
+        0,
+        0,
+    )
 
 
 # -- content assembly ------------------------------------------------------------------------
+
 
 def test_content_header_without_a_method_is_505():
     conn = connected()
     header = testing.marshal(1, pamqp_header.ContentHeader(body_size=1))
     assert connection_close(conn, header) == (
-        505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead", 0, 0)
+        505,
+        "UNEXPECTED_FRAME - expected method frame, got non method frame instead",
+        0,
+        0,
+    )
 
 
 def test_body_without_a_header_is_505():
     conn = connected()
-    data = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"),
-                           pamqp_body.ContentBody(b"x"))
+    data = testing.marshal(
+        1, commands.Basic.Publish(exchange="", routing_key="q"), pamqp_body.ContentBody(b"x")
+    )
     assert connection_close(conn, data) == (
-        505, "UNEXPECTED_FRAME - expected content header for class 60, got non content header "
-             "frame instead", 60, 40)
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, got non content header "
+        "frame instead",
+        60,
+        40,
+    )
 
 
 def test_method_while_a_body_is_expected_is_505():
     conn = connected()
-    data = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"),
-                           pamqp_header.ContentHeader(body_size=10),
-                           commands.Basic.Ack(delivery_tag=1))
+    data = testing.marshal(
+        1,
+        commands.Basic.Publish(exchange="", routing_key="q"),
+        pamqp_header.ContentHeader(body_size=10),
+        commands.Basic.Ack(delivery_tag=1),
+    )
     assert connection_close(conn, data) == (
-        505, "UNEXPECTED_FRAME - expected content body, got non content body frame instead",
-        60, 40)
+        505,
+        "UNEXPECTED_FRAME - expected content body, got non content body frame instead",
+        60,
+        40,
+    )
 
 
 def test_channel_close_while_a_header_is_expected_is_505():
     conn = connected()
-    data = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"),
-                           commands.Channel.Close(reply_code=200, reply_text="", class_id=0,
-                                                  method_id=0))
+    data = testing.marshal(
+        1,
+        commands.Basic.Publish(exchange="", routing_key="q"),
+        commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0),
+    )
     code, text, _, _ = connection_close(conn, data)
-    assert (code, text) == (505, "UNEXPECTED_FRAME - expected content header for class 60, "
-                                 "got non content header frame instead")
+    assert (code, text) == (
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, "
+        "got non content header frame instead",
+    )
 
 
 def test_header_for_another_class_is_505():
@@ -158,17 +204,27 @@ def test_header_for_another_class_is_505():
     publish = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"))
     header = raw_frame(2, 1, struct.pack(">HHQH", 50, 0, 1, 0))
     assert connection_close(conn, publish + header) == (
-        505, "UNEXPECTED_FRAME - expected content header for class 60, got one for class 50 "
-             "instead", 60, 40)
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, got one for class 50 instead",
+        60,
+        40,
+    )
 
 
 def test_body_frame_beyond_the_announced_size_is_501():
     conn = connected()
-    data = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"),
-                           pamqp_header.ContentHeader(body_size=3),
-                           pamqp_body.ContentBody(b"four"))
+    data = testing.marshal(
+        1,
+        commands.Basic.Publish(exchange="", routing_key="q"),
+        pamqp_header.ContentHeader(body_size=3),
+        pamqp_body.ContentBody(b"four"),
+    )
     assert connection_close(conn, data) == (
-        501, "FRAME_ERROR - content body frame exceeds remaining content size", 60, 40)
+        501,
+        "FRAME_ERROR - content body frame exceeds remaining content size",
+        60,
+        40,
+    )
 
 
 def header_table(table):
@@ -195,8 +251,11 @@ PROPERTIES_THAT_DO_NOT_PARSE = {
 }
 
 
-@pytest.mark.parametrize("properties", list(PROPERTIES_THAT_DO_NOT_PARSE.values()),
-                         ids=list(PROPERTIES_THAT_DO_NOT_PARSE))
+@pytest.mark.parametrize(
+    "properties",
+    list(PROPERTIES_THAT_DO_NOT_PARSE.values()),
+    ids=list(PROPERTIES_THAT_DO_NOT_PARSE),
+)
 def test_property_bytes_that_do_not_parse_are_a_bare_541(properties):
     # RabbitMQ's channel process crashes decoding them; its reader closes with 541.
     conn = connected()
@@ -210,7 +269,11 @@ def test_property_bytes_refused_though_they_parse_are_501():
     publish = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"))
     header = raw_frame(2, 1, struct.pack(">HHQH", 60, 0, 0, 0x8000) + b"\x02\xff\xfe")
     assert connection_close(conn, publish + header) == (
-        501, "FRAME_ERROR - Malformed UTF-8 in shortstr", 60, 40)
+        501,
+        "FRAME_ERROR - Malformed UTF-8 in shortstr",
+        60,
+        40,
+    )
 
 
 def test_message_over_the_size_limit_closes_the_channel_with_406():
@@ -219,8 +282,11 @@ def test_message_over_the_size_limit_closes_the_channel_with_406():
     conn.receive_data(data, 1.0)
     got = testing.drain(conn)
     assert got[0] == events.ChannelClosed(
-        1, 406, "PRECONDITION_FAILED - message size 1001 is larger than configured max size 1000",
-        False)
+        1,
+        406,
+        "PRECONDITION_FAILED - message size 1001 is larger than configured max size 1000",
+        False,
+    )
     assert got[1].channel == 2 and got[1].body == b"ok"
     [(number, close)] = testing.parse(conn.data_to_send())
     assert (number, close.reply_code, close.class_id, close.method_id) == (1, 406, 60, 40)
@@ -228,12 +294,12 @@ def test_message_over_the_size_limit_closes_the_channel_with_406():
 
 def test_immediate_publish_is_540():
     conn = connected()
-    data = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q",
-                                                     immediate=True))
+    data = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q", immediate=True))
     assert connection_close(conn, data) == (540, "NOT_IMPLEMENTED - immediate=true", 60, 40)
 
 
 # -- methods ---------------------------------------------------------------------------------
+
 
 def test_undecodable_method_arguments_are_501_with_the_method_ids():
     conn = connected()
@@ -247,16 +313,25 @@ def test_undecodable_method_arguments_are_501_with_the_method_ids():
 def declare_payload(table, trailing=b""):
     """queue.declare ids and arguments for queue "q", exclusive, with ``table`` as its
     arguments table's raw bytes."""
-    return (struct.pack(">HHHB", 50, 10, 0, 1) + b"q" + b"\x04" + struct.pack(">I", len(table))
-            + table + trailing)
+    return (
+        struct.pack(">HHHB", 50, 10, 0, 1)
+        + b"q"
+        + b"\x04"
+        + struct.pack(">I", len(table))
+        + table
+        + trailing
+    )
 
 
 @pytest.mark.parametrize("table", list(MALFORMED_TABLES.values()), ids=list(MALFORMED_TABLES))
 def test_malformed_table_in_method_arguments_drops_the_connection_unannounced(table):
     # RabbitMQ's reader process crashes in parse_table: the socket closes, nothing is sent.
     conn = connected(channels=(1, 2))
-    conn.receive_data(raw_frame(1, 1, declare_payload(table))
-                      + testing.marshal(2, commands.Basic.Qos(prefetch_count=1)), 1.0)
+    conn.receive_data(
+        raw_frame(1, 1, declare_payload(table))
+        + testing.marshal(2, commands.Basic.Qos(prefetch_count=1)),
+        1.0,
+    )
     [event] = testing.drain(conn)
     assert isinstance(event, events.ConnectionClosed) and event.reply_code == 0
     assert event.reply_text.startswith("malformed field table: ") and not event.by_peer
@@ -271,13 +346,22 @@ def test_method_arguments_must_end_with_their_last_field():
     conn = connected()
     code, text, class_id, method_id = connection_close(conn, raw_frame(1, 1, good + b"\x00"))
     assert (code, class_id, method_id) == (501, 50, 10)
-    assert text == "FRAME_ERROR - cannot decode <<%s>>" % ",".join(map(str, good[4:] + b"\x00"))
+    decoded = ",".join(map(str, good[4:] + b"\x00"))
+    assert text == f"FRAME_ERROR - cannot decode <<{decoded}>>"
 
 
 @pytest.mark.filterwarnings("ignore:This command is deprecated:DeprecationWarning")
 def test_the_strict_argument_check_takes_every_method_pamqp_encodes():
-    samples = {"shortstr": "x", "longstr": "y", "table": {"k": "v", "n": {"a": [1, "s"]}},
-               "bit": True, "octet": 1, "short": 2, "long": 3, "longlong": 4}
+    samples = {
+        "shortstr": "x",
+        "longstr": "y",
+        "table": {"k": "v", "n": {"a": [1, "s"]}},
+        "bit": True,
+        "octet": 1,
+        "short": 2,
+        "long": 3,
+        "longlong": 4,
+    }
     for index, kind in commands.INDEX_MAPPING.items():
         method = kind()
         for name in kind.__slots__:
@@ -286,12 +370,21 @@ def test_the_strict_argument_check_takes_every_method_pamqp_encodes():
         arguments = testing.marshal(1, method)[11:-1]
         decoded = frames.decode_method(index >> 16, index & 0xFFFF, arguments)
         assert [getattr(decoded, name) for name in kind.__slots__] == [
-            getattr(method, name) for name in kind.__slots__], kind.name
+            getattr(method, name) for name in kind.__slots__
+        ], kind.name
 
 
 def start_ok_with_client_properties(table):
-    return raw_frame(1, 0, struct.pack(">HHI", 10, 11, len(table)) + table + b"\x05PLAIN"
-                     + struct.pack(">I", 12) + b"\0guest\0guest" + b"\x05en_US")
+    return raw_frame(
+        1,
+        0,
+        struct.pack(">HHI", 10, 11, len(table))
+        + table
+        + b"\x05PLAIN"
+        + struct.pack(">I", 12)
+        + b"\0guest\0guest"
+        + b"\x05en_US",
+    )
 
 
 def test_malformed_client_properties_close_the_handshake_silently():
@@ -313,29 +406,31 @@ def test_malformed_table_on_channel_0_of_an_open_connection_is_a_bare_541():
 def test_unknown_method_is_540():
     conn = connected()
     data = raw_frame(1, 1, struct.pack(">HH", 60, 99))
-    assert connection_close(conn, data) == (540, "NOT_IMPLEMENTED - unknown method {60,99}",
-                                            60, 99)
+    assert connection_close(conn, data) == (540, "NOT_IMPLEMENTED - unknown method {60,99}", 60, 99)
 
 
 def test_method_on_a_channel_that_is_not_open_is_504():
     conn = connected(channels=())
     data = testing.marshal(5, commands.Basic.Qos(prefetch_count=10))
-    assert connection_close(conn, data) == (504, "CHANNEL_ERROR - expected 'channel.open'",
-                                            60, 10)
+    assert connection_close(conn, data) == (504, "CHANNEL_ERROR - expected 'channel.open'", 60, 10)
 
 
 def test_second_channel_open_is_504():
     conn = connected()
     assert connection_close(conn, testing.marshal(1, commands.Channel.Open())) == (
-        504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
+        504,
+        "CHANNEL_ERROR - second 'channel.open' seen",
+        20,
+        10,
+    )
 
 
 def test_server_only_methods_from_the_client_are_503():
     conn = connected()
-    data = testing.marshal(1, commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, exchange="",
-                                                             routing_key="q"))
-    assert connection_close(conn, data) == (503, "COMMAND_INVALID - unimplemented method",
-                                            60, 60)
+    data = testing.marshal(
+        1, commands.Basic.Deliver(consumer_tag="c", delivery_tag=1, exchange="", routing_key="q")
+    )
+    assert connection_close(conn, data) == (503, "COMMAND_INVALID - unimplemented method", 60, 60)
     conn = connected()
     data = testing.marshal(1, commands.Channel.CloseOk())
     assert connection_close(conn, data)[:2] == (503, "COMMAND_INVALID - unimplemented method")
@@ -343,14 +438,21 @@ def test_server_only_methods_from_the_client_are_503():
 
 def test_wrong_method_on_channel_0_is_504_with_the_state_name():
     conn = connected()
-    data = testing.marshal(0, commands.Connection.TuneOk(channel_max=1, frame_max=4096,
-                                                         heartbeat=0))
+    data = testing.marshal(
+        0, commands.Connection.TuneOk(channel_max=1, frame_max=4096, heartbeat=0)
+    )
     assert connection_close(conn, data) == (
-        504, "CHANNEL_ERROR - unexpected method in connection state running", 10, 31)
+        504,
+        "CHANNEL_ERROR - unexpected method in connection state running",
+        10,
+        31,
+    )
     conn = connected()
     data = testing.marshal(0, commands.Basic.Qos())
     assert connection_close(conn, data)[:2] == (
-        504, "CHANNEL_ERROR - unexpected method in connection state running")
+        504,
+        "CHANNEL_ERROR - unexpected method in connection state running",
+    )
 
 
 def test_wrong_method_while_opening_gets_a_close():
@@ -358,12 +460,15 @@ def test_wrong_method_while_opening_gets_a_close():
     conn.receive_data(b"AMQP\x00\x00\x09\x01" + testing.marshal(0, testing.start_ok()), 0.0)
     testing.drain(conn)
     conn.accept_login()
-    conn.receive_data(testing.marshal(0, commands.Connection.TuneOk(
-        channel_max=10, frame_max=4096, heartbeat=0)), 0.0)
+    conn.receive_data(
+        testing.marshal(0, commands.Connection.TuneOk(channel_max=10, frame_max=4096, heartbeat=0)),
+        0.0,
+    )
     conn.data_to_send()
-    assert connection_close(conn, testing.marshal(0, commands.Connection.TuneOk(
-        channel_max=10, frame_max=4096, heartbeat=0))) == (
-        504, "CHANNEL_ERROR - unexpected method in connection state opening", 10, 31)
+    assert connection_close(
+        conn,
+        testing.marshal(0, commands.Connection.TuneOk(channel_max=10, frame_max=4096, heartbeat=0)),
+    ) == (504, "CHANNEL_ERROR - unexpected method in connection state opening", 10, 31)
 
 
 def test_frames_on_channels_before_open_close_silently():
@@ -376,28 +481,38 @@ def test_frames_on_channels_before_open_close_silently():
 
 # -- channel limits --------------------------------------------------------------------------
 
+
 def test_channel_max_is_enforced_by_count_only():
     conn = connected(channels=(1, 2), channel_max=2)
     assert connection_close(conn, testing.marshal(3, commands.Channel.Open())) == (
-        530, "NOT_ALLOWED - number of channels opened (2) has reached the negotiated "
-             "channel_max (2)", 0, 0)
+        530,
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)",
+        0,
+        0,
+    )
     # As rabbit_reader:create_channel/2: numbers above channel_max open while the count allows.
     conn = connected(channels=(65535,), channel_max=2)
     conn.receive_data(testing.marshal(7, commands.Channel.Open()), 1.0)
     assert testing.drain(conn) == [events.ChannelOpened(7)]
     assert conn.channel_is_open(65535) and conn.channel_is_open(7)
     assert connection_close(conn, testing.marshal(3, commands.Channel.Open())) == (
-        530, "NOT_ALLOWED - number of channels opened (2) has reached the negotiated "
-             "channel_max (2)", 0, 0)
+        530,
+        "NOT_ALLOWED - number of channels opened (2) has reached the negotiated channel_max (2)",
+        0,
+        0,
+    )
 
 
 # -- after close ------------------------------------------------------------------------------
 
+
 def test_after_a_connection_error_nothing_more_is_processed():
     conn = connected()
-    data = (testing.marshal(1, commands.Channel.Open())
-            + testing.publish(1, "", "q", b"never")
-            + testing.marshal(2, commands.Channel.Open()))
+    data = (
+        testing.marshal(1, commands.Channel.Open())
+        + testing.publish(1, "", "q", b"never")
+        + testing.marshal(2, commands.Channel.Open())
+    )
     code, _, _, _ = connection_close(conn, data)
     assert code == 504
     assert conn.state is ConnectionState.CLOSING
@@ -416,9 +531,11 @@ def test_other_connections_are_unaffected():
 
 # -- the reply module --------------------------------------------------------------------------
 
+
 def test_reply_texts_and_error_types():
     assert replies.format_reply_text(404, "no queue 'x' in vhost '/'") == (
-        "NOT_FOUND - no queue 'x' in vhost '/'")
+        "NOT_FOUND - no queue 'x' in vhost '/'"
+    )
     long = replies.format_reply_text(406, "é" * 300)
     assert len(long.encode()) <= 255 and long.startswith("PRECONDITION_FAILED - éé")
     assert isinstance(replies.protocol_error(405, "locked"), ChannelError)
@@ -435,8 +552,13 @@ def test_broker_raised_error_takes_the_last_method_ids():
     testing.drain(conn)
     conn.receive_data(testing.marshal(1, commands.Basic.Ack(delivery_tag=9)), 1.0)
     [ack] = testing.drain(conn)
-    conn.fail(ChannelError(replies.PRECONDITION_FAILED, f"unknown delivery tag {ack.delivery_tag}"),
-              1)
+    conn.fail(
+        ChannelError(replies.PRECONDITION_FAILED, f"unknown delivery tag {ack.delivery_tag}"), 1
+    )
     [(_, close)] = testing.parse(conn.data_to_send())
     assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
-        406, "PRECONDITION_FAILED - unknown delivery tag 9", 60, 80)
+        406,
+        "PRECONDITION_FAILED - unknown delivery tag 9",
+        60,
+        80,
+    )

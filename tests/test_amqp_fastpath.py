@@ -26,24 +26,39 @@ exchange_name = st.from_regex(r"[a-zA-Z0-9_.:-]{0,40}", fullmatch=True)
 # pamqp encodes longlong as signed, so delivery tags are compared below 2**63.
 delivery_tag = st.integers(0, 2**63 - 1)
 header_values = st.recursive(
-    st.one_of(st.integers(min_value=-2**63, max_value=2**63 - 1), shortstr, st.booleans(),
-              st.floats(width=32, allow_nan=False), st.none()),
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3)),
-    max_leaves=8)
+    st.one_of(
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        shortstr,
+        st.booleans(),
+        st.floats(width=32, allow_nan=False),
+        st.none(),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
 
 
 @st.composite
 def properties(draw):
     fields = {
-        "content_type": shortstr, "content_encoding": shortstr,
+        "content_type": shortstr,
+        "content_encoding": shortstr,
         "headers": st.dictionaries(st.text(min_size=1, max_size=10), header_values, max_size=4),
-        "delivery_mode": st.sampled_from([1, 2]), "priority": st.integers(0, 255),
-        "correlation_id": shortstr, "reply_to": shortstr,
-        "expiration": st.integers(0, 10**9).map(str), "message_id": shortstr,
+        "delivery_mode": st.sampled_from([1, 2]),
+        "priority": st.integers(0, 255),
+        "correlation_id": shortstr,
+        "reply_to": shortstr,
+        "expiration": st.integers(0, 10**9).map(str),
+        "message_id": shortstr,
         "timestamp": st.integers(0, 2**32 - 1).map(
-            lambda s: datetime.datetime.fromtimestamp(s, tz=datetime.timezone.utc)),
-        "message_type": shortstr, "user_id": shortstr, "app_id": shortstr,
+            lambda s: datetime.datetime.fromtimestamp(s, tz=datetime.UTC)
+        ),
+        "message_type": shortstr,
+        "user_id": shortstr,
+        "app_id": shortstr,
     }
     chosen = draw(st.sets(st.sampled_from(sorted(fields))))
     # pamqp leaves out empty strings when marshalling, so only non-empty ones round-trip.
@@ -57,11 +72,15 @@ def method_payload(method):
 
 
 @settings(max_examples=100, deadline=None)
-@given(exchange=exchange_name, routing_key=shortstr, mandatory=st.booleans(),
-       immediate=st.booleans())
+@given(
+    exchange=exchange_name, routing_key=shortstr, mandatory=st.booleans(), immediate=st.booleans()
+)
 def test_decode_publish_matches_pamqp(exchange, routing_key, mandatory, immediate):
-    payload = method_payload(commands.Basic.Publish(
-        exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate))
+    payload = method_payload(
+        commands.Basic.Publish(
+            exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
+        )
+    )
     assert fastpath.decode_publish(payload) == (exchange, routing_key, mandatory, immediate)
     for cut in (len(payload) - 1, 7):
         with pytest.raises(ValueError):
@@ -93,7 +112,11 @@ def test_content_header_and_property_scan_match_pamqp(props, body_size):
     assert (class_id, weight, size) == (60, 0, body_size)
     assert property_bytes == props.marshal()
     assert fastpath.scan_properties(property_bytes) == (
-        props.delivery_mode, props.priority, props.expiration, props.user_id)
+        props.delivery_mode,
+        props.priority,
+        props.expiration,
+        props.user_id,
+    )
     assert frames.decode_properties(property_bytes) == props
     for cut in range(len(property_bytes)):
         with pytest.raises(ValueError):
@@ -105,63 +128,131 @@ def test_content_header_and_property_scan_match_pamqp(props, body_size):
 def pamqp_content(channel, props, body, frame_max):
     chunk = frame_max - 8
     frames_out = [pamqp_header.ContentHeader(body_size=len(body), properties=props)]
-    frames_out += [pamqp_body.ContentBody(body[i:i + chunk]) for i in range(0, len(body), chunk)]
+    frames_out += [pamqp_body.ContentBody(body[i : i + chunk]) for i in range(0, len(body), chunk)]
     return b"".join(pamqp_frame.marshal(f, channel) for f in frames_out)
 
 
 @settings(max_examples=150, deadline=None)
-@given(props=properties(), body=st.binary(max_size=20000),
-       frame_max=st.integers(4096, 12000), channel=st.integers(1, 65535),
-       consumer_tag=shortstr, tag=delivery_tag, redelivered=st.booleans(),
-       exchange=exchange_name, routing_key=shortstr)
-def test_encode_deliver_is_byte_identical_to_pamqp(props, body, frame_max, channel, consumer_tag,
-                                                   tag, redelivered, exchange, routing_key):
-    ours = fastpath.encode_deliver(channel, consumer_tag, tag, redelivered, exchange, routing_key,
-                                   props.marshal(), body, frame_max)
-    theirs = pamqp_frame.marshal(commands.Basic.Deliver(
-        consumer_tag=consumer_tag, delivery_tag=tag, redelivered=redelivered, exchange=exchange,
-        routing_key=routing_key), channel) + pamqp_content(channel, props, body, frame_max)
+@given(
+    props=properties(),
+    body=st.binary(max_size=20000),
+    frame_max=st.integers(4096, 12000),
+    channel=st.integers(1, 65535),
+    consumer_tag=shortstr,
+    tag=delivery_tag,
+    redelivered=st.booleans(),
+    exchange=exchange_name,
+    routing_key=shortstr,
+)
+def test_encode_deliver_is_byte_identical_to_pamqp(
+    props, body, frame_max, channel, consumer_tag, tag, redelivered, exchange, routing_key
+):
+    ours = fastpath.encode_deliver(
+        channel,
+        consumer_tag,
+        tag,
+        redelivered,
+        exchange,
+        routing_key,
+        props.marshal(),
+        body,
+        frame_max,
+    )
+    theirs = pamqp_frame.marshal(
+        commands.Basic.Deliver(
+            consumer_tag=consumer_tag,
+            delivery_tag=tag,
+            redelivered=redelivered,
+            exchange=exchange,
+            routing_key=routing_key,
+        ),
+        channel,
+    ) + pamqp_content(channel, props, body, frame_max)
     assert ours == theirs
 
 
 @settings(max_examples=100, deadline=None)
-@given(props=properties(), body=st.binary(max_size=9000), tag=delivery_tag,
-       count=st.integers(0, 2**32 - 1), exchange=exchange_name, routing_key=shortstr,
-       code=st.sampled_from([312, 313]), text=shortstr)
-def test_get_ok_and_return_are_byte_identical_to_pamqp(props, body, tag, count, exchange,
-                                                       routing_key, code, text):
-    get_ok = fastpath.encode_get_ok(2, tag, False, exchange, routing_key, count,
-                                    props.marshal(), body, 4096)
-    assert get_ok == pamqp_frame.marshal(commands.Basic.GetOk(
-        delivery_tag=tag, redelivered=False, exchange=exchange, routing_key=routing_key,
-        message_count=count), 2) + pamqp_content(2, props, body, 4096)
-    returned = fastpath.encode_return(2, code, text, exchange, routing_key, props.marshal(),
-                                      body, 4096)
-    assert returned == pamqp_frame.marshal(commands.Basic.Return(
-        reply_code=code, reply_text=text, exchange=exchange, routing_key=routing_key), 2) + (
-        pamqp_content(2, props, body, 4096))
+@given(
+    props=properties(),
+    body=st.binary(max_size=9000),
+    tag=delivery_tag,
+    count=st.integers(0, 2**32 - 1),
+    exchange=exchange_name,
+    routing_key=shortstr,
+    code=st.sampled_from([312, 313]),
+    text=shortstr,
+)
+def test_get_ok_and_return_are_byte_identical_to_pamqp(
+    props, body, tag, count, exchange, routing_key, code, text
+):
+    get_ok = fastpath.encode_get_ok(
+        2, tag, False, exchange, routing_key, count, props.marshal(), body, 4096
+    )
+    assert get_ok == pamqp_frame.marshal(
+        commands.Basic.GetOk(
+            delivery_tag=tag,
+            redelivered=False,
+            exchange=exchange,
+            routing_key=routing_key,
+            message_count=count,
+        ),
+        2,
+    ) + pamqp_content(2, props, body, 4096)
+    returned = fastpath.encode_return(
+        2, code, text, exchange, routing_key, props.marshal(), body, 4096
+    )
+    assert returned == pamqp_frame.marshal(
+        commands.Basic.Return(
+            reply_code=code, reply_text=text, exchange=exchange, routing_key=routing_key
+        ),
+        2,
+    ) + (pamqp_content(2, props, body, 4096))
 
 
 # Names RabbitMQ accepts that pamqp's name pattern refuses, and the longest a shortstr holds.
-UNUSUAL_NAMES = ["café", "a%b", "star*", "paren(1)", "tab\there", "rabbit-\N{RABBIT}",
-                 "é" * 127 + "a"]
-any_name = st.one_of(st.sampled_from(UNUSUAL_NAMES),
-                     st.text(max_size=255).filter(lambda s: len(s.encode()) <= 255))
+UNUSUAL_NAMES = [
+    "café",
+    "a%b",
+    "star*",
+    "paren(1)",
+    "tab\there",
+    "rabbit-\N{RABBIT}",
+    "é" * 127 + "a",
+]
+any_name = st.one_of(
+    st.sampled_from(UNUSUAL_NAMES), st.text(max_size=255).filter(lambda s: len(s.encode()) <= 255)
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(name=any_name, message_count=st.integers(0, 2**32 - 1),
-       consumer_count=st.integers(0, 2**32 - 1), channel=st.integers(1, 65535))
-def test_replies_that_carry_a_name_take_any_name_rabbitmq_accepts(name, message_count,
-                                                                  consumer_count, channel):
+@given(
+    name=any_name,
+    message_count=st.integers(0, 2**32 - 1),
+    consumer_count=st.integers(0, 2**32 - 1),
+    channel=st.integers(1, 65535),
+)
+def test_replies_that_carry_a_name_take_any_name_rabbitmq_accepts(
+    name, message_count, consumer_count, channel
+):
     replies = (
-        (fastpath.encode_declare_ok(channel, name, message_count, consumer_count),
-         commands.Queue.DeclareOk, ("queue", "message_count", "consumer_count"),
-         (name, message_count, consumer_count)),
-        (fastpath.encode_consume_ok(channel, name), commands.Basic.ConsumeOk, ("consumer_tag",),
-         (name,)),
-        (fastpath.encode_cancel_ok(channel, name), commands.Basic.CancelOk, ("consumer_tag",),
-         (name,)),
+        (
+            fastpath.encode_declare_ok(channel, name, message_count, consumer_count),
+            commands.Queue.DeclareOk,
+            ("queue", "message_count", "consumer_count"),
+            (name, message_count, consumer_count),
+        ),
+        (
+            fastpath.encode_consume_ok(channel, name),
+            commands.Basic.ConsumeOk,
+            ("consumer_tag",),
+            (name,),
+        ),
+        (
+            fastpath.encode_cancel_ok(channel, name),
+            commands.Basic.CancelOk,
+            ("consumer_tag",),
+            (name,),
+        ),
     )
     for data, kind, fields, values in replies:
         consumed, got_channel, method = pamqp_frame.unmarshal(data)
@@ -170,23 +261,37 @@ def test_replies_that_carry_a_name_take_any_name_rabbitmq_accepts(name, message_
 
 
 @settings(max_examples=100, deadline=None)
-@given(name=exchange_name, message_count=st.integers(0, 2**32 - 1),
-       consumer_count=st.integers(0, 2**32 - 1), channel=st.integers(1, 65535))
-def test_replies_that_carry_a_name_are_byte_identical_to_pamqp(name, message_count,
-                                                               consumer_count, channel):
+@given(
+    name=exchange_name,
+    message_count=st.integers(0, 2**32 - 1),
+    consumer_count=st.integers(0, 2**32 - 1),
+    channel=st.integers(1, 65535),
+)
+def test_replies_that_carry_a_name_are_byte_identical_to_pamqp(
+    name, message_count, consumer_count, channel
+):
     assert fastpath.encode_declare_ok(channel, name, message_count, consumer_count) == (
-        pamqp_frame.marshal(commands.Queue.DeclareOk(
-            queue=name, message_count=message_count, consumer_count=consumer_count), channel))
+        pamqp_frame.marshal(
+            commands.Queue.DeclareOk(
+                queue=name, message_count=message_count, consumer_count=consumer_count
+            ),
+            channel,
+        )
+    )
     assert fastpath.encode_consume_ok(channel, name) == pamqp_frame.marshal(
-        commands.Basic.ConsumeOk(consumer_tag=name), channel)
+        commands.Basic.ConsumeOk(consumer_tag=name), channel
+    )
     assert fastpath.encode_cancel_ok(channel, name) == pamqp_frame.marshal(
-        commands.Basic.CancelOk(consumer_tag=name), channel)
+        commands.Basic.CancelOk(consumer_tag=name), channel
+    )
 
 
 def test_replies_refuse_a_name_longer_than_a_shortstr():
-    for encode in (lambda name: fastpath.encode_declare_ok(1, name, 0, 0),
-                   lambda name: fastpath.encode_consume_ok(1, name),
-                   lambda name: fastpath.encode_cancel_ok(1, name)):
+    for encode in (
+        lambda name: fastpath.encode_declare_ok(1, name, 0, 0),
+        lambda name: fastpath.encode_consume_ok(1, name),
+        lambda name: fastpath.encode_cancel_ok(1, name),
+    ):
         with pytest.raises(ValueError):
             encode("é" * 128)
 
@@ -203,30 +308,53 @@ class _Stored:
 
 
 @settings(max_examples=100, deadline=None)
-@given(deliveries=st.lists(st.tuples(properties(), st.binary(max_size=9000), st.booleans(),
-                                     st.sampled_from(["", "amq.direct", "x"]),
-                                     st.sampled_from(["", "k", "orders.created"])),
-                           max_size=8),
-       frame_max=st.integers(4096, 12000), channel=st.integers(1, 65535),
-       consumer_tag=shortstr, first_tag=st.integers(1, 2**40))
-def test_deliver_many_is_each_deliver_in_turn(deliveries, frame_max, channel, consumer_tag,
-                                              first_tag):
-    messages = [_Stored(exchange, routing_key, props.marshal(), body, redelivered)
-                for props, body, redelivered, exchange, routing_key in deliveries]
+@given(
+    deliveries=st.lists(
+        st.tuples(
+            properties(),
+            st.binary(max_size=9000),
+            st.booleans(),
+            st.sampled_from(["", "amq.direct", "x"]),
+            st.sampled_from(["", "k", "orders.created"]),
+        ),
+        max_size=8,
+    ),
+    frame_max=st.integers(4096, 12000),
+    channel=st.integers(1, 65535),
+    consumer_tag=shortstr,
+    first_tag=st.integers(1, 2**40),
+)
+def test_deliver_many_is_each_deliver_in_turn(
+    deliveries, frame_max, channel, consumer_tag, first_tag
+):
+    messages = [
+        _Stored(exchange, routing_key, props.marshal(), body, redelivered)
+        for props, body, redelivered, exchange, routing_key in deliveries
+    ]
     parts = []
     fastpath.deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_max)
     expected = b"".join(
-        fastpath.encode_deliver(channel, consumer_tag, first_tag + i, m.redelivered,
-                                m.exchange.decode(), m.routing_key.decode(), m.properties,
-                                m.body, frame_max)
-        for i, m in enumerate(messages))
+        fastpath.encode_deliver(
+            channel,
+            consumer_tag,
+            first_tag + i,
+            m.redelivered,
+            m.exchange.decode(),
+            m.routing_key.decode(),
+            m.properties,
+            m.body,
+            frame_max,
+        )
+        for i, m in enumerate(messages)
+    )
     assert b"".join(parts) == expected
 
 
 def test_deliver_many_refuses_an_oversized_routing_key():
     with pytest.raises(ValueError):
-        fastpath.deliver_many_parts([], 1, "c", 1, [_Stored("", "k" * 256, b"\x00\x00", b"",
-                                                            False)], 4096)
+        fastpath.deliver_many_parts(
+            [], 1, "c", 1, [_Stored("", "k" * 256, b"\x00\x00", b"", False)], 4096
+        )
 
 
 def test_oversized_shortstr_is_refused():
@@ -235,8 +363,10 @@ def test_oversized_shortstr_is_refused():
 
 
 @settings(max_examples=300, deadline=None)
-@given(props=properties(), damage=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)),
-                                           min_size=1, max_size=3))
+@given(
+    props=properties(),
+    damage=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=3),
+)
 def test_property_check_lets_through_only_what_a_client_parses(props, damage):
     property_bytes = props.marshal()
     assert fastpath.scan_properties(property_bytes)
@@ -265,8 +395,13 @@ def test_header_tables_nested_too_deep_are_refused():
 
 
 def test_field_table_check_tells_bytes_that_are_no_table_from_refused_tables():
-    for table in (b"\x01aS" + struct.pack(">I", 50) + b"hi", b"\x01aS\x00\x00\x00\x00\x00",
-                  b"\x01aZ\x00", b"\x01a", b"\x01al\x00"):
+    for table in (
+        b"\x01aS" + struct.pack(">I", 50) + b"hi",
+        b"\x01aS\x00\x00\x00\x00\x00",
+        b"\x01aZ\x00",
+        b"\x01a",
+        b"\x01al\x00",
+    ):
         with pytest.raises(field_table.MalformedFieldTable):
             field_table.check(table, 0, len(table))
     with pytest.raises(UnicodeDecodeError):
@@ -285,6 +420,7 @@ def test_unknown_property_flags_are_refused():
 
 
 # -- measurement -------------------------------------------------------------------------------
+
 
 def _rate(function, seconds=0.5, calls_per_check=200):
     count = 0
@@ -305,8 +441,8 @@ def measure(seconds=0.5):
     publish = testing.publish(1, "amq.direct", "orders.created", body, props)
     method_end = 7 + struct.unpack_from(">I", publish, 3)[0] + 1
     header_end = method_end + 7 + struct.unpack_from(">I", publish, method_end + 3)[0] + 1
-    method_payload_ = publish[7:method_end - 1]
-    header_payload = publish[method_end + 7:header_end - 1]
+    method_payload_ = publish[7 : method_end - 1]
+    header_payload = publish[method_end + 7 : header_end - 1]
 
     def ours_publish():
         fastpath.decode_publish(method_payload_)
@@ -320,11 +456,16 @@ def measure(seconds=0.5):
             offset += consumed
 
     def ours_deliver():
-        fastpath.encode_deliver(1, "ctag-1", 12345, False, "amq.direct", "orders.created",
-                                prop_bytes, body, 131072)
+        fastpath.encode_deliver(
+            1, "ctag-1", 12345, False, "amq.direct", "orders.created", prop_bytes, body, 131072
+        )
 
-    deliver = commands.Basic.Deliver(consumer_tag="ctag-1", delivery_tag=12345,
-                                     exchange="amq.direct", routing_key="orders.created")
+    deliver = commands.Basic.Deliver(
+        consumer_tag="ctag-1",
+        delivery_tag=12345,
+        exchange="amq.direct",
+        routing_key="orders.created",
+    )
 
     def pamqp_deliver():
         pamqp_frame.marshal(deliver, 1) + pamqp_content(1, props, body, 131072)
@@ -352,17 +493,22 @@ def measure(seconds=0.5):
         while conn.next_event() is not None:
             pass
 
-    figures["publishes through Connection.receive_data+next_event"] = _rate(
-        connection_batch, seconds, calls_per_check=1) * 1000
+    figures["publishes through Connection.receive_data+next_event"] = (
+        _rate(connection_batch, seconds, calls_per_check=1) * 1000
+    )
     return figures
 
 
 def test_fast_paths_beat_pamqp():
     figures = measure(seconds=0.1)
-    assert (figures["publish parse (method+header+body), fast path"]
-            > figures["publish parse (method+header+body), pamqp"])
-    assert figures["deliver encode (3 frames), fast path"] > figures[
-        "deliver encode (3 frames), pamqp"]
+    assert (
+        figures["publish parse (method+header+body), fast path"]
+        > figures["publish parse (method+header+body), pamqp"]
+    )
+    assert (
+        figures["deliver encode (3 frames), fast path"]
+        > figures["deliver encode (3 frames), pamqp"]
+    )
 
 
 if __name__ == "__main__":

@@ -12,34 +12,60 @@ from pamqp import commands
 from warrenmq.amqp import Connection, ConnectionConfig, events, replies, testing
 
 EVENT_TYPES = (
-    events.AuthenticationRequested, events.VhostAccessRequested, events.ChannelOpened,
-    events.ChannelClosed, events.FlowChanged, events.MethodReceived, events.MessagePublished,
-    events.Acked, events.Nacked, events.Rejected, events.ConnectionClosed,
+    events.AuthenticationRequested,
+    events.VhostAccessRequested,
+    events.ChannelOpened,
+    events.ChannelClosed,
+    events.FlowChanged,
+    events.MethodReceived,
+    events.MessagePublished,
+    events.Acked,
+    events.Nacked,
+    events.Rejected,
+    events.ConnectionClosed,
 )
 
 
 def valid_session():
     """A realistic client stream after the handshake: channels, declares, publishes, acks."""
-    return b"".join([
-        testing.marshal(1, commands.Channel.Open()),
-        testing.marshal(2, commands.Channel.Open()),
-        testing.marshal(1, commands.Queue.Declare(queue="jobs", durable=True,
-                                                  arguments={"x-max-length": 5})),
-        testing.marshal(1, commands.Confirm.Select()),
-        testing.publish(1, "", "jobs", b"a" * 5000, commands.Basic.Properties(
-            delivery_mode=2, headers={"k": "v"}), frame_max=4096),
-        testing.publish(2, "amq.topic", "x.y", b"", None, frame_max=4096),
-        testing.marshal(2, commands.Basic.Qos(prefetch_count=10)),
-        testing.marshal(2, commands.Basic.Consume(queue="jobs", consumer_tag="c1")),
-        testing.marshal(2, commands.Basic.Ack(delivery_tag=1, multiple=True),
-                        commands.Basic.Nack(delivery_tag=2), commands.Basic.Reject(delivery_tag=3)),
-        testing.marshal(2, commands.Channel.Flow(active=True)),
-        testing.marshal(1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0,
-                                                  method_id=0)),
-        testing.heartbeat(),
-        testing.marshal(0, commands.Connection.Close(reply_code=200, reply_text="bye",
-                                                     class_id=0, method_id=0)),
-    ])
+    return b"".join(
+        [
+            testing.marshal(1, commands.Channel.Open()),
+            testing.marshal(2, commands.Channel.Open()),
+            testing.marshal(
+                1, commands.Queue.Declare(queue="jobs", durable=True, arguments={"x-max-length": 5})
+            ),
+            testing.marshal(1, commands.Confirm.Select()),
+            testing.publish(
+                1,
+                "",
+                "jobs",
+                b"a" * 5000,
+                commands.Basic.Properties(delivery_mode=2, headers={"k": "v"}),
+                frame_max=4096,
+            ),
+            testing.publish(2, "amq.topic", "x.y", b"", None, frame_max=4096),
+            testing.marshal(2, commands.Basic.Qos(prefetch_count=10)),
+            testing.marshal(2, commands.Basic.Consume(queue="jobs", consumer_tag="c1")),
+            testing.marshal(
+                2,
+                commands.Basic.Ack(delivery_tag=1, multiple=True),
+                commands.Basic.Nack(delivery_tag=2),
+                commands.Basic.Reject(delivery_tag=3),
+            ),
+            testing.marshal(2, commands.Channel.Flow(active=True)),
+            testing.marshal(
+                1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0)
+            ),
+            testing.heartbeat(),
+            testing.marshal(
+                0,
+                commands.Connection.Close(
+                    reply_code=200, reply_text="bye", class_id=0, method_id=0
+                ),
+            ),
+        ]
+    )
 
 
 VALID = valid_session()
@@ -89,12 +115,11 @@ def check(seen, sent):
 
 def split(data, cuts):
     points = sorted({c % (len(data) + 1) for c in cuts})
-    return [data[a:b] for a, b in zip([0] + points, points + [len(data)])]
+    return [data[a:b] for a, b in zip([0] + points, points + [len(data)], strict=True)]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.binary(min_size=1, max_size=3000),
-       cuts=st.lists(st.integers(0, 3000), max_size=6))
+@given(data=st.binary(min_size=1, max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=6))
 def test_random_bytes_after_handshake(data, cuts):
     conn = opened()
     check(*run(conn, split(data, cuts)))
@@ -113,7 +138,7 @@ def mutated(draw):
         elif kind == "insert":
             data[at:at] = draw(st.binary(min_size=1, max_size=16))
         elif kind == "delete" and data:
-            del data[at:at + draw(st.integers(1, 16))]
+            del data[at : at + draw(st.integers(1, 16))]
         elif kind == "truncate":
             del data[at:]
     return bytes(data)
@@ -127,8 +152,11 @@ def test_mutated_sessions_after_handshake(data, cuts):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prefix=st.sampled_from([b"", b"AMQP\x00\x00\x09\x01"]),
-       data=st.binary(max_size=600), cuts=st.lists(st.integers(0, 700), max_size=4))
+@given(
+    prefix=st.sampled_from([b"", b"AMQP\x00\x00\x09\x01"]),
+    data=st.binary(max_size=600),
+    cuts=st.lists(st.integers(0, 700), max_size=4),
+)
 def test_random_bytes_during_the_handshake(prefix, data, cuts):
     conn = Connection()
     seen = []
@@ -156,7 +184,18 @@ def test_the_unmutated_session_is_clean():
     seen, sent = run(conn, [VALID])
     check(seen, sent)
     assert [type(e).__name__ for e in seen] == [
-        "ChannelOpened", "ChannelOpened", "MethodReceived", "MessagePublished",
-        "MessagePublished", "MethodReceived", "MethodReceived", "Acked", "Nacked", "Rejected",
-        "FlowChanged", "ChannelClosed", "ConnectionClosed"]
+        "ChannelOpened",
+        "ChannelOpened",
+        "MethodReceived",
+        "MessagePublished",
+        "MessagePublished",
+        "MethodReceived",
+        "MethodReceived",
+        "Acked",
+        "Nacked",
+        "Rejected",
+        "FlowChanged",
+        "ChannelClosed",
+        "ConnectionClosed",
+    ]
     assert seen[-1].by_peer

@@ -5,24 +5,42 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands, encode
 
-from warrenmq.amqp import Connection, ConnectionConfig, ConnectionState, IllegalTransition
-from warrenmq.amqp import events, frames, testing
+from warrenmq.amqp import (
+    Connection,
+    ConnectionConfig,
+    ConnectionState,
+    IllegalTransition,
+    events,
+    frames,
+    testing,
+)
 
 RABBIT_CAPABILITIES = {
-    "publisher_confirms", "exchange_exchange_bindings", "basic.nack", "consumer_cancel_notify",
-    "connection.blocked", "consumer_priorities", "authentication_failure_close",
-    "per_consumer_qos", "direct_reply_to",
+    "publisher_confirms",
+    "exchange_exchange_bindings",
+    "basic.nack",
+    "consumer_cancel_notify",
+    "connection.blocked",
+    "consumer_priorities",
+    "authentication_failure_close",
+    "per_consumer_qos",
+    "direct_reply_to",
 }
 
 
-def started(config=None, capabilities=None, mechanism="PLAIN", username="guest",
-            password="guest"):
+def started(config=None, capabilities=None, mechanism="PLAIN", username="guest", password="guest"):
     conn = Connection(config, now=0.0)
     conn.receive_data(frames.PROTOCOL_HEADER, 0.0)
     assert conn.next_event() is None
-    conn.receive_data(testing.marshal(0, testing.start_ok(
-        username=username, password=password, mechanism=mechanism,
-        capabilities=capabilities)), 0.0)
+    conn.receive_data(
+        testing.marshal(
+            0,
+            testing.start_ok(
+                username=username, password=password, mechanism=mechanism, capabilities=capabilities
+            ),
+        ),
+        0.0,
+    )
     return conn
 
 
@@ -52,8 +70,12 @@ def test_full_handshake_offers_rabbitmq_capabilities_and_negotiates():
     _, tune = only_frame(conn.data_to_send())
     assert (tune.frame_max, tune.channel_max, tune.heartbeat) == (65536, 100, 30)
 
-    conn.receive_data(testing.marshal(0, commands.Connection.TuneOk(
-        channel_max=50, frame_max=32768, heartbeat=10)), 0.0)
+    conn.receive_data(
+        testing.marshal(
+            0, commands.Connection.TuneOk(channel_max=50, frame_max=32768, heartbeat=10)
+        ),
+        0.0,
+    )
     conn.receive_data(testing.marshal(0, commands.Connection.Open(virtual_host="prod")), 0.0)
     event = conn.next_event()
     assert event == events.VhostAccessRequested("prod", "alice")
@@ -70,27 +92,35 @@ def test_amqplain_login():
     conn.receive_data(frames.PROTOCOL_HEADER, 0.0)
     # AMQPLAIN's response is a field table without its 4-byte length prefix.
     response = encode.field_table({"LOGIN": "bob", "PASSWORD": "pw"})[4:].decode()
-    start_ok = commands.Connection.StartOk(client_properties={}, mechanism="AMQPLAIN",
-                                           response=response)
+    start_ok = commands.Connection.StartOk(
+        client_properties={}, mechanism="AMQPLAIN", response=response
+    )
     conn.receive_data(testing.marshal(0, start_ok), 0.0)
     event = conn.next_event()
     assert (event.mechanism, event.username, event.password) == ("AMQPLAIN", "bob", "pw")
 
 
 def test_input_split_at_every_byte_gives_the_same_events():
-    whole = (frames.PROTOCOL_HEADER + testing.marshal(0, testing.start_ok("u", "p")))
+    whole = frames.PROTOCOL_HEADER + testing.marshal(0, testing.start_ok("u", "p"))
     conn = Connection()
     for i in range(len(whole)):
-        conn.receive_data(whole[i:i + 1], 0.0)
+        conn.receive_data(whole[i : i + 1], 0.0)
         if i < len(whole) - 1:
             assert conn.next_event() is None
     assert conn.next_event() == events.AuthenticationRequested(
-        "PLAIN", "u", "p", testing.start_ok("u", "p").client_properties)
+        "PLAIN", "u", "p", testing.start_ok("u", "p").client_properties
+    )
 
 
-@pytest.mark.parametrize("header", [
-    b"AMQP\x00\x00\x09\x00", b"AMQP\x01\x01\x00\x0a", b"AMQP\x03\x01\x00\x00", b"GET / HTTP/1.1\r\n",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"AMQP\x00\x00\x09\x00",
+        b"AMQP\x01\x01\x00\x0a",
+        b"AMQP\x03\x01\x00\x00",
+        b"GET / HTTP/1.1\r\n",
+    ],
+)
 def test_other_protocol_headers_get_ours_and_a_close(header):
     conn = Connection()
     conn.receive_data(header, 0.0)
@@ -110,8 +140,10 @@ def test_refused_login_with_authentication_failure_close_sends_403():
     _, close = only_frame(conn.data_to_send())
     assert isinstance(close, commands.Connection.Close)
     assert close.reply_code == 403
-    assert close.reply_text == ("ACCESS_REFUSED - Login was refused using authentication "
-                                "mechanism PLAIN. For details see the broker logfile.")
+    assert close.reply_text == (
+        "ACCESS_REFUSED - Login was refused using authentication "
+        "mechanism PLAIN. For details see the broker logfile."
+    )
     event = conn.next_event()
     assert isinstance(event, events.ConnectionClosed) and event.reply_code == 403
     assert conn.state is ConnectionState.CLOSING
@@ -133,8 +165,10 @@ def test_refused_vhost_is_530_with_connection_open_ids():
     conn = started()
     conn.next_event()
     conn.accept_login()
-    conn.receive_data(testing.marshal(0, commands.Connection.TuneOk(
-        channel_max=10, frame_max=8192, heartbeat=0)), 0.0)
+    conn.receive_data(
+        testing.marshal(0, commands.Connection.TuneOk(channel_max=10, frame_max=8192, heartbeat=0)),
+        0.0,
+    )
     conn.receive_data(testing.marshal(0, commands.Connection.Open(virtual_host="secret")), 0.0)
     assert isinstance(conn.next_event(), events.VhostAccessRequested)
     conn.data_to_send()
@@ -144,18 +178,32 @@ def test_refused_vhost_is_530_with_connection_open_ids():
     assert close.reply_text == "NOT_ALLOWED - access to vhost 'secret' refused for user 'guest'"
 
 
-@pytest.mark.parametrize("tune_ok, text", [
-    (dict(frame_max=1000, channel_max=10, heartbeat=0),
-     "NOT_ALLOWED - negotiated frame_max = 1000 is lower than the minimum allowed value (4096)"),
-    (dict(frame_max=0, channel_max=10, heartbeat=0),
-     "NOT_ALLOWED - negotiated frame_max = 0 is higher than the maximum allowed value (131072)"),
-    (dict(frame_max=200000, channel_max=10, heartbeat=0),
-     "NOT_ALLOWED - negotiated frame_max = 200000 is higher than the maximum allowed value "
-     "(131072)"),
-    (dict(frame_max=4096, channel_max=0, heartbeat=0),
-     "NOT_ALLOWED - negotiated channel_max = 0 (no limit) is higher than the maximum allowed "
-     "value (2047)"),
-])
+@pytest.mark.parametrize(
+    "tune_ok, text",
+    [
+        (
+            dict(frame_max=1000, channel_max=10, heartbeat=0),
+            "NOT_ALLOWED - negotiated frame_max = 1000 is lower "
+            "than the minimum allowed value (4096)",
+        ),
+        (
+            dict(frame_max=0, channel_max=10, heartbeat=0),
+            "NOT_ALLOWED - negotiated frame_max = 0 is higher than "
+            "the maximum allowed value (131072)",
+        ),
+        (
+            dict(frame_max=200000, channel_max=10, heartbeat=0),
+            "NOT_ALLOWED - negotiated frame_max = 200000 is higher than the maximum allowed value "
+            "(131072)",
+        ),
+        (
+            dict(frame_max=4096, channel_max=0, heartbeat=0),
+            "NOT_ALLOWED - negotiated channel_max = 0 (no limit) "
+            "is higher than the maximum allowed "
+            "value (2047)",
+        ),
+    ],
+)
 def test_tune_ok_outside_the_offer_is_530(tune_ok, text):
     conn = started()
     conn.next_event()
@@ -166,24 +214,31 @@ def test_tune_ok_outside_the_offer_is_530(tune_ok, text):
     assert isinstance(event, events.ConnectionClosed)
     _, close = only_frame(conn.data_to_send())
     assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
-        530, text, 10, 30)
+        530,
+        text,
+        10,
+        30,
+    )
 
 
 def test_unknown_mechanism_and_malformed_plain_close_silently_as_rabbitmq():
     conn = started(mechanism="EXTERNAL")
     event = conn.next_event()
     assert event.reply_code == 503 and "unknown authentication mechanism 'EXTERNAL'" in (
-        event.reply_text)
+        event.reply_text
+    )
     assert conn.finished
     conn = Connection()
     conn.receive_data(frames.PROTOCOL_HEADER, 0.0)
-    bad = commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
-                                      response="guest\0guest")
+    bad = commands.Connection.StartOk(
+        client_properties={}, mechanism="PLAIN", response="guest\0guest"
+    )
     conn.receive_data(testing.marshal(0, bad), 0.0)
     event = conn.next_event()
     assert event.reply_code == 502
     assert event.reply_text == (
-        "SYNTAX_ERROR - response <<103,117,101,115,116,0,103,117,101,115,116>> invalid")
+        "SYNTAX_ERROR - response <<103,117,101,115,116,0,103,117,101,115,116>> invalid"
+    )
     assert conn.finished
 
 
@@ -191,8 +246,12 @@ def test_client_close_gets_close_ok_and_one_event():
     conn = Connection()
     testing.open_connection(conn)
     testing.open_channel(conn, 1)
-    conn.receive_data(testing.marshal(0, commands.Connection.Close(
-        reply_code=200, reply_text="bye", class_id=0, method_id=0)), 1.0)
+    conn.receive_data(
+        testing.marshal(
+            0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
+        ),
+        1.0,
+    )
     assert conn.next_event() == events.ConnectionClosed(200, "bye", True)
     _, close_ok = only_frame(conn.data_to_send())
     assert isinstance(close_ok, commands.Connection.CloseOk)
@@ -207,12 +266,23 @@ def test_broker_close_drops_everything_but_close_ok():
     conn.close()
     _, close = only_frame(conn.data_to_send())
     assert (close.reply_code, close.reply_text) == (
-        320, "CONNECTION_FORCED - broker forced connection closure")
+        320,
+        "CONNECTION_FORCED - broker forced connection closure",
+    )
     assert conn.next_event() == events.ConnectionClosed(
-        320, "CONNECTION_FORCED - broker forced connection closure", False)
-    conn.receive_data(testing.publish(1, "", "q", b"x") + testing.marshal(
-        1, commands.Queue.Declare(queue="q")) + testing.marshal(
-        0, commands.Connection.Close(reply_code=200, reply_text="crossing", class_id=0, method_id=0)), 1.0)
+        320, "CONNECTION_FORCED - broker forced connection closure", False
+    )
+    conn.receive_data(
+        testing.publish(1, "", "q", b"x")
+        + testing.marshal(1, commands.Queue.Declare(queue="q"))
+        + testing.marshal(
+            0,
+            commands.Connection.Close(
+                reply_code=200, reply_text="crossing", class_id=0, method_id=0
+            ),
+        ),
+        1.0,
+    )
     assert conn.next_event() is None
     _, close_ok = only_frame(conn.data_to_send())
     assert isinstance(close_ok, commands.Connection.CloseOk)
@@ -234,8 +304,7 @@ def test_heartbeats_are_sent_and_a_silent_client_is_dropped():
     assert conn.data_to_send() == frames.HEARTBEAT_FRAME
     assert conn.next_tick_at() == 22.0
     event = conn.tick(32.0)
-    assert event == events.ConnectionClosed(0, "missed heartbeats from client, timeout: 10s",
-                                            False)
+    assert event == events.ConnectionClosed(0, "missed heartbeats from client, timeout: 10s", False)
     assert conn.finished and conn.data_to_send() == b""
 
 
@@ -293,8 +362,10 @@ def test_close_ok_wait_during_the_handshake_is_rabbitmqs_normal_timeout():
     conn.next_event()
     conn.accept_login()
     conn.data_to_send()
-    conn.receive_data(testing.marshal(0, commands.Connection.TuneOk(
-        frame_max=1024, channel_max=10, heartbeat=0)), 1.0)
+    conn.receive_data(
+        testing.marshal(0, commands.Connection.TuneOk(frame_max=1024, channel_max=10, heartbeat=0)),
+        1.0,
+    )
     assert isinstance(conn.next_event(), events.ConnectionClosed)
     assert conn.next_tick_at() == 4.0
     assert conn.tick(3.9) is None and not conn.finished
@@ -327,23 +398,28 @@ def test_broker_answers_out_of_turn_are_named_errors():
 def test_update_secret_reaches_the_broker():
     conn = Connection()
     testing.open_connection(conn)
-    conn.receive_data(testing.marshal(0, commands.Connection.UpdateSecret(
-        new_secret="tok", reason="refresh")), 0.0)
+    conn.receive_data(
+        testing.marshal(0, commands.Connection.UpdateSecret(new_secret="tok", reason="refresh")),
+        0.0,
+    )
     event = conn.next_event()
     assert event.channel == 0 and isinstance(event.method, commands.Connection.UpdateSecret)
     assert conn.send_method(0, commands.Connection.UpdateSecretOk())
 
 
 @settings(max_examples=60, deadline=None)
-@given(cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
-       body=st.binary(max_size=300))
+@given(
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    body=st.binary(max_size=300),
+)
 def test_any_split_of_the_byte_stream_gives_the_same_events(cuts, body):
-    stream = (frames.PROTOCOL_HEADER + testing.marshal(0, testing.start_ok()))
-    after_login = (testing.marshal(0, commands.Connection.TuneOk(
-        channel_max=10, frame_max=4096, heartbeat=0))
+    stream = frames.PROTOCOL_HEADER + testing.marshal(0, testing.start_ok())
+    after_login = (
+        testing.marshal(0, commands.Connection.TuneOk(channel_max=10, frame_max=4096, heartbeat=0))
         + testing.marshal(0, commands.Connection.Open(virtual_host="/"))
         + testing.marshal(1, commands.Channel.Open())
-        + testing.publish(1, "amq.direct", "k", body, frame_max=4096))
+        + testing.publish(1, "amq.direct", "k", body, frame_max=4096)
+    )
 
     def run(pieces_before, pieces_after):
         conn = Connection()
@@ -363,7 +439,7 @@ def test_any_split_of_the_byte_stream_gives_the_same_events(cuts, body):
 
     def split(data):
         points = sorted({c % (len(data) + 1) for c in cuts})
-        return [data[a:b] for a, b in zip([0] + points, points + [len(data)])]
+        return [data[a:b] for a, b in zip([0] + points, points + [len(data)], strict=True)]
 
     expected = run([stream], [after_login])
     assert run(split(stream), split(after_login)) == expected
@@ -375,26 +451,42 @@ def test_amqplain_response_that_is_not_a_table_closes_silently():
     conn = Connection()
     conn.receive_data(frames.PROTOCOL_HEADER, 0.0)
     response = encode.field_table({"LOGIN": "guest", "PASSWORD": "guest"})[4:] + b"\x00"
-    conn.receive_data(testing.marshal(0, commands.Connection.StartOk(
-        client_properties={}, mechanism="AMQPLAIN", response=response.decode())), 0.0)
+    conn.receive_data(
+        testing.marshal(
+            0,
+            commands.Connection.StartOk(
+                client_properties={}, mechanism="AMQPLAIN", response=response.decode()
+            ),
+        ),
+        0.0,
+    )
     event = conn.next_event()
     assert isinstance(event, events.ConnectionClosed) and event.reply_code == 0
     assert event.reply_text == "malformed field table: field table entry is truncated"
     assert conn.finished
 
 
-@pytest.mark.parametrize("table, text", [
-    ({"LOGIN": "bob"}, "is missing LOGIN or PASSWORD field"),
-    ({"LOGIN": "bob", "PASSWORD": 5}, "uses unsupported type for LOGIN or PASSWORD field"),
-])
+@pytest.mark.parametrize(
+    "table, text",
+    [
+        ({"LOGIN": "bob"}, "is missing LOGIN or PASSWORD field"),
+        ({"LOGIN": "bob", "PASSWORD": 5}, "uses unsupported type for LOGIN or PASSWORD field"),
+    ],
+)
 def test_malformed_amqplain_is_a_silent_502(table, text):
     conn = Connection()
     conn.receive_data(frames.PROTOCOL_HEADER, 0.0)
     response = encode.field_table(table)[4:].decode()
-    conn.receive_data(testing.marshal(0, commands.Connection.StartOk(
-        client_properties={}, mechanism="AMQPLAIN", response=response)), 0.0)
+    conn.receive_data(
+        testing.marshal(
+            0,
+            commands.Connection.StartOk(
+                client_properties={}, mechanism="AMQPLAIN", response=response
+            ),
+        ),
+        0.0,
+    )
     event = conn.next_event()
     assert event.reply_code == 502 and text in event.reply_text
     assert conn.finished
-    assert [type(f) for _, f in testing.parse(conn.data_to_send())] == [
-        commands.Connection.Start]
+    assert [type(f) for _, f in testing.parse(conn.data_to_send())] == [commands.Connection.Start]

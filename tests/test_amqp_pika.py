@@ -43,19 +43,27 @@ class ToyBroker:
         elif isinstance(event, events.Acked):
             unacked = shell.unacked.setdefault(event.channel, set())
             if event.delivery_tag not in unacked:
-                raise replies.ChannelError(replies.PRECONDITION_FAILED,
-                                           f"unknown delivery tag {event.delivery_tag}")
+                raise replies.ChannelError(
+                    replies.PRECONDITION_FAILED, f"unknown delivery tag {event.delivery_tag}"
+                )
             unacked.discard(event.delivery_tag)
 
     def method(self, shell, channel, method):
         conn = shell.conn
         if isinstance(method, commands.Queue.Declare):
             if method.passive and method.queue not in self.queues:
-                raise replies.ChannelError(replies.NOT_FOUND, f"no queue '{method.queue}' in vhost '/'")
+                raise replies.ChannelError(
+                    replies.NOT_FOUND, f"no queue '{method.queue}' in vhost '/'"
+                )
             self.queues.setdefault(method.queue, [])
-            conn.send_method(channel, commands.Queue.DeclareOk(
-                queue=method.queue, message_count=len(self.queues[method.queue]),
-                consumer_count=0))
+            conn.send_method(
+                channel,
+                commands.Queue.DeclareOk(
+                    queue=method.queue,
+                    message_count=len(self.queues[method.queue]),
+                    consumer_count=0,
+                ),
+            )
         elif isinstance(method, commands.Basic.Qos):
             conn.send_method(channel, commands.Basic.QosOk())
         elif isinstance(method, commands.Basic.Consume):
@@ -71,8 +79,16 @@ class ToyBroker:
                 conn.send_method(channel, commands.Basic.GetEmpty())
                 return
             message = queue.pop(0)
-            conn.get_ok(channel, shell.next_tag(channel), False, message.exchange,
-                        message.routing_key, len(queue), message.properties, message.body)
+            conn.get_ok(
+                channel,
+                shell.next_tag(channel),
+                False,
+                message.exchange,
+                message.routing_key,
+                len(queue),
+                message.properties,
+                message.body,
+            )
         else:
             raise replies.protocol_error(replies.NOT_IMPLEMENTED, type(method).__name__)
 
@@ -83,8 +99,16 @@ class ToyBroker:
         queue = self.queues.get(queue_name, [])
         while queue:
             message = queue.pop(0)
-            shell.conn.deliver(channel, tag, shell.next_tag(channel), False, message.exchange,
-                               message.routing_key, message.properties, message.body)
+            shell.conn.deliver(
+                channel,
+                tag,
+                shell.next_tag(channel),
+                False,
+                message.exchange,
+                message.routing_key,
+                message.properties,
+                message.body,
+            )
 
 
 class Shell(asyncio.Protocol):
@@ -141,8 +165,9 @@ class Shell(asyncio.Protocol):
 def broker_port():
     loop = asyncio.new_event_loop()
     broker = ToyBroker()
-    server = loop.run_until_complete(loop.create_server(
-        lambda: Shell(broker, loop), "127.0.0.1", 0))
+    server = loop.run_until_complete(
+        loop.create_server(lambda: Shell(broker, loop), "127.0.0.1", 0)
+    )
     port = server.sockets[0].getsockname()[1]
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -156,9 +181,14 @@ def broker_port():
 
 def params(port, password="guest", vhost="/"):
     return pika.ConnectionParameters(
-        host="127.0.0.1", port=port, virtual_host=vhost,
-        credentials=pika.PlainCredentials("guest", password), connection_attempts=1,
-        socket_timeout=5, blocked_connection_timeout=5)
+        host="127.0.0.1",
+        port=port,
+        virtual_host=vhost,
+        credentials=pika.PlainCredentials("guest", password),
+        connection_attempts=1,
+        socket_timeout=5,
+        blocked_connection_timeout=5,
+    )
 
 
 def test_pika_publishes_gets_and_consumes_with_confirms(broker_port):
@@ -167,9 +197,12 @@ def test_pika_publishes_gets_and_consumes_with_confirms(broker_port):
         channel.confirm_delivery()
         channel.queue_declare("jobs")
         body = bytes(range(256)) * 1200  # 300 KiB: several frames each way
-        properties = pika.BasicProperties(content_type="application/octet-stream",
-                                          delivery_mode=2, headers={"attempt": 1, "who": "me"},
-                                          message_id="m-1")
+        properties = pika.BasicProperties(
+            content_type="application/octet-stream",
+            delivery_mode=2,
+            headers={"attempt": 1, "who": "me"},
+            message_id="m-1",
+        )
         channel.basic_publish("", "jobs", body, properties, mandatory=True)
         method, got_properties, got_body = channel.basic_get("jobs")
         assert got_body == body and method.delivery_tag == 1
@@ -202,7 +235,9 @@ def test_pika_sees_rabbitmq_channel_errors(broker_port):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
             channel.queue_declare("after")
         assert (closed.value.reply_code, closed.value.reply_text) == (
-            406, "PRECONDITION_FAILED - unknown delivery tag 99")
+            406,
+            "PRECONDITION_FAILED - unknown delivery tag 99",
+        )
         assert connection.is_open
 
 
@@ -210,7 +245,8 @@ def test_pika_bad_password_and_bad_vhost(broker_port):
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as refused:
         pika.BlockingConnection(params(broker_port, password="wrong"))
     assert "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN" in str(
-        refused.value)
+        refused.value
+    )
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as denied:
         pika.BlockingConnection(params(broker_port, vhost="other"))
     assert "NOT_ALLOWED - access to vhost 'other' refused for user 'guest'" in str(denied.value)
@@ -220,15 +256,22 @@ def test_pika_bad_password_and_bad_vhost(broker_port):
 def test_py_amqp_logs_in_and_round_trips_a_message(broker_port, login_method):
     import amqp as py_amqp  # py-amqp (kombu's client), not our folder: the root is off sys.path
 
-    connection = py_amqp.Connection(f"127.0.0.1:{broker_port}", userid="guest",
-                                    password="guest", login_method=login_method,
-                                    connect_timeout=5)
+    connection = py_amqp.Connection(
+        f"127.0.0.1:{broker_port}",
+        userid="guest",
+        password="guest",
+        login_method=login_method,
+        connect_timeout=5,
+    )
     connection.connect()
     try:
         channel = connection.channel()
         channel.queue_declare("celery")
-        message = py_amqp.Message(b"x" * 200_000, content_type="application/json",
-                                  application_headers={"task": "add", "retries": 0})
+        message = py_amqp.Message(
+            b"x" * 200_000,
+            content_type="application/json",
+            application_headers={"task": "add", "retries": 0},
+        )
         channel.basic_publish(message, exchange="", routing_key="celery")
         got = channel.basic_get("celery")
         assert got.body == message.body

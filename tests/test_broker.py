@@ -15,6 +15,7 @@ import pika
 import pika.exceptions
 import pytest
 import uvloop
+
 from warrenmq.server.broker import Broker
 from warrenmq.server.config import BrokerConfig
 
@@ -48,8 +49,9 @@ class ThreadBroker:
         return self.broker.port
 
     def connect(self, **kwargs):
-        return pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", self.port, connection_attempts=1, **kwargs))
+        return pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", self.port, connection_attempts=1, **kwargs)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +104,14 @@ def closed_with(excinfo):
 
 # -- publish, consume, confirms ----------------------------------------------------------------
 
+
 def test_confirmed_publish_then_consume_in_order_with_properties(conn):
     ch = conn.channel()
     ch.confirm_delivery()
     q = ch.queue_declare(name(), durable=True).method.queue
-    properties = pika.BasicProperties(delivery_mode=2, content_type="text/plain",
-                                      headers={"k": "v", "n": 7}, message_id="m1")
+    properties = pika.BasicProperties(
+        delivery_mode=2, content_type="text/plain", headers={"k": "v", "n": 7}, message_id="m1"
+    )
     for i in range(50):
         ch.basic_publish("", q, b"body-%d" % i, properties)
     assert ch.queue_declare(q, passive=True).method.message_count == 50
@@ -169,6 +173,7 @@ def test_publish_to_missing_exchange_is_404(conn):
 
 
 # -- acks ----------------------------------------------------------------------------------------
+
 
 def test_unknown_delivery_tag_is_406(conn):
     ch = conn.channel()
@@ -237,6 +242,7 @@ def test_closing_a_channel_requeues_its_unacked(conn):
 
 # -- qos and consumers -----------------------------------------------------------------------------
 
+
 def test_prefetch_limits_unacked_deliveries(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), exclusive=True).method.queue
@@ -285,7 +291,7 @@ def test_global_prefetch_is_shared_by_the_channel_consumers(conn):
     ch = conn.channel()
     q1 = ch.queue_declare(name(), exclusive=True).method.queue
     q2 = ch.queue_declare(name(), exclusive=True).method.queue
-    for i in range(5):
+    for _ in range(5):
         ch.basic_publish("", q1, b"a")
         ch.basic_publish("", q2, b"b")
     ch.basic_qos(prefetch_count=4, global_qos=True)
@@ -301,10 +307,12 @@ def test_consumer_priorities_serve_the_highest_first(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), exclusive=True).method.queue
     low, high = [], []
-    ch.basic_consume(q, lambda c, m, p, b: low.append(b), auto_ack=True,
-                     arguments={"x-priority": 1})
-    ch.basic_consume(q, lambda c, m, p, b: high.append(b), auto_ack=True,
-                     arguments={"x-priority": 10})
+    ch.basic_consume(
+        q, lambda c, m, p, b: low.append(b), auto_ack=True, arguments={"x-priority": 1}
+    )
+    ch.basic_consume(
+        q, lambda c, m, p, b: high.append(b), auto_ack=True, arguments={"x-priority": 10}
+    )
     for i in range(20):
         ch.basic_publish("", q, b"%d" % i)
     pump(conn, lambda: len(high) + len(low) >= 20)
@@ -325,8 +333,9 @@ def test_round_robin_between_equal_consumers(conn):
 
 def test_single_active_consumer_gets_everything_until_it_goes(conn):
     ch = conn.channel()
-    q = ch.queue_declare(name(), exclusive=True,
-                         arguments={"x-single-active-consumer": True}).method.queue
+    q = ch.queue_declare(
+        name(), exclusive=True, arguments={"x-single-active-consumer": True}
+    ).method.queue
     first, second = [], []
     tag = ch.basic_consume(q, lambda c, m, p, b: first.append(b), auto_ack=True)
     ch.basic_consume(q, lambda c, m, p, b: second.append(b), auto_ack=True)
@@ -346,7 +355,10 @@ def test_exclusive_consumer_refuses_others_with_403(conn):
     ch.basic_consume(q, lambda *args: None, exclusive=True)
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.basic_consume(q, lambda *args: None)
-    assert closed_with(excinfo) == (403, f"ACCESS_REFUSED - queue '{q}' in vhost '/' in exclusive use")
+    assert closed_with(excinfo) == (
+        403,
+        f"ACCESS_REFUSED - queue '{q}' in vhost '/' in exclusive use",
+    )
 
 
 def test_reused_consumer_tag_is_530(conn):
@@ -383,7 +395,8 @@ def test_channel_flow_active_false_is_540_as_in_rabbitmq(broker):
     assert excinfo.value.args == (540, "NOT_IMPLEMENTED - active=false")
 
 
-# -- queues ------------------------------------------------------------------------------------------
+# -- queues ----------------------------------------------------------------------------------------
+
 
 def test_server_named_queue(conn):
     ch = conn.channel()
@@ -398,8 +411,9 @@ def test_passive_declare_of_missing_queue_is_404(conn):
     assert closed_with(excinfo) == (404, "NOT_FOUND - no queue 'missing-queue' in vhost '/'")
 
 
-@pytest.mark.parametrize("suffix", ["café", "a%b", "star*", "paren(1)", "tab\there",
-                                    "rabbit-\N{RABBIT}"])
+@pytest.mark.parametrize(
+    "suffix", ["café", "a%b", "star*", "paren(1)", "tab\there", "rabbit-\N{RABBIT}"]
+)
 def test_any_utf8_name_is_declared_consumed_and_deleted(broker, conn, suffix):
     queue = f"{name()}-{suffix}"
     ch = conn.channel()
@@ -420,7 +434,9 @@ def test_reserved_queue_name_is_403(conn):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.queue_declare("amq.mine")
     assert closed_with(excinfo) == (
-        403, "ACCESS_REFUSED - queue name 'amq.mine' contains reserved prefix 'amq.*'")
+        403,
+        "ACCESS_REFUSED - queue name 'amq.mine' contains reserved prefix 'amq.*'",
+    )
 
 
 def test_redeclare_with_other_arguments_is_406(conn):
@@ -430,8 +446,10 @@ def test_redeclare_with_other_arguments_is_406(conn):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.queue_declare(q, arguments={"x-max-length": 20}, auto_delete=True)
     assert closed_with(excinfo) == (
-        406, f"PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue '{q}' in vhost "
-             "'/': received '20' but current is '10'")
+        406,
+        f"PRECONDITION_FAILED - inequivalent arg 'x-max-length' for queue '{q}' in vhost "
+        "'/': received '20' but current is '10'",
+    )
 
 
 def test_invalid_queue_argument_is_406(conn):
@@ -440,8 +458,10 @@ def test_invalid_queue_argument_is_406(conn):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.queue_declare(q, arguments={"x-message-ttl": -1})
     assert closed_with(excinfo) == (
-        406, f"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': "
-             "{value_negative,-1}")
+        406,
+        f"PRECONDITION_FAILED - invalid arg 'x-message-ttl' for queue '{q}' in vhost '/': "
+        "{value_negative,-1}",
+    )
 
 
 @pytest.mark.warren_only
@@ -451,8 +471,10 @@ def test_stream_queues_are_refused_until_streams_exist(conn):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
     assert closed_with(excinfo) == (
-        406, f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{q}' in vhost '/': "
-             "\"unsupported queue type 'stream'\"")
+        406,
+        f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{q}' in vhost '/': "
+        "\"unsupported queue type 'stream'\"",
+    )
 
 
 def test_quorum_and_classic_types_are_accepted(conn):
@@ -476,8 +498,10 @@ def test_exclusive_queue_is_locked_to_its_connection(broker, conn):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
             other.channel().basic_consume(q, lambda *args: None)
         assert excinfo.value.args[0] == 405
-        assert "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue" in \
-            excinfo.value.args[1]
+        assert (
+            "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue"
+            in excinfo.value.args[1]
+        )
     finally:
         other.close()
     conn.close()
@@ -501,13 +525,15 @@ def test_auto_delete_queue_goes_with_its_last_consumer(conn):
 def test_purge_and_delete_if_empty_and_if_unused(conn):
     ch = conn.channel()
     q = ch.queue_declare(name()).method.queue
-    for i in range(4):
+    for _ in range(4):
         ch.basic_publish("", q, b"x")
     ch.queue_declare(q, passive=True)
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.queue_delete(q, if_empty=True)
     assert closed_with(excinfo) == (
-        406, f"PRECONDITION_FAILED - queue '{q}' in vhost '/' not empty")
+        406,
+        f"PRECONDITION_FAILED - queue '{q}' in vhost '/' not empty",
+    )
     ch = conn.channel()
     assert ch.queue_purge(q).method.message_count == 4
     ch.basic_consume(q, lambda *args: None)
@@ -578,14 +604,22 @@ def test_per_message_expiration(conn):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.queue_declare(q, passive=True)
     assert closed_with(excinfo) == (
-        406, "PRECONDITION_FAILED - invalid expiration 'soon': no_integer")
+        406,
+        "PRECONDITION_FAILED - invalid expiration 'soon': no_integer",
+    )
 
 
 def test_priority_queue_serves_the_highest_level_first(conn):
     ch = conn.channel()
     q = ch.queue_declare(name(), exclusive=True, arguments={"x-max-priority": 5}).method.queue
-    for body, priority in [(b"low", 1), (b"none", None), (b"high", 5), (b"mid", 3),
-                           (b"over", 9), (b"mid2", 3)]:
+    for body, priority in [
+        (b"low", 1),
+        (b"none", None),
+        (b"high", 5),
+        (b"mid", 3),
+        (b"over", 9),
+        (b"mid2", 3),
+    ]:
         ch.basic_publish("", q, body, pika.BasicProperties(priority=priority))
     assert ch.queue_declare(q, passive=True).method.message_count == 6
     first, _, body = ch.basic_get(q)
@@ -607,8 +641,9 @@ def test_max_length_drops_from_the_head(conn):
 def test_reject_publish_overflow_nacks_the_refused_messages(conn):
     ch = conn.channel()
     ch.confirm_delivery()
-    q = ch.queue_declare(name(), exclusive=True, arguments={
-        "x-max-length": 2, "x-overflow": "reject-publish"}).method.queue
+    q = ch.queue_declare(
+        name(), exclusive=True, arguments={"x-max-length": 2, "x-overflow": "reject-publish"}
+    ).method.queue
     ch.basic_publish("", q, b"1")
     ch.basic_publish("", q, b"2")
     with pytest.raises(pika.exceptions.NackError):
@@ -648,7 +683,8 @@ def test_x_expires_deletes_an_unused_queue(conn):
     assert excinfo.value.args[0] == 404
 
 
-# -- exchanges and bindings ----------------------------------------------------------------------------
+# -- exchanges and bindings ------------------------------------------------------------------------
+
 
 def test_topic_fanout_headers_and_exchange_to_exchange_routing(conn):
     ch = conn.channel()
@@ -695,8 +731,9 @@ def test_alternate_exchange_takes_unroutable_messages(conn):
     ch = conn.channel()
     main, alternate = name("main"), name("ae")
     ch.exchange_declare(alternate, "fanout", auto_delete=True)
-    ch.exchange_declare(main, "direct", auto_delete=True,
-                        arguments={"alternate-exchange": alternate})
+    ch.exchange_declare(
+        main, "direct", auto_delete=True, arguments={"alternate-exchange": alternate}
+    )
     q = ch.queue_declare("", exclusive=True).method.queue
     ch.queue_bind(q, alternate)
     ch.basic_publish(main, "nothing-bound", b"x")
@@ -714,8 +751,10 @@ def test_exchange_errors(conn):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.exchange_declare(x, "fanout", auto_delete=True)
     assert closed_with(excinfo) == (
-        406, f"PRECONDITION_FAILED - inequivalent arg 'type' for exchange '{x}' in vhost '/': "
-             "received 'fanout' but current is 'direct'")
+        406,
+        f"PRECONDITION_FAILED - inequivalent arg 'type' for exchange '{x}' in vhost '/': "
+        "received 'fanout' but current is 'direct'",
+    )
     ch = conn.channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
         ch.exchange_declare("amq.mine", "direct")
@@ -729,7 +768,8 @@ def test_unknown_exchange_type_closes_the_connection_with_503(broker):
     assert excinfo.value.args == (503, "COMMAND_INVALID - unknown exchange type 'no-such-type'")
 
 
-# -- transactions ------------------------------------------------------------------------------------------
+# -- transactions ----------------------------------------------------------------------------------
+
 
 def test_tx_commit_publishes_and_rollback_discards(conn):
     ch = conn.channel()
@@ -762,17 +802,18 @@ def test_tx_commit_outside_a_transaction_is_406(conn):
     assert closed_with(excinfo) == (406, "PRECONDITION_FAILED - channel is not transactional")
 
 
-# -- direct reply-to --------------------------------------------------------------------------------------
+# -- direct reply-to -------------------------------------------------------------------------------
+
 
 def test_direct_reply_to_round_trip(conn):
     server = conn.channel()
     client = conn.channel()
     rpc = server.queue_declare(name(), exclusive=True).method.queue
     replies = []
-    client.basic_consume("amq.rabbitmq.reply-to", lambda c, m, p, b: replies.append(b),
-                         auto_ack=True)
-    client.basic_publish("", rpc, b"ping",
-                         pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
+    client.basic_consume(
+        "amq.rabbitmq.reply-to", lambda c, m, p, b: replies.append(b), auto_ack=True
+    )
+    client.basic_publish("", rpc, b"ping", pika.BasicProperties(reply_to="amq.rabbitmq.reply-to"))
     method, properties, body = server.basic_get(rpc, auto_ack=True)
     assert properties.reply_to.startswith("amq.rabbitmq.reply-to.")
     server.basic_publish("", properties.reply_to, b"pong")
@@ -788,27 +829,39 @@ def test_reply_to_without_reply_consumer_is_406(conn):
     assert closed_with(excinfo) == (406, "PRECONDITION_FAILED - fast reply consumer does not exist")
 
 
-# -- connections ---------------------------------------------------------------------------------------------
+# -- connections -----------------------------------------------------------------------------------
+
 
 def test_wrong_password_is_refused_with_403(broker):
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as excinfo:
-        pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", broker.port, credentials=pika.PlainCredentials("guest", "wrong"),
-            connection_attempts=1))
+        pika.BlockingConnection(
+            pika.ConnectionParameters(
+                "127.0.0.1",
+                broker.port,
+                credentials=pika.PlainCredentials("guest", "wrong"),
+                connection_attempts=1,
+            )
+        )
     assert "ACCESS_REFUSED" in str(excinfo.value)
 
 
 def test_unknown_vhost_is_refused_with_530(broker):
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as excinfo:
-        pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", broker.port, virtual_host="no-such-vhost", connection_attempts=1))
+        pika.BlockingConnection(
+            pika.ConnectionParameters(
+                "127.0.0.1", broker.port, virtual_host="no-such-vhost", connection_attempts=1
+            )
+        )
     assert "NOT_ALLOWED - vhost no-such-vhost not found" in str(excinfo.value)
 
 
 def test_guest_is_refused_from_a_non_loopback_address(broker):
     async def check():
-        return (await broker.broker.authenticate("guest", "guest", "10.1.2.3", "PLAIN"),
-                await broker.broker.authenticate("guest", "guest", "127.0.0.1", "PLAIN"))
+        return (
+            await broker.broker.authenticate("guest", "guest", "10.1.2.3", "PLAIN"),
+            await broker.broker.authenticate("guest", "guest", "127.0.0.1", "PLAIN"),
+        )
+
     remote, local = broker.call(check())
     assert remote is None and local is not None
 
@@ -820,10 +873,14 @@ def test_loopback_users_setting_is_who_may_log_in_from_loopback_only(tmp_path):
     running = ThreadBroker(tmp_path, loopback_users=("bob",)).start()
     try:
         broker = running.broker
-        running.call(broker.store.apply(metadata_commands.AddUser(
-            "bob", passwords.hash_password("pw", log2_n=2))))
-        running.call(broker.store.apply(metadata_commands.SetPermissions(
-            "bob", "/", ".*", ".*", ".*")))
+        running.call(
+            broker.store.apply(
+                metadata_commands.AddUser("bob", passwords.hash_password("pw", log2_n=2))
+            )
+        )
+        running.call(
+            broker.store.apply(metadata_commands.SetPermissions("bob", "/", ".*", ".*", ".*"))
+        )
 
         async def login(user, password, host):
             return await broker.authenticate(user, password, host, "PLAIN") is not None
@@ -839,6 +896,7 @@ def test_loopback_users_setting_is_who_may_log_in_from_loopback_only(tmp_path):
 
 def test_bad_protocol_header_gets_ours_and_a_close(broker):
     import socket
+
     with socket.create_connection(("127.0.0.1", broker.port), timeout=2) as sock:
         sock.sendall(b"AMQP\x01\x01\x00\x0a")
         assert sock.recv(8) == b"AMQP\x00\x00\x09\x01"
@@ -847,6 +905,7 @@ def test_bad_protocol_header_gets_ours_and_a_close(broker):
 
 def test_a_hostile_frame_closes_only_its_connection(broker, conn):
     import socket
+
     with socket.create_connection(("127.0.0.1", broker.port), timeout=2) as sock:
         sock.sendall(b"AMQP\x00\x00\x09\x01")
         sock.recv(4096)
@@ -862,6 +921,7 @@ def test_a_silent_client_is_dropped_after_two_heartbeat_intervals(broker):
     import socket
 
     from pamqp import commands
+
     from warrenmq.amqp import testing
 
     with socket.create_connection(("127.0.0.1", broker.port), timeout=5) as sock:
@@ -869,8 +929,11 @@ def test_a_silent_client_is_dropped_after_two_heartbeat_intervals(broker):
         sock.recv(4096)
         sock.sendall(testing.marshal(0, testing.start_ok()))
         sock.recv(4096)
-        sock.sendall(testing.marshal(0, commands.Connection.TuneOk(
-            channel_max=10, frame_max=131072, heartbeat=1)))
+        sock.sendall(
+            testing.marshal(
+                0, commands.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=1)
+            )
+        )
         sock.sendall(testing.marshal(0, commands.Connection.Open(virtual_host="/")))
         started = time.monotonic()
         received = b""
@@ -893,8 +956,7 @@ def test_restart_keeps_durable_queues_with_their_levels_and_limits(tmp_path):
     ch.queue_declare("prio", durable=True, arguments={"x-max-priority": 3})
     ch.queue_declare("plain", durable=True, arguments={"x-max-length": 2})
     for body, priority in [(b"a", 0), (b"b", 3), (b"c", 1)]:
-        ch.basic_publish("", "prio", body, pika.BasicProperties(priority=priority,
-                                                                 delivery_mode=2))
+        ch.basic_publish("", "prio", body, pika.BasicProperties(priority=priority, delivery_mode=2))
     for body in (b"1", b"2", b"3"):
         ch.basic_publish("", "plain", body, pika.BasicProperties(delivery_mode=2))
     connection.close()

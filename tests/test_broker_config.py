@@ -5,22 +5,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from warrenmq.server.config import BrokerConfig, ConfigError, load
 
 
 def test_embedded_defaults_match_the_issue():
     config = load(environ={})
     assert (config.port, config.bind, config.data_dir, config.log_level) == (
-        5672, "0.0.0.0", Path("./data"), "info")
+        5672,
+        "0.0.0.0",
+        Path("./data"),
+        "info",
+    )
     assert config.loopback_users == ("guest",)
 
 
 def test_precedence_file_then_environment_then_flags(tmp_path):
     toml = tmp_path / "warren.toml"
-    toml.write_text('port = 6000\nbind = "127.0.0.1"\ndata_dir = "/srv/warren"\n'
-                    'log_level = "debug"\nchannel_max = 16\n')
-    config = load(toml, environ={"WARREN_PORT": "6001", "WARREN_LOG_LEVEL": "WARNING"},
-                  overrides={"port": 6002, "bind": None})
+    toml.write_text(
+        'port = 6000\nbind = "127.0.0.1"\ndata_dir = "/srv/warren"\n'
+        'log_level = "debug"\nchannel_max = 16\n'
+    )
+    config = load(
+        toml,
+        environ={"WARREN_PORT": "6001", "WARREN_LOG_LEVEL": "WARNING"},
+        overrides={"port": 6002, "bind": None},
+    )
     assert config.port == 6002
     assert config.bind == "127.0.0.1"
     assert config.data_dir == Path("/srv/warren")
@@ -40,17 +50,22 @@ def test_unknown_environment_variables_are_ignored():
 
 def test_list_settings_from_environment():
     assert load(environ={"WARREN_LOOPBACK_USERS": "guest, admin"}).loopback_users == (
-        "guest", "admin")
+        "guest",
+        "admin",
+    )
 
 
-@pytest.mark.parametrize("text, message", [
-    ("nonsense = 1\n", "unknown setting"),
-    ("port = 70000\n", "port must be"),
-    ('port = "x"\n', "bad value for port"),
-    ('log_level = "loud"\n', "log_level must be"),
-    ("frame_bytes_max = 100\n", "frame_bytes_max must be"),
-    ("port = [\n", "cannot read config file"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("nonsense = 1\n", "unknown setting"),
+        ("port = 70000\n", "port must be"),
+        ('port = "x"\n', "bad value for port"),
+        ('log_level = "loud"\n', "log_level must be"),
+        ("frame_bytes_max = 100\n", "frame_bytes_max must be"),
+        ("port = [\n", "cannot read config file"),
+    ],
+)
 def test_bad_files_are_refused_with_the_reason(tmp_path, text, message):
     toml = tmp_path / "bad.toml"
     toml.write_text(text)

@@ -32,9 +32,24 @@ class BrokerProcess:
 
     def start(self, timeout_s=20.0):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", "0",
-             "--bind", "127.0.0.1", "--data-dir", str(self.data_dir), "--log-level", "warning"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            [
+                sys.executable,
+                "-m",
+                "warrenmq.server.cli",
+                "serve",
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--data-dir",
+                str(self.data_dir),
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
@@ -53,8 +68,11 @@ class BrokerProcess:
             self.process.wait(10)
 
     def connect(self):
-        return pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", self.port, connection_attempts=1, blocked_connection_timeout=5))
+        return pika.BlockingConnection(
+            pika.ConnectionParameters(
+                "127.0.0.1", self.port, connection_attempts=1, blocked_connection_timeout=5
+            )
+        )
 
 
 @pytest.fixture
@@ -66,8 +84,9 @@ def broker_process(tmp_path):
 
 def _publisher(port, prefix, confirmed, stop):
     try:
-        connection = pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", port, connection_attempts=1))
+        connection = pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1)
+        )
         channel = connection.channel()
         channel.confirm_delivery()
         properties = pika.BasicProperties(delivery_mode=2)
@@ -85,8 +104,9 @@ def _publisher(port, prefix, confirmed, stop):
 def _consumer(port, acked, unacked, stop):
     """Acks every other message it gets; the rest stay unacked until the crash."""
     try:
-        connection = pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", port, connection_attempts=1))
+        connection = pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1)
+        )
         channel = connection.channel()
         channel.basic_qos(prefetch_count=50)
         for method, _, body in channel.consume(QUEUE, inactivity_timeout=0.05):
@@ -112,11 +132,15 @@ def crash_cycle(broker_process, cycle, seconds=1.0):
     confirmed_lists = [[], []]
     acked, unacked = set(), set()
     stop = threading.Event()
-    threads = [threading.Thread(target=_publisher, args=(broker_process.port, f"c{cycle}p{i}",
-                                                          confirmed_lists[i], stop))
-               for i in range(2)]
-    threads.append(threading.Thread(target=_consumer, args=(broker_process.port, acked,
-                                                            unacked, stop)))
+    threads = [
+        threading.Thread(
+            target=_publisher, args=(broker_process.port, f"c{cycle}p{i}", confirmed_lists[i], stop)
+        )
+        for i in range(2)
+    ]
+    threads.append(
+        threading.Thread(target=_consumer, args=(broker_process.port, acked, unacked, stop))
+    )
     for thread in threads:
         thread.start()
     time.sleep(seconds)
@@ -198,10 +222,12 @@ def test_sigterm_closes_clients_with_320_and_keeps_everything(broker_process):
     channel.basic_publish("keep-x", "a.c", b"after")
     method, _, body = channel.basic_get("keep-q", auto_ack=True)
     assert body == b"0" and not method.redelivered
-    for missing in (lambda: channel.queue_declare("drop-q", passive=True),
-                    lambda: channel.exchange_declare("drop-x", passive=True)):
+    for missing in (
+        lambda open_channel: open_channel.queue_declare("drop-q", passive=True),
+        lambda open_channel: open_channel.exchange_declare("drop-x", passive=True),
+    ):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
-            missing()
+            missing(channel)
         assert excinfo.value.args[0] == 404
         channel = connection.channel()
     connection.close()
@@ -210,9 +236,23 @@ def test_sigterm_closes_clients_with_320_and_keeps_everything(broker_process):
 def test_serve_reads_flags_over_environment(tmp_path):
     env = dict(os.environ, WARREN_PORT="1", WARREN_LOG_LEVEL="warning")
     process = subprocess.Popen(
-        [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", "0", "--bind",
-         "127.0.0.1", "--data-dir", str(tmp_path / "d")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "warrenmq.server.cli",
+            "serve",
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--data-dir",
+            str(tmp_path / "d"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
         line = process.stdout.readline()
         assert LISTENING.search(line) and not line.strip().endswith(":1")
@@ -232,8 +272,9 @@ def small_disk(tmp_path):
         pytest.skip("mounting a small filesystem needs root")
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)],
-                   check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount_point)], check=True
+    )
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
@@ -246,7 +287,7 @@ def _fill(path, leave_bytes):
         filler.truncate(0)
         chunk = b"\0" * (1 << 20)
         while size > 0:
-            size -= filler.write(chunk[:min(size, len(chunk))])
+            size -= filler.write(chunk[: min(size, len(chunk))])
 
 
 def test_a_full_disk_nacks_publishes_and_loses_no_confirmed_message(small_disk):

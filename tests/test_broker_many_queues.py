@@ -53,22 +53,40 @@ class LimitedBroker:
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", "0", "--bind",
-                 "127.0.0.1", "--data-dir", str(self.data_dir), "--log-level", "info"],
-                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=_limit_descriptors)
+                [
+                    sys.executable,
+                    "-m",
+                    "warrenmq.server.cli",
+                    "serve",
+                    "--port",
+                    "0",
+                    "--bind",
+                    "127.0.0.1",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--log-level",
+                    "info",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                preexec_fn=_limit_descriptors,
+            )
         lines = queue.Queue()
-        threading.Thread(target=lambda: lines.put(self.process.stdout.readline()),
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: lines.put(self.process.stdout.readline()), daemon=True
+        ).start()
         try:
             line = lines.get(timeout=timeout_s)
         except queue.Empty:
             self.process.kill()
             raise AssertionError(f"warren serve did not listen within {timeout_s} s") from None
         match = LISTENING.search(line)
-        assert match, f"warren serve exited ({self.process.poll()}): {self.log_since_start()[-2000:]}"
+        assert match, (
+            f"warren serve exited ({self.process.poll()}): {self.log_since_start()[-2000:]}"
+        )
         self.port = int(match.group(1))
-        threading.Thread(target=self._sample_descriptors, args=(self.process,),
-                         daemon=True).start()
+        threading.Thread(target=self._sample_descriptors, args=(self.process,), daemon=True).start()
         return time.monotonic() - started
 
     def _sample_descriptors(self, process):
@@ -114,7 +132,7 @@ class LimitedBroker:
         text = self.log_path.read_text(errors="replace")
         for marker in OUT_OF_DESCRIPTORS:
             assert marker not in text, f"{marker} in the broker's log"
-        assert "Traceback" not in text, text[text.index("Traceback"):][:2000]
+        assert "Traceback" not in text, text[text.index("Traceback") :][:2000]
         assert self.fds_peak < NOFILE // 2 + 256, f"{self.fds_peak} descriptors open at once"
 
 
@@ -124,8 +142,9 @@ def in_parallel(port, names, work, *, setup=None):
 
     def run(chunk):
         try:
-            connection = pika.BlockingConnection(pika.ConnectionParameters(
-                "127.0.0.1", port, connection_attempts=3, retry_delay=1))
+            connection = pika.BlockingConnection(
+                pika.ConnectionParameters("127.0.0.1", port, connection_attempts=3, retry_delay=1)
+            )
             channel = connection.channel()
             if setup is not None:
                 setup(channel)
@@ -174,8 +193,9 @@ def many_queues(tmp_path, plain_count, priority_count, sample_every, timeout_s):
         def declare_and_fill(channel, name):
             channel.queue_declare(name, durable=True, arguments={"x-max-priority": LEVELS})
             for level in range(1, LEVELS + 1):
-                channel.basic_publish("", name, b"%s:%d" % (name.encode(), level),
-                                      persistent(level))
+                channel.basic_publish(
+                    "", name, b"%s:%d" % (name.encode(), level), persistent(level)
+                )
             channel.tx_commit()
 
         started = time.monotonic()
@@ -244,7 +264,8 @@ def many_queues(tmp_path, plain_count, priority_count, sample_every, timeout_s):
                 return
             assert count == 3
             assert [channel.basic_get(name, auto_ack=True)[2] for _ in range(3)] == [
-                b"%s:%d" % (name.encode(), i) for i in (1, 2, 3)]
+                b"%s:%d" % (name.encode(), i) for i in (1, 2, 3)
+            ]
 
         in_parallel(broker.port, plain, check_plain_after_kill)
 
@@ -266,21 +287,28 @@ def print_report(capsys, title, report):
     with capsys.disabled():
         print(f"\n{title}")
         for key, value in report.items():
-            print(f"  {key:28} {value:12.2f}" if isinstance(value, float) else f"  {key:28} {value:12}")
+            print(
+                f"  {key:28} {value:12.2f}"
+                if isinstance(value, float)
+                else f"  {key:28} {value:12}"
+            )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_5000_queues_and_20_priority_queues_of_255_levels_under_4096_descriptors(tmp_path, capsys):
-    report = many_queues(tmp_path, plain_count=5_000, priority_count=20, sample_every=50,
-                         timeout_s=120)
+    report = many_queues(
+        tmp_path, plain_count=5_000, priority_count=20, sample_every=50, timeout_s=120
+    )
     print_report(capsys, "5,000 queues + 20 x 255 priority levels, RLIMIT_NOFILE 4096", report)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(4 * 3600)
-def test_100000_queues_and_1000_priority_queues_of_255_levels_under_4096_descriptors(tmp_path, capsys):
-    report = many_queues(tmp_path, plain_count=100_000, priority_count=1_000, sample_every=100,
-                         timeout_s=1800)
-    print_report(capsys, "100,000 queues + 1,000 x 255 priority levels, RLIMIT_NOFILE 4096",
-                 report)
+def test_100000_queues_and_1000_priority_queues_of_255_levels_under_4096_descriptors(
+    tmp_path, capsys
+):
+    report = many_queues(
+        tmp_path, plain_count=100_000, priority_count=1_000, sample_every=100, timeout_s=1800
+    )
+    print_report(capsys, "100,000 queues + 1,000 x 255 priority levels, RLIMIT_NOFILE 4096", report)

@@ -20,6 +20,7 @@ import pika
 import pika.exceptions
 import pytest
 import uvloop
+
 from warrenmq.server import broker as broker_module
 from warrenmq.server.broker import METADATA_FILE, Broker
 from warrenmq.server.config import BrokerConfig
@@ -48,8 +49,9 @@ class ThreadBroker:
         self.loop.close()
 
     def connect(self):
-        return pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", self.broker.port, connection_attempts=1))
+        return pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", self.broker.port, connection_attempts=1)
+        )
 
 
 def stored_queues(data_dir):
@@ -93,8 +95,10 @@ def test_a_declare_whose_storage_cannot_open_leaves_no_record(tmp_path, failing_
             channel.queue_declare("doomed", durable=True)
         code, text = excinfo.value.args
         assert code == 541
-        assert text == ("INTERNAL_ERROR - cannot declare queue 'doomed' in vhost '/': "
-                        "EMFILE (Too many open files)")
+        assert text == (
+            "INTERNAL_ERROR - cannot declare queue 'doomed' in vhost '/': "
+            "EMFILE (Too many open files)"
+        )
         assert str(tmp_path) not in text, "no server path goes to the client"
         connection = running.connect()
         channel = connection.channel()
@@ -146,16 +150,23 @@ def test_concurrent_declares_of_one_new_queue_share_its_storage(tmp_path, monkey
     monkeypatch.setattr(broker_module.LogQueue, "open", counting)
     running = ThreadBroker(tmp_path / "data").start()
     vhost = running.broker.vhosts["/"]
-    flags = dict(durable=True, exclusive=False, auto_delete=False, arguments={}, owner="o",
-                 server_named=False)
+    flags = dict(
+        durable=True,
+        exclusive=False,
+        auto_delete=False,
+        arguments={},
+        owner="o",
+        server_named=False,
+    )
 
     async def race():
         async def use():
             await asyncio.sleep(0)
             return vhost.get_queue("shared", "o")
 
-        return await asyncio.gather(vhost.declare_queue("shared", **flags),
-                                    vhost.declare_queue("shared", **flags), use())
+        return await asyncio.gather(
+            vhost.declare_queue("shared", **flags), vhost.declare_queue("shared", **flags), use()
+        )
 
     try:
         first, second, used = asyncio.run_coroutine_threadsafe(race(), running.loop).result(10)
@@ -193,7 +204,9 @@ def test_a_queue_whose_files_cannot_open_is_unavailable_and_the_others_recover(t
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
             channel.queue_declare("b", passive=True)
         assert excinfo.value.args == (
-            404, "NOT_FOUND - queue 'b' in vhost '/' has crashed and failed to restart")
+            404,
+            "NOT_FOUND - queue 'b' in vhost '/' has crashed and failed to restart",
+        )
         channel = connection.channel()
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
             channel.basic_get("b")
@@ -218,9 +231,22 @@ LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
 
 def serve(data_dir, port):
     return subprocess.Popen(
-        [sys.executable, "-m", "warrenmq.server.cli", "serve", "--port", str(port), "--bind",
-         "127.0.0.1", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "warrenmq.server.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_fatal_start_up_error_exits_non_zero_at_once(tmp_path):
@@ -278,11 +304,20 @@ def test_clean_shutdown_runs_queues_side_by_side_and_one_failure_closes_only_its
         def close(self):
             closed.append(self.name)
 
-    vhost = VirtualHost("/", Path("/nonexistent"), store=None, open_engine=None, batch_records_max=1,
-                        staged=None, deliver_reply=None, cancel_consumers=None)
+    vhost = VirtualHost(
+        "/",
+        Path("/nonexistent"),
+        store=None,
+        open_engine=None,
+        batch_records_max=1,
+        staged=None,
+        deliver_reply=None,
+        cancel_consumers=None,
+    )
     names = ["bad"] + [f"q{i}" for i in range(500)]
-    vhost.queues = {name: SimpleNamespace(name=name, engine=Engine(name), flush=lambda: None)
-                    for name in names}
+    vhost.queues = {
+        name: SimpleNamespace(name=name, engine=Engine(name), flush=lambda: None) for name in names
+    }
     asyncio.run(vhost.shutdown())
     assert peak[0] == SHUTDOWN_CONCURRENT_MAX
     assert closed == ["bad"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 from warrenmq.server.broker import Broker
-from warrenmq.server.session.channel import BrokerChannel
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.queue.work_queue import WorkQueue
+from warrenmq.server.session.channel import BrokerChannel
 
 
 class RecordingAmqp:
@@ -67,9 +67,17 @@ class GatedEngine:
 
 def gated_queue(name, *, durable=True):
     engine = GatedEngine()
-    queue = WorkQueue("/", name, engine, durable=durable, auto_delete=False,
-                        exclusive_owner=None, arguments={}, queue_type="classic",
-                        batch_records_max=128)
+    queue = WorkQueue(
+        "/",
+        name,
+        engine,
+        durable=durable,
+        auto_delete=False,
+        exclusive_owner=None,
+        arguments={},
+        queue_type="classic",
+        batch_records_max=128,
+    )
     return queue, engine
 
 
@@ -111,6 +119,7 @@ def test_confirms_wait_for_the_fsync_and_keep_tick_order():
         durable_engine.gate.set()
         await settle()
         assert connection.amqp.confirms == [(2, True, False), (3, True, False)]
+
     asyncio.run(scenario())
 
 
@@ -124,9 +133,9 @@ def test_a_failed_fsync_nacks_the_publishes_written_to_that_queue_only():
         publish(broker, channel, failing, 2, persistent=True)
         publish(broker, channel, healthy, 3, persistent=True)
         await settle()
-        assert connection.amqp.confirms == [(1, True, False), (2, False, True),
-                                            (3, True, False)]
+        assert connection.amqp.confirms == [(1, True, False), (2, False, True), (3, True, False)]
         assert len(healthy_engine.records) == 2
+
     asyncio.run(scenario())
 
 
@@ -142,8 +151,12 @@ def test_a_failed_append_nacks_its_publishes_and_leaves_the_other_queues_of_the_
         publish(broker, channel, failing, 3, persistent=True)
         publish(broker, channel, last, 4, persistent=True)
         await settle()
-        assert connection.amqp.confirms == [(1, True, False), (2, False, True),
-                                            (3, False, True), (4, True, False)]
+        assert connection.amqp.confirms == [
+            (1, True, False),
+            (2, False, True),
+            (3, False, True),
+            (4, True, False),
+        ]
         assert len(first_engine.records) == len(last_engine.records) == 1
         # The disk has room again: the same queue takes and confirms the next publish.
         failing_engine.append_failure = None
@@ -151,11 +164,13 @@ def test_a_failed_append_nacks_its_publishes_and_leaves_the_other_queues_of_the_
         await settle()
         assert connection.amqp.confirms[-1] == (5, True, False)
         assert len(failing_engine.records) == 1
+
     asyncio.run(scenario())
 
 
 def test_a_failed_append_is_reported_by_the_next_tick_even_when_nothing_else_happens():
     """The original defect: the tick raised, and the confirm waited for another client."""
+
     async def scenario():
         broker, connection, channel = make_broker()
         queue, engine = gated_queue("q")
@@ -164,6 +179,7 @@ def test_a_failed_append_is_reported_by_the_next_tick_even_when_nothing_else_hap
         await settle()
         assert connection.amqp.confirms == [(1, False, True)]
         assert not broker._ticks
+
     asyncio.run(scenario())
 
 
@@ -177,6 +193,7 @@ def test_a_tick_splits_what_it_writes_into_batches_within_the_logs_bound():
         await settle()
         assert sum(engine.batches) == 7 and len(engine.batches) == 3
         assert connection.amqp.confirms == [(7, True, False)]
+
     asyncio.run(scenario())
 
 
@@ -190,7 +207,12 @@ def test_refused_messages_get_single_nacks_between_multiple_acks():
             broker.stage_confirm(channel, tag, refused=tag in (1, 4))
         await settle()
         assert connection.amqp.confirms == [
-            (1, False, True), (3, True, False), (4, False, True), (6, True, False)]
+            (1, False, True),
+            (3, True, False),
+            (4, False, True),
+            (6, True, False),
+        ]
+
     asyncio.run(scenario())
 
 
@@ -207,6 +229,7 @@ def test_tx_commit_waiters_resolve_after_the_commit():
         engine.gate.set()
         await settle()
         assert waiter.done()
+
     asyncio.run(scenario())
 
 
@@ -221,6 +244,7 @@ def test_a_failed_write_fails_the_transaction_being_committed():
         waiter = broker.after_commit()
         await settle()
         assert waiter.done() and channel.tx_failed
+
     asyncio.run(scenario())
 
 
@@ -239,6 +263,7 @@ def test_a_queue_deleted_while_its_commit_runs_does_not_fail_the_other_queues():
         await settle()
         # RabbitMQ confirms messages whose queue was deleted normally.
         assert connection.amqp.confirms == [(2, True, False)]
+
     asyncio.run(scenario())
 
 
@@ -253,4 +278,5 @@ def test_confirms_for_a_closed_channel_are_not_sent_to_its_successor():
         engine.gate.set()
         await settle()
         assert connection.amqp.confirms == []
+
     asyncio.run(scenario())

@@ -55,8 +55,11 @@ def test_wait_for_port_returns_once_listening():
 
 def test_reference_node_environment(tmp_path):
     node = rabbitmq_reference.ReferenceNode(
-        nodename="rabbit-warren-1-0@localhost", base_dir=str(tmp_path), amqp_port=40000,
-        dist_port=50000, external_host="192.0.2.7",
+        nodename="rabbit-warren-1-0@localhost",
+        base_dir=str(tmp_path),
+        amqp_port=40000,
+        dist_port=50000,
+        external_host="192.0.2.7",
     )
     env = node._env()
     assert env["RABBITMQ_DIST_PORT"] == "50000"
@@ -119,8 +122,11 @@ def test_raw_client_handshake_against_a_scripted_server():
                 assert conn.recv(8) == b"AMQP\x00\x00\x09\x01"
                 conn.sendall(frame.marshal(commands.Connection.Start(), 0))
                 buffer = b""
-                for expected in (commands.Connection.StartOk, commands.Connection.TuneOk,
-                                 commands.Connection.Open):
+                for expected in (
+                    commands.Connection.StartOk,
+                    commands.Connection.TuneOk,
+                    commands.Connection.Open,
+                ):
                     while True:
                         try:
                             used, _, value = frame.unmarshal(buffer)
@@ -130,9 +136,14 @@ def test_raw_client_handshake_against_a_scripted_server():
                     buffer = buffer[used:]
                     seen.append(value)
                     if expected is commands.Connection.StartOk:
-                        conn.sendall(frame.marshal(
-                            commands.Connection.Tune(channel_max=9, frame_max=8192, heartbeat=0), 0
-                        ))
+                        conn.sendall(
+                            frame.marshal(
+                                commands.Connection.Tune(
+                                    channel_max=9, frame_max=8192, heartbeat=0
+                                ),
+                                0,
+                            )
+                        )
                 conn.sendall(frame.marshal(commands.Connection.OpenOk(), 0))
 
         thread = threading.Thread(target=serve)
@@ -155,17 +166,23 @@ def test_reference_script_starts_and_stops_a_node(tmp_path):
         pytest.skip(reason)
     env = {**os.environ, "WARREN_REFERENCE_STATE": str(tmp_path / "state.json")}
     script = ROOT / "scripts" / "rabbitmq_reference.sh"
-    started = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=120)
+    started = subprocess.run(
+        [script, "start"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert started.returncode == 0, started.stderr
     url = started.stdout.strip()
     try:
         conn = pika.BlockingConnection(pika.URLParameters(url))
         assert conn.channel().queue_declare("", exclusive=True).method.queue.startswith("amq.gen-")
         conn.close()
-        again = subprocess.run([script, "start"], env=env, capture_output=True, text=True, timeout=60)
+        again = subprocess.run(
+            [script, "start"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert again.returncode != 0 and "exists" in again.stderr
     finally:
-        stopped = subprocess.run([script, "stop"], env=env, capture_output=True, text=True, timeout=120)
+        stopped = subprocess.run(
+            [script, "stop"], env=env, capture_output=True, text=True, timeout=120
+        )
     assert stopped.returncode == 0, stopped.stderr
     assert not (tmp_path / "state.json").exists()
     port = int(url.rsplit(":", 1)[1].split("/")[0])

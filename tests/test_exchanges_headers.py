@@ -87,8 +87,14 @@ def test_header_matching(arguments: dict, headers: dict | None, expected: bool) 
 @pytest.mark.parametrize(
     ("x_match", "text"),
     [
-        ("foo", 'Invalid x-match field value <<"foo">>; expected all, any, all-with-x, or any-with-x'),
-        ("ALL", 'Invalid x-match field value <<"ALL">>; expected all, any, all-with-x, or any-with-x'),
+        (
+            "foo",
+            'Invalid x-match field value <<"foo">>; expected all, any, all-with-x, or any-with-x',
+        ),
+        (
+            "ALL",
+            'Invalid x-match field value <<"ALL">>; expected all, any, all-with-x, or any-with-x',
+        ),
         (1, "Invalid x-match field type signedint (value 1); expected longstr"),
         (True, "Invalid x-match field type bool (value true); expected longstr"),
         (None, "Invalid x-match field type void (value undefined); expected longstr"),

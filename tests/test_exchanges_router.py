@@ -93,7 +93,11 @@ def test_binding_to_and_from_amq_exchanges_is_allowed(router: Router) -> None:
 def test_declare_creates_then_finds(router: Router) -> None:
     first = router.declare("x", "topic", durable=True, arguments={"a": 1})
     assert first.created
-    assert (first.exchange.name, first.exchange.type, first.exchange.durable) == ("x", "topic", True)
+    assert (first.exchange.name, first.exchange.type, first.exchange.durable) == (
+        "x",
+        "topic",
+        True,
+    )
     again = router.declare("x", "topic", durable=True)
     assert not again.created and again.exchange is first.exchange
 
@@ -277,7 +281,9 @@ def test_system_and_default_exchanges_cannot_be_deleted(router: Router) -> None:
         AccessRefused,
         "deletion of system exchange 'amq.nonexistent' in vhost '/' not allowed",
     )
-    refused(lambda: router.delete(""), AccessRefused, "operation not permitted on the default exchange")
+    refused(
+        lambda: router.delete(""), AccessRefused, "operation not permitted on the default exchange"
+    )
 
 
 # --- bind / unbind --------------------------------------------------------------------------
@@ -299,9 +305,13 @@ def test_bind_and_unbind_report_changes(router: Router) -> None:
 
 def test_bind_needs_both_ends(router: Router) -> None:
     router.declare("x", "direct")
-    refused(lambda: router.bind_queue("nope", "nope", "k"), NotFound, "no exchange 'nope' in vhost '/'")
+    refused(
+        lambda: router.bind_queue("nope", "nope", "k"), NotFound, "no exchange 'nope' in vhost '/'"
+    )
     refused(lambda: router.bind_queue("x", "nope", "k"), NotFound, "no queue 'nope' in vhost '/'")
-    refused(lambda: router.bind_exchange("x", "nope", "k"), NotFound, "no exchange 'nope' in vhost '/'")
+    refused(
+        lambda: router.bind_exchange("x", "nope", "k"), NotFound, "no exchange 'nope' in vhost '/'"
+    )
 
 
 def test_default_exchange_cannot_be_bound(router: Router) -> None:
@@ -328,7 +338,9 @@ def test_bindings_listing(router: Router) -> None:
     router.declare("x", "topic")
     router.bind_queue("x", "q1", "a.#", {"k": 1})
     router.bind_exchange("x", "amq.fanout", "b")
-    listed = {(b.destination, b.routing_key, tuple(b.arguments.items())) for b in router.bindings("x")}
+    listed = {
+        (b.destination, b.routing_key, tuple(b.arguments.items())) for b in router.bindings("x")
+    }
     assert listed == {
         (Destination(QUEUE, "q1"), "a.#", (("k", 1),)),
         (Destination(EXCHANGE, "amq.fanout"), "b", ()),
@@ -605,7 +617,9 @@ def test_cache_is_bounded(queues: Queues) -> None:
 
 
 def test_reply_texts_reach_the_wire_as_rabbitmq_sends_them(router: Router) -> None:
-    """The broker hands a router error to amqp.replies, which adds the name and cuts to 255 bytes."""
+    """The broker hands a router error to amqp.replies, which adds the name and cuts to 255
+    bytes.
+    """
     from warrenmq.amqp import replies
 
     def wire(error: Exception) -> str:

@@ -155,9 +155,7 @@ def test_matches_reference_for_many_bindings(keys: list[str], probes: list[str])
 
 @settings(max_examples=200)
 @given(
-    st.lists(
-        st.tuples(st.booleans(), st.integers(0, 3), binding_keys), max_size=30
-    ),
+    st.lists(st.tuples(st.booleans(), st.integers(0, 3), binding_keys), max_size=30),
     st.lists(routing_keys, min_size=1, max_size=4),
 )
 def test_bind_unbind_sequences_keep_the_trie_exact(

@@ -7,6 +7,7 @@ import itertools
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from warrenmq.cluster.raft.linearizability import UNKNOWN, KvModel, Operation, check
 
 
@@ -24,10 +25,7 @@ def ok(history):
 
 def test_empty_and_sequential_histories_are_linearizable():
     assert ok([]) is True
-    assert (
-        ok([put(1, "k", "a", 1, 2), get(1, "k", "a", 3, 4), put(1, "k", "b", 5, 6)])
-        is True
-    )
+    assert ok([put(1, "k", "a", 1, 2), get(1, "k", "a", 3, 4), put(1, "k", "b", 5, 6)]) is True
     assert ok([get(1, "k", None, 1, 2)]) is True
 
 
@@ -74,10 +72,7 @@ def test_unknown_write_may_take_effect_late_or_never():
         is False
     )
     # ...but never before it was called.
-    assert (
-        ok([put(1, "k", "a", 1, 2), get(2, "k", "b", 3, 4), put(1, "k", "b", 5, None)])
-        is False
-    )
+    assert ok([put(1, "k", "a", 1, 2), get(2, "k", "b", 3, 4), put(1, "k", "b", 5, None)]) is False
 
 
 def test_unknown_read_output_constrains_nothing():
@@ -92,9 +87,7 @@ def test_keys_are_checked_independently():
 
 
 def test_search_bound_gives_undecided():
-    history = [put(c, "k", f"v{c}", 1, 100) for c in range(12)] + [
-        get(99, "k", "v3", 101, 102)
-    ]
+    history = [put(c, "k", f"v{c}", 1, 100) for c in range(12)] + [get(99, "k", "v3", 101, 102)]
     assert check(history, KvModel(), steps_max=5).ok is None
     assert check(history, KvModel()).ok is True
 
@@ -135,9 +128,7 @@ def small_histories(draw):
         if draw(st.booleans()):
             ops.append(put(i, "k", draw(st.sampled_from("abc")), call, ret))
         elif ret is not None:
-            ops.append(
-                get(i, "k", draw(st.sampled_from(["a", "b", "c", None])), call, ret)
-            )
+            ops.append(get(i, "k", draw(st.sampled_from(["a", "b", "c", None])), call, ret))
     return ops
 
 

@@ -27,7 +27,8 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 
 from warrenmq.amqp import Connection, ConnectionConfig, events, fastpath, frames, testing
-from warrenmq.server.bench import loadgen, stats as loadgen_stats, wire
+from warrenmq.server.bench import loadgen, wire
+from warrenmq.server.bench import stats as loadgen_stats
 from warrenmq.server.bench.client import BenchError
 from warrenmq.server.bench.roles import Consumer, ConsumerTally, Publisher
 
@@ -37,18 +38,38 @@ exchange_name = st.from_regex(r"[a-zA-Z0-9_.:-]{0,40}", fullmatch=True)
 
 # -- frames ------------------------------------------------------------------------------
 
+
 @settings(max_examples=150, deadline=None)
-@given(exchange=exchange_name, routing_key=shortstr, mandatory=st.booleans(),
-       body=st.binary(max_size=9000), frame_max=st.sampled_from([4096, 5000, 131072]),
-       persistent=st.booleans(), channel=st.integers(1, 2047))
-def test_publish_template_matches_pamqp(exchange, routing_key, mandatory, body, frame_max,
-                                        persistent, channel):
+@given(
+    exchange=exchange_name,
+    routing_key=shortstr,
+    mandatory=st.booleans(),
+    body=st.binary(max_size=9000),
+    frame_max=st.sampled_from([4096, 5000, 131072]),
+    persistent=st.booleans(),
+    channel=st.integers(1, 2047),
+)
+def test_publish_template_matches_pamqp(
+    exchange, routing_key, mandatory, body, frame_max, persistent, channel
+):
     template = wire.PublishTemplate(
-        channel, exchange, routing_key, len(body), frame_max, mandatory=mandatory,
-        property_bytes=wire.PERSISTENT_PROPERTIES if persistent else wire.TRANSIENT_PROPERTIES)
-    expected = testing.publish(channel, exchange, routing_key, body,
-                               commands.Basic.Properties(delivery_mode=2 if persistent else 1),
-                               frame_max=frame_max, mandatory=mandatory)
+        channel,
+        exchange,
+        routing_key,
+        len(body),
+        frame_max,
+        mandatory=mandatory,
+        property_bytes=wire.PERSISTENT_PROPERTIES if persistent else wire.TRANSIENT_PROPERTIES,
+    )
+    expected = testing.publish(
+        channel,
+        exchange,
+        routing_key,
+        body,
+        commands.Basic.Properties(delivery_mode=2 if persistent else 1),
+        frame_max=frame_max,
+        mandatory=mandatory,
+    )
     assert template.frame(body) == expected
 
 
@@ -65,7 +86,8 @@ def test_publish_template_refuses_a_body_of_another_size():
 @given(channel=st.integers(0, 65535), tag=st.integers(0, 2**63 - 1), multiple=st.booleans())
 def test_ack_frame_matches_pamqp(channel, tag, multiple):
     assert wire.encode_ack(channel, tag, multiple) == pamqp_frame.marshal(
-        commands.Basic.Ack(delivery_tag=tag, multiple=multiple), channel)
+        commands.Basic.Ack(delivery_tag=tag, multiple=multiple), channel
+    )
 
 
 @given(tag=st.integers(0, 2**63 - 1), multiple=st.booleans(), nack=st.booleans())
@@ -80,12 +102,28 @@ def test_confirm_decoding_matches_the_broker_encoder(tag, multiple, nack):
 
 
 @settings(max_examples=100, deadline=None)
-@given(consumer_tag=shortstr, tag=st.integers(1, 2**63 - 1), redelivered=st.booleans(),
-       exchange=exchange_name, routing_key=shortstr, body=st.binary(max_size=300))
-def test_deliver_decoding_matches_the_broker_encoder(consumer_tag, tag, redelivered, exchange,
-                                                     routing_key, body):
-    data = fastpath.encode_deliver(5, consumer_tag, tag, redelivered, exchange, routing_key,
-                                   wire.PERSISTENT_PROPERTIES, body, 4096)
+@given(
+    consumer_tag=shortstr,
+    tag=st.integers(1, 2**63 - 1),
+    redelivered=st.booleans(),
+    exchange=exchange_name,
+    routing_key=shortstr,
+    body=st.binary(max_size=300),
+)
+def test_deliver_decoding_matches_the_broker_encoder(
+    consumer_tag, tag, redelivered, exchange, routing_key, body
+):
+    data = fastpath.encode_deliver(
+        5,
+        consumer_tag,
+        tag,
+        redelivered,
+        exchange,
+        routing_key,
+        wire.PERSISTENT_PROPERTIES,
+        body,
+        4096,
+    )
     received, rest = wire.split_frames(data, 4096)
     assert rest == b""
     method, header = received[0][2], received[1][2]
@@ -96,15 +134,17 @@ def test_deliver_decoding_matches_the_broker_encoder(consumer_tag, tag, redelive
 
 
 @settings(max_examples=100, deadline=None)
-@given(bodies=st.lists(st.binary(max_size=5000), min_size=1, max_size=5),
-       cuts=st.lists(st.integers(1, 400), max_size=30))
+@given(
+    bodies=st.lists(st.binary(max_size=5000), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(1, 400), max_size=30),
+)
 def test_split_frames_reassembles_any_chunking(bodies, cuts):
     data = b"".join(testing.publish(3, "", "q", body, frame_max=4096) for body in bodies)
     whole, rest = wire.split_frames(data, 4096)
     assert rest == b""
     got, buffer, position = [], b"", 0
     for cut in cuts + [len(data)]:
-        buffer += data[position:position + cut]
+        buffer += data[position : position + cut]
         position += cut
         frames_now, buffer = wire.split_frames(buffer, 4096)
         got.extend(frames_now)
@@ -129,23 +169,32 @@ def test_stamped_body_round_trip():
     assert wire.body_timestamp_ns(body) == 123_456_789_012
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("amqp://guest:guest@127.0.0.1:5673/%2F", ("127.0.0.1", 5673, "guest", "guest", "/")),
-    ("amqp://u%40x:p%3Aw@host/vh%2Fa", ("host", 5672, "u@x", "p:w", "vh/a")),
-    ("amqp://host", ("host", 5672, "guest", "guest", "/")),
-    ("amqp://host/", ("host", 5672, "guest", "guest", "/")),
-    ("amqp://", ("localhost", 5672, "guest", "guest", "/")),
-    ("amqp://a:b@[::1]:1234/v", ("::1", 1234, "a", "b", "v")),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("amqp://guest:guest@127.0.0.1:5673/%2F", ("127.0.0.1", 5673, "guest", "guest", "/")),
+        ("amqp://u%40x:p%3Aw@host/vh%2Fa", ("host", 5672, "u@x", "p:w", "vh/a")),
+        ("amqp://host", ("host", 5672, "guest", "guest", "/")),
+        ("amqp://host/", ("host", 5672, "guest", "guest", "/")),
+        ("amqp://", ("localhost", 5672, "guest", "guest", "/")),
+        ("amqp://a:b@[::1]:1234/v", ("::1", 1234, "a", "b", "v")),
+    ],
+)
 def test_parse_url(url, expected):
     address = wire.parse_url(url)
-    assert (address.host, address.port, address.username, address.password,
-            address.vhost) == expected
+    assert (
+        address.host,
+        address.port,
+        address.username,
+        address.password,
+        address.vhost,
+    ) == expected
     assert "guest:guest" not in address.display() and "p:w" not in address.display()
 
 
-@pytest.mark.parametrize("url", ["amqps://host/", "http://host/", "amqp://host:99999/",
-                                 "amqp://host/?heartbeat=5"])
+@pytest.mark.parametrize(
+    "url", ["amqps://host/", "http://host/", "amqp://host:99999/", "amqp://host/?heartbeat=5"]
+)
 def test_parse_url_refuses(url):
     with pytest.raises(ValueError):
         wire.parse_url(url)
@@ -153,13 +202,16 @@ def test_parse_url_refuses(url):
 
 # -- latency statistics --------------------------------------------------------------------
 
+
 def exact_percentile(values, percent):
     ordered = sorted(values)
     return ordered[max(1, math.ceil(len(ordered) * percent / 100)) - 1]
 
 
-@given(values=st.lists(st.integers(0, 10**10), min_size=1, max_size=300),
-       percent=st.sampled_from([1, 50, 90, 99, 99.9, 100]))
+@given(
+    values=st.lists(st.integers(0, 10**10), min_size=1, max_size=300),
+    percent=st.sampled_from([1, 50, 90, 99, 99.9, 100]),
+)
 def test_histogram_percentile_is_within_one_bucket_of_exact(values, percent):
     histogram = loadgen_stats.LatencyHistogram()
     for value in values:
@@ -180,8 +232,10 @@ def test_bucket_bounds(value):
         assert loadgen_stats.bucket_highest_us(index - 1) < value
 
 
-@given(first=st.lists(st.integers(0, 10**7), max_size=50),
-       second=st.lists(st.integers(0, 10**7), max_size=50))
+@given(
+    first=st.lists(st.integers(0, 10**7), max_size=50),
+    second=st.lists(st.integers(0, 10**7), max_size=50),
+)
 def test_histogram_merge_equals_recording_both(first, second):
     merged, both, other = (loadgen_stats.LatencyHistogram() for _ in range(3))
     for value in first:
@@ -193,7 +247,11 @@ def test_histogram_merge_equals_recording_both(first, second):
     merged.merge(other)
     assert merged.counts == both.counts
     assert (merged.count, merged.sum_us, merged.min_us, merged.max_us) == (
-        both.count, both.sum_us, both.min_us, both.max_us)
+        both.count,
+        both.sum_us,
+        both.min_us,
+        both.max_us,
+    )
 
 
 def test_histogram_weights_clamps_and_summarises():
@@ -213,6 +271,7 @@ def test_histogram_weights_clamps_and_summarises():
 
 
 # -- roles, driven frame by frame ----------------------------------------------------------
+
 
 class FakeConnection:
     """What a role uses of ClientConnection: attach/detach, write, and the two flags."""
@@ -275,8 +334,9 @@ def test_publisher_keeps_its_window_and_counts_confirms():
 
 def test_publisher_fails_on_a_confirm_beyond_what_it_sent():
     async def scenario():
-        publisher = Publisher(FakeConnection(), 1, wire.PublishTemplate(1, "", "q", 8, 4096),
-                              messages=5, window=2)
+        publisher = Publisher(
+            FakeConnection(), 1, wire.PublishTemplate(1, "", "q", 8, 4096), messages=5, window=2
+        )
         publisher.start()
         publisher.frame(frames.FRAME_METHOD, fastpath.encode_ack(1, 3, False)[7:-1])
         with pytest.raises(BenchError, match="confirmed tag 3"):
@@ -289,8 +349,9 @@ def test_publisher_paces_itself_at_its_rate():
     async def scenario():
         connection = FakeConnection()
         template = wire.PublishTemplate(1, "", "q", 16, 4096)
-        publisher = Publisher(connection, 1, template, messages=1000, window=1000,
-                              rate_per_s=2000, stamp=True)
+        publisher = Publisher(
+            connection, 1, template, messages=1000, window=1000, rate_per_s=2000, stamp=True
+        )
         publisher.start()
         await asyncio.sleep(0.1)
         sent = publisher.published
@@ -302,8 +363,9 @@ def test_publisher_paces_itself_at_its_rate():
         publisher.fail(BenchError("stop"))
 
         # A window that confirms never reopen holds the schedule back, and that shows.
-        held = Publisher(FakeConnection(), 1, template, messages=1000, window=10,
-                         rate_per_s=10_000, stamp=True)
+        held = Publisher(
+            FakeConnection(), 1, template, messages=1000, window=10, rate_per_s=10_000, stamp=True
+        )
         held.start()
         await asyncio.sleep(0.05)
         assert held.published == 10 and held.behind_max >= 200, held.behind_max
@@ -322,8 +384,9 @@ def test_consumer_records_latency_and_acks_in_batches():
         body = wire.stamped_body(bytes(8), sent_ns)
 
         def deliver(tag, redelivered=False, payload=body):
-            return fastpath.encode_deliver(2, "ctag", tag, redelivered, "", "q",
-                                           wire.PERSISTENT_PROPERTIES, payload, 4096)
+            return fastpath.encode_deliver(
+                2, "ctag", tag, redelivered, "", "q", wire.PERSISTENT_PROPERTIES, payload, 4096
+            )
 
         feed(consumer, deliver(1) + deliver(2))
         assert tally.received == 2 and connection.written == []
@@ -344,6 +407,7 @@ def test_consumer_records_latency_and_acks_in_batches():
 
 # -- whole runs against a broker ------------------------------------------------------------
 
+
 class ToyBroker:
     """Just enough broker for the load generator, on Warren's AMQP connection machine.
 
@@ -360,7 +424,8 @@ class ToyBroker:
 
     async def start(self):
         self.server = await asyncio.get_running_loop().create_server(
-            lambda: ToyConnection(self), "127.0.0.1", 0)
+            lambda: ToyConnection(self), "127.0.0.1", 0
+        )
         return f"amqp://guest:guest@127.0.0.1:{self.server.sockets[0].getsockname()[1]}/%2F"
 
     async def stop(self):
@@ -385,8 +450,9 @@ class ToyConsumer:
 
     def send(self, body):
         self.unacked.append(self.next_tag)
-        self.connection.machine.deliver(self.channel, self.tag, self.next_tag, False, "", "q",
-                                        wire.PERSISTENT_PROPERTIES, body)
+        self.connection.machine.deliver(
+            self.channel, self.tag, self.next_tag, False, "", "q", wire.PERSISTENT_PROPERTIES, body
+        )
         self.next_tag += 1
         self.connection.flush()
 
@@ -468,8 +534,9 @@ def run_against_toy(options, pid=None):
         broker = ToyBroker()
         url = await broker.start()
         try:
-            return await loadgen.run_bench(options, url, compare_url=url, pid=pid,
-                                           compare_pid=pid), broker
+            return await loadgen.run_bench(
+                options, url, compare_url=url, pid=pid, compare_pid=pid
+            ), broker
         finally:
             await broker.stop()
 
@@ -477,8 +544,9 @@ def run_against_toy(options, pid=None):
 
 
 def test_publish_scenario_against_the_toy_broker_with_compare():
-    options = loadgen.Options(scenario="publish", queue="bench-q", messages=3000, window=100,
-                              publishers=2)
+    options = loadgen.Options(
+        scenario="publish", queue="bench-q", messages=3000, window=100, publishers=2
+    )
     result, broker = run_against_toy(options)
     assert broker.published == 6000 and broker.queues == {}  # both runs, queue deleted after
     assert set(result) == {"scenario", "target", "compare", "ratio"}
@@ -487,12 +555,20 @@ def test_publish_scenario_against_the_toy_broker_with_compare():
         assert report["nacked"] == 0 and report["msgs_per_s"] > 0
         assert report["confirm_latency_ms_p99"] >= report["confirm_latency_ms_p50"] >= 0
     assert result["ratio"]["msgs_per_s"] == pytest.approx(
-        result["target"]["msgs_per_s"] / result["compare"]["msgs_per_s"], rel=1e-2)
+        result["target"]["msgs_per_s"] / result["compare"]["msgs_per_s"], rel=1e-2
+    )
 
 
 def test_median_report_keeps_the_median_run_whole():
-    reports = [{"msgs_per_s": rate, "confirm_latency_ms_p50": rate / 10,
-                "confirm_latency_ms_p99": 1.0, "seconds": 100 / rate} for rate in (30, 10, 20, 40)]
+    reports = [
+        {
+            "msgs_per_s": rate,
+            "confirm_latency_ms_p50": rate / 10,
+            "confirm_latency_ms_p99": 1.0,
+            "seconds": 100 / rate,
+        }
+        for rate in (30, 10, 20, 40)
+    ]
     chosen = loadgen.median_report("publish", reports)
     assert chosen["msgs_per_s"] == 20 and chosen["seconds"] == 5  # lower median, its own figures
     assert [run["msgs_per_s"] for run in chosen["runs"]] == [30, 10, 20, 40]
@@ -514,13 +590,23 @@ def test_runs_alternate_and_report_medians():
     result, broker = asyncio.run(scenario())
     assert broker.published == 6 * 300
     assert len(result["target"]["runs"]) == len(result["compare"]["runs"]) == 3
-    assert result["target"]["msgs_per_s"] == sorted(
-        run["msgs_per_s"] for run in result["target"]["runs"])[1]
+    assert (
+        result["target"]["msgs_per_s"]
+        == sorted(run["msgs_per_s"] for run in result["target"]["runs"])[1]
+    )
 
 
 def test_e2e_scenario_against_the_toy_broker():
-    options = loadgen.Options(scenario="e2e", queue="bench-q", messages=2000, window=200,
-                              prefetch=50, multi_ack_every=20, consumers=2, rate_per_s=20_000)
+    options = loadgen.Options(
+        scenario="e2e",
+        queue="bench-q",
+        messages=2000,
+        window=200,
+        prefetch=50,
+        multi_ack_every=20,
+        consumers=2,
+        rate_per_s=20_000,
+    )
     result, _ = run_against_toy(options)
     report = result["target"]
     assert report["received"] == report["published"] == 2000
@@ -553,8 +639,9 @@ def test_an_unreachable_broker_is_a_bench_error():
 
 
 def test_a_stalled_broker_times_out_with_progress_and_the_queue_is_deleted():
-    options = loadgen.Options(scenario="publish", queue="stalled", messages=500, window=100,
-                              timeout_s=0.5)
+    options = loadgen.Options(
+        scenario="publish", queue="stalled", messages=500, window=100, timeout_s=0.5
+    )
 
     async def scenario():
         broker = ToyBroker()
@@ -612,8 +699,12 @@ def warren_url(tmp_path):
     command = [str(script)] if script.exists() else [sys.executable, "-m", "warrenmq.server.cli"]
     process = subprocess.Popen(
         [*command, "serve", "--port", "0", "--bind", "127.0.0.1", "--data-dir", str(tmp_path)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        start_new_session=True)
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + WARREN_BOOT_S_MAX
         line = ""
@@ -635,14 +726,24 @@ def warren_url(tmp_path):
 
 
 def test_small_runs_against_warren(warren_url):
-    publish = loadgen.Options(scenario="publish", queue="bench-publish", messages=3000,
-                              window=300, timeout_s=60)
-    e2e = loadgen.Options(scenario="e2e", queue="bench-e2e", messages=3000, window=300,
-                          prefetch=100, multi_ack_every=50, timeout_s=60)
+    publish = loadgen.Options(
+        scenario="publish", queue="bench-publish", messages=3000, window=300, timeout_s=60
+    )
+    e2e = loadgen.Options(
+        scenario="e2e",
+        queue="bench-e2e",
+        messages=3000,
+        window=300,
+        prefetch=100,
+        multi_ack_every=50,
+        timeout_s=60,
+    )
 
     async def scenario():
-        return (await loadgen.run_scenario(warren_url, publish),
-                await loadgen.run_scenario(warren_url, e2e))
+        return (
+            await loadgen.run_scenario(warren_url, publish),
+            await loadgen.run_scenario(warren_url, e2e),
+        )
 
     published, end_to_end = asyncio.run(scenario())
     assert published["confirmed"] == 3000 and published["nacked"] == 0
@@ -653,14 +754,23 @@ def test_small_runs_against_warren(warren_url):
 REAL_BROKER_URL = os.environ.get("WARREN_BENCH_URL") or os.environ.get("WARREN_REFERENCE_URL")
 
 
-@pytest.mark.skipif(not REAL_BROKER_URL,
-                    reason="set WARREN_BENCH_URL or WARREN_REFERENCE_URL to a broker to run this")
+@pytest.mark.skipif(
+    not REAL_BROKER_URL,
+    reason="set WARREN_BENCH_URL or WARREN_REFERENCE_URL to a broker to run this",
+)
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 def test_small_runs_against_a_real_broker(queue_type):
     for scenario in ("publish", "e2e"):
-        options = loadgen.Options(scenario=scenario, queue=f"warren-bench-test-{queue_type}",
-                                  queue_type=queue_type, messages=2000, window=200, prefetch=100,
-                                  multi_ack_every=50, timeout_s=60)
+        options = loadgen.Options(
+            scenario=scenario,
+            queue=f"warren-bench-test-{queue_type}",
+            queue_type=queue_type,
+            messages=2000,
+            window=200,
+            prefetch=100,
+            multi_ack_every=50,
+            timeout_s=60,
+        )
         report = asyncio.run(loadgen.run_scenario(REAL_BROKER_URL, options))
         assert report["confirmed"] == 2000 and report["nacked"] == 0
         if scenario == "e2e":

@@ -8,19 +8,32 @@ import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from doubles import HeldExecutor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warrenmq.log import CorruptBatchError, LogConfig, LogError, OffsetOutOfRangeError, PartitionLog
+from warrenmq.log import (
+    CorruptBatchError,
+    LogConfig,
+    LogError,
+    OffsetOutOfRangeError,
+    PartitionLog,
+    partition,
+)
 from warrenmq.log import batch as batch_codec
-from warrenmq.log import partition
 from warrenmq.log.segment import READ_CHUNK_BYTES
-
-from doubles import HeldExecutor
 
 
 def records(n, start=0, body_bytes=8):
-    return [(b"amq.direct", b"key.%d" % i, b"\x80\x00" + bytes([i % 256]), bytes([i % 256]) * body_bytes) for i in range(start, start + n)]
+    return [
+        (
+            b"amq.direct",
+            b"key.%d" % i,
+            b"\x80\x00" + bytes([i % 256]),
+            bytes([i % 256]) * body_bytes,
+        )
+        for i in range(start, start + n)
+    ]
 
 
 def all_records(log):
@@ -89,7 +102,7 @@ def test_the_tail_cache_holds_no_more_than_its_bound(tmp_path):
     try:
         with PartitionLog.open(tmp_path, LogConfig(tail_cache_bytes_max=64 << 10)) as log:
             before, _ = tracemalloc.get_traced_memory()
-            for i in range(2000):
+            for _ in range(2000):
                 log.append([(b"", b"", b"", os.urandom(1024)) for _ in range(10)])
             after, _ = tracemalloc.get_traced_memory()
     finally:
@@ -122,9 +135,13 @@ def test_the_tail_cache_keeps_no_collectable_object_per_batch(tmp_path):
 @given(
     sizes=st.lists(st.integers(1, 12), min_size=1, max_size=160),
     cache_bytes=st.integers(0, 3000),
-    reads=st.lists(st.tuples(st.integers(0, 500), st.integers(1, 30), st.integers(1, 2000)), max_size=10),
+    reads=st.lists(
+        st.tuples(st.integers(0, 500), st.integers(1, 30), st.integers(1, 2000)), max_size=10
+    ),
 )
-def test_reads_through_the_tail_cache_match_what_was_appended(tmp_path_factory, sizes, cache_bytes, reads):
+def test_reads_through_the_tail_cache_match_what_was_appended(
+    tmp_path_factory, sizes, cache_bytes, reads
+):
     directory = tmp_path_factory.mktemp("cache")
     appended = []
     with PartitionLog.open(directory, LogConfig(tail_cache_bytes_max=cache_bytes)) as log:
@@ -177,7 +194,9 @@ def test_timestamps_never_go_backwards(tmp_path):
 
 
 def test_bounds_are_enforced(tmp_path):
-    config = LogConfig(record_bytes_max=100, batch_records_max=3, batch_bytes_max=300, segment_bytes_max=1000)
+    config = LogConfig(
+        record_bytes_max=100, batch_records_max=3, batch_bytes_max=300, segment_bytes_max=1000
+    )
     with PartitionLog.open(tmp_path, config) as log:
         with pytest.raises(LogError, match="record_bytes_max"):
             log.append([(b"", b"", b"", b"x" * 100)])
@@ -235,7 +254,9 @@ def test_delete_before_removes_only_whole_segments_below_the_offset(tmp_path):
         start = log.delete_before(123)
         assert start <= 123
         assert log.segment_count < first_segments
-        assert raw(log.read(start, max_records=10**6, max_bytes=1 << 30)) == records(300 - start, start)
+        assert raw(log.read(start, max_records=10**6, max_bytes=1 << 30)) == records(
+            300 - start, start
+        )
         log.delete_before(10**9)
         assert log.segment_count == 1, "the active segment is never deleted"
         assert log.end_offset == 300
@@ -290,7 +311,9 @@ def test_retention_by_age_deletes_only_wholly_expired_segments(tmp_path):
         assert deleted, "some segments had expired wholly"
         assert kept == everything[len(deleted) :]
         assert all(r.timestamp_ms < now_ms - 1000 for r in deleted)
-        assert kept[0].timestamp_ms < now_ms - 1000, "whole segments only: the first kept one straddles the limit"
+        assert kept[0].timestamp_ms < now_ms - 1000, (
+            "whole segments only: the first kept one straddles the limit"
+        )
 
 
 def test_retention_by_bytes_keeps_at_least_the_limit(tmp_path):
@@ -427,7 +450,9 @@ class _FailingWrites:
 
 
 @pytest.mark.parametrize("mode", ["enospc", "short", "index"])
-def test_a_failed_append_leaves_nothing_behind_and_the_log_stays_usable(tmp_path, monkeypatch, mode):
+def test_a_failed_append_leaves_nothing_behind_and_the_log_stays_usable(
+    tmp_path, monkeypatch, mode
+):
     failing = _FailingWrites(monkeypatch, short=mode == "short", index_only=mode == "index")
     config = LogConfig(segment_bytes_max=1 << 20, index_interval_bytes=64)
     with PartitionLog.open(tmp_path, config) as log:

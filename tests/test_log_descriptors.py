@@ -10,11 +10,9 @@ import sys
 import textwrap
 
 import pytest
-
-from warrenmq.log import DescriptorPool, LogConfig, LogError, PartitionLog
-from warrenmq.log import descriptors, partition
-
 from doubles import HeldExecutor
+
+from warrenmq.log import DescriptorPool, LogConfig, LogError, PartitionLog, descriptors, partition
 
 SMALL = LogConfig(segment_bytes_max=4096, index_interval_bytes=256, tail_cache_bytes_max=0)
 
@@ -53,7 +51,10 @@ async def settle():
 
 def test_the_pool_closes_the_least_recently_used_descriptor(tmp_path):
     pool = DescriptorPool(2)
-    a, b, c = (pool.open(tmp_path / name, os.O_RDWR | os.O_APPEND, first_flags=os.O_CREAT) for name in "abc")
+    a, b, c = (
+        pool.open(tmp_path / name, os.O_RDWR | os.O_APPEND, first_flags=os.O_CREAT)
+        for name in "abc"
+    )
     # Opening c evicted a, the oldest.
     assert (a.fd, pool.open_count, pool.evicted_total) == (-1, 2, 1)
     b.fileno()
@@ -133,7 +134,9 @@ def test_the_default_capacity_is_half_the_open_file_limit():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 4096:
         pytest.skip("the hard limit is below 4096")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
     assert out.split() == ["2048", "2048"]
 
 
@@ -141,7 +144,7 @@ def test_many_logs_hold_at_most_the_capacity_and_read_everything_back(tmp_path):
     pool = DescriptorPool(5)
     logs = [PartitionLog.open(tmp_path / f"log{i}", SMALL, descriptors=pool) for i in range(20)]
     for round_ in range(30):
-        for i, log in enumerate(logs):
+        for log in logs:
             log.append(records(4, round_ * 4))
             assert pool.open_count <= 5
     assert len(open_under(tmp_path)) <= 5

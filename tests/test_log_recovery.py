@@ -5,7 +5,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +12,11 @@ from warrenmq.log import CorruptBatchError, LogConfig, PartitionLog
 from warrenmq.log.partition import RECOVERY_POINT_FILE, read_recovery_point
 from warrenmq.log.segment import INDEX_ENTRY
 
-CONFIG_FIELDS = {"segment_bytes_max": 2048, "index_interval_bytes": 128, "tail_cache_bytes_max": 512}
+CONFIG_FIELDS = {
+    "segment_bytes_max": 2048,
+    "index_interval_bytes": 128,
+    "tail_cache_bytes_max": 512,
+}
 CONFIG = LogConfig(**CONFIG_FIELDS)
 
 
@@ -42,7 +45,10 @@ def log_files(directory):
 def sample_batches(n=40):
     rng = random.Random(n)
     return [
-        [(b"x", b"rk%d" % i, b"p" * rng.randrange(4), os.urandom(rng.randrange(1, 90))) for _ in range(rng.randrange(1, 6))]
+        [
+            (b"x", b"rk%d" % i, b"p" * rng.randrange(4), os.urandom(rng.randrange(1, 90)))
+            for _ in range(rng.randrange(1, 6))
+        ]
         for i in range(n)
     ]
 
@@ -71,7 +77,9 @@ def test_missing_and_damaged_indexes_are_rebuilt(tmp_path):
     with PartitionLog.open(tmp_path, CONFIG) as log:
         assert raw(read_all(log)) == appended
         for t in (1000, 1005, 1020, 1039):
-            assert log.offset_for_timestamp(t) == next(r.offset for r in read_all(log) if r.timestamp_ms >= t)
+            assert log.offset_for_timestamp(t) == next(
+                r.offset for r in read_all(log) if r.timestamp_ms >= t
+            )
     assert indexes[0].exists() and indexes[0].stat().st_size > 0
     assert indexes[2].stat().st_size % INDEX_ENTRY.size == 0
 
@@ -99,11 +107,16 @@ def test_corruption_below_the_recovery_point_is_caught_by_the_reader(tmp_path):
     data = bytearray(files[0].read_bytes())
     data[30] ^= 0x01
     files[0].write_bytes(bytes(data))
-    with PartitionLog.open(tmp_path, LogConfig(**{**CONFIG_FIELDS, "tail_cache_bytes_max": 0})) as log:
+    with PartitionLog.open(
+        tmp_path, LogConfig(**{**CONFIG_FIELDS, "tail_cache_bytes_max": 0})
+    ) as log:
         assert log.end_offset == len(appended), "open trusts fsynced segments below the checkpoint"
         with pytest.raises(CorruptBatchError):
             log.read(0)
-        assert raw(log.read(int(files[1].stem), max_records=10**6, max_bytes=1 << 30)) == appended[int(files[1].stem) :]
+        assert (
+            raw(log.read(int(files[1].stem), max_records=10**6, max_bytes=1 << 30))
+            == appended[int(files[1].stem) :]
+        )
 
 
 def test_a_damaged_batch_offset_is_caught_not_skipped(tmp_path):
@@ -113,7 +126,9 @@ def test_a_damaged_batch_offset_is_caught_not_skipped(tmp_path):
     data = bytearray(first.read_bytes())
     data[49] ^= 1  # the low byte of the second batch's base offset (a batch here is 49 bytes)
     first.write_bytes(bytes(data))
-    with PartitionLog.open(tmp_path, LogConfig(**{**CONFIG_FIELDS, "tail_cache_bytes_max": 0})) as log:
+    with PartitionLog.open(
+        tmp_path, LogConfig(**{**CONFIG_FIELDS, "tail_cache_bytes_max": 0})
+    ) as log:
         assert raw(log.read(0, max_records=1)) == appended[:1]
         with pytest.raises(CorruptBatchError):
             log.read(0, max_records=10)
@@ -141,12 +156,16 @@ batch_strategy = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     batches=st.lists(batch_strategy, min_size=1, max_size=30),
     crash=st.data(),
 )
-def test_after_any_crash_the_log_reads_back_a_prefix_of_what_was_appended(tmp_path_factory, batches, crash):
+def test_after_any_crash_the_log_reads_back_a_prefix_of_what_was_appended(
+    tmp_path_factory, batches, crash
+):
     directory = tmp_path_factory.mktemp("crash")
     appended = fill(directory, batches)
     files = log_files(directory)
@@ -189,7 +208,9 @@ def test_after_any_crash_the_log_reads_back_a_prefix_of_what_was_appended(tmp_pa
             assert raw(read_all(log)) == appended[: len(got)] + [(b"", b"", b"", b"next")]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     stamps=st.lists(st.integers(0, 5000), min_size=1, max_size=60),
     probes=st.lists(st.integers(-10, 5100), min_size=1, max_size=20),
@@ -205,7 +226,9 @@ def test_time_index_lookup_agrees_with_a_linear_scan(tmp_path_factory, stamps, p
             assert log.offset_for_timestamp(probe) == expected
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     stamps=st.lists(st.integers(0, 10_000), min_size=1, max_size=80),
     now_ms=st.integers(0, 20_000),

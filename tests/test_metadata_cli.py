@@ -41,10 +41,12 @@ def test_users_and_vhosts_round_trip_through_the_cli(tmp_path):
     assert users[0]["tags"] == ["monitoring", "management"]
     vhosts = json.loads(admin(tmp_path, "vhosts", "list", "--json").stdout)
     assert [(v["name"], v["description"]) for v in vhosts] == [
-        ("/", "Default virtual host"), ("v1", "first")
+        ("/", "Default virtual host"),
+        ("v1", "first"),
     ]
-    permissions = json.loads(admin(tmp_path, "users", "list-permissions", "--vhost", "v1",
-                                   "--json").stdout)
+    permissions = json.loads(
+        admin(tmp_path, "users", "list-permissions", "--vhost", "v1", "--json").stdout
+    )
     assert permissions == [
         {"user": "bob", "vhost": "v1", "configure": "^bob", "write": ".*", "read": ""}
     ]
@@ -111,7 +113,9 @@ def test_warren_entry_point_when_wired(tmp_path):
     warren = Path(sys.executable).with_name("warren")
     result = subprocess.run(
         [str(warren), "users", "list", "--json", "--data-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["name"] == "guest"

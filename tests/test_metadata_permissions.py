@@ -131,9 +131,7 @@ def test_hash_and_verify():
 
 
 def test_default_cost_is_the_documented_one():
-    log2_n, block_size, parallelism, salt, key = passwords.parse_hash(
-        passwords.hash_password("x")
-    )
+    log2_n, block_size, parallelism, salt, key = passwords.parse_hash(passwords.hash_password("x"))
     assert (log2_n, block_size, parallelism) == (14, 8, 1)
     assert len(salt) == passwords.SALT_BYTES and len(key) == passwords.KEY_BYTES
 

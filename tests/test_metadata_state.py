@@ -175,9 +175,7 @@ def test_resource_access_texts():
     with pytest.raises(AccessRefused) as error:
         state.check_resource_access("bob", "/", "configure", "queue", "q")
     assert error.value.reply_code == 403
-    assert error.value.reply_text == (
-        "access to queue 'q' in vhost '/' refused for user 'bob'"
-    )
+    assert error.value.reply_text == ("access to queue 'q' in vhost '/' refused for user 'bob'")
     with pytest.raises(AccessRefused, match="^access to exchange 'amq.default'"):
         state.check_resource_access("bob", "/", "read", "exchange", "")
     # No entry at all for the vhost: nothing is allowed.
@@ -591,9 +589,7 @@ def test_random_commands_refusals_change_nothing_and_snapshots_round_trip(comman
     assert replica.snapshot() == snapshot
     # The owner index agrees with a scan of every queue.
     for owner in ("c1", "c2"):
-        scanned = sorted(
-            (q[0], q[1]) for q in json.loads(snapshot)["queues"] if q[5] == owner
-        )
+        scanned = sorted((q[0], q[1]) for q in json.loads(snapshot)["queues"] if q[5] == owner)
         assert sorted((q.vhost, q.name) for q in state.queues_owned_by(owner)) == scanned
     # Every binding the state holds has both ends present.
     document = json.loads(snapshot)

@@ -126,8 +126,9 @@ def test_durable_entities_survive_reopen_transient_ones_do_not(tmp_path):
         await store.apply(c.AddUser("bob", HASH, ("monitoring",)))
         await store.apply(c.SetPermissions("bob", "v1", "^b", ".*", ""))
         await store.apply(
-            c.DeclareExchange("/", "de", "headers", durable=True,
-                              arguments={"alternate-exchange": "amq.fanout"})
+            c.DeclareExchange(
+                "/", "de", "headers", durable=True, arguments={"alternate-exchange": "amq.fanout"}
+            )
         )
         await store.apply(c.DeclareExchange("/", "te", "fanout"))
         await store.apply(c.DeclareQueue("/", "dq", durable=True, arguments={"x-max-length": 7}))
@@ -226,11 +227,13 @@ def test_apply_all_writes_what_came_before_a_refusal(tmp_path):
     async def scenario():
         store = await MetadataStore.open(path)
         with pytest.raises(RoutingError):
-            await store.apply_all([
-                c.DeclareQueue("/", "a", durable=True),
-                c.DeclareQueue("/", "a", durable=False),
-                c.DeclareQueue("/", "b", durable=True),
-            ])
+            await store.apply_all(
+                [
+                    c.DeclareQueue("/", "a", durable=True),
+                    c.DeclareQueue("/", "a", durable=False),
+                    c.DeclareQueue("/", "b", durable=True),
+                ]
+            )
         outcomes = await store.apply_all([c.DeclareVhost("v2"), c.DeclareVhost("v3")])
         assert [o.created for o in outcomes] == [True, True]
         await store.close()
@@ -345,31 +348,47 @@ DURABLE_COMMANDS = st.one_of(
     st.builds(c.DeclareVhost, st.sampled_from(["v1", "v2"])),
     st.builds(c.DeleteVhost, st.sampled_from(["v1", "v2"])),
     st.builds(
-        c.SetPermissions, st.just("guest"), st.sampled_from(["/", "v1"]),
-        st.sampled_from(["", ".*"]), st.just(".*"), st.just(".*"),
+        c.SetPermissions,
+        st.just("guest"),
+        st.sampled_from(["/", "v1"]),
+        st.sampled_from(["", ".*"]),
+        st.just(".*"),
+        st.just(".*"),
     ),
     st.builds(c.ClearPermissions, st.just("guest"), st.sampled_from(["/", "v1"])),
     st.builds(
-        c.DeclareExchange, st.sampled_from(["/", "v1"]), st.sampled_from(["e1", "e2"]),
-        st.sampled_from(["direct", "topic"]), st.booleans(), st.booleans(),
+        c.DeclareExchange,
+        st.sampled_from(["/", "v1"]),
+        st.sampled_from(["e1", "e2"]),
+        st.sampled_from(["direct", "topic"]),
+        st.booleans(),
+        st.booleans(),
     ),
     st.builds(c.DeleteExchange, st.sampled_from(["/", "v1"]), st.sampled_from(["e1", "e2"])),
     st.builds(
         lambda vhost, name, durable, owner: c.DeclareQueue(
             vhost, name, durable, owner is not None, False, {}, owner
         ),
-        st.sampled_from(["/", "v1"]), st.sampled_from(["q1", "q2"]), st.booleans(),
+        st.sampled_from(["/", "v1"]),
+        st.sampled_from(["q1", "q2"]),
+        st.booleans(),
         st.sampled_from([None, "c1"]),
     ),
     st.builds(c.DeleteQueue, st.sampled_from(["/", "v1"]), st.sampled_from(["q1", "q2"])),
     st.builds(
-        c.Bind, st.sampled_from(["/", "v1"]), st.sampled_from(["e1", "e2", "amq.direct"]),
-        st.sampled_from(["q1", "q2", "e1", "e2"]), st.sampled_from(["queue", "exchange"]),
+        c.Bind,
+        st.sampled_from(["/", "v1"]),
+        st.sampled_from(["e1", "e2", "amq.direct"]),
+        st.sampled_from(["q1", "q2", "e1", "e2"]),
+        st.sampled_from(["queue", "exchange"]),
         st.sampled_from(["", "k"]),
     ),
     st.builds(
-        c.Unbind, st.sampled_from(["/", "v1"]), st.sampled_from(["e1", "e2", "amq.direct"]),
-        st.sampled_from(["q1", "q2", "e1", "e2"]), st.sampled_from(["queue", "exchange"]),
+        c.Unbind,
+        st.sampled_from(["/", "v1"]),
+        st.sampled_from(["e1", "e2", "amq.direct"]),
+        st.sampled_from(["q1", "q2", "e1", "e2"]),
+        st.sampled_from(["queue", "exchange"]),
         st.sampled_from(["", "k"]),
     ),
 )
@@ -389,7 +408,8 @@ def durable_projection(snapshot: bytes) -> bytes:
         return name.startswith("amq.") or (vhost, name) in durable_exchanges
 
     document["bindings"] = [
-        b for b in document["bindings"]
+        b
+        for b in document["bindings"]
         if durable_end(b[0], "exchange", b[1]) and durable_end(b[0], b[2], b[3])
     ]
     return MetadataState.from_snapshot(json.dumps(document).encode()).snapshot()

@@ -12,9 +12,9 @@ MAPPED_FOLDERS = ["amqp", "exchanges", "log", "dlq", "cluster", "server", "spark
 
 
 def test_py_amqp_and_warrenmq_amqp_import_side_by_side():
-    import amqp
     import kombu
 
+    import amqp
     import warrenmq.amqp
 
     assert hasattr(amqp, "Connection"), "`amqp` must be py-amqp, which kombu and Celery use"
@@ -29,7 +29,9 @@ def test_a_fresh_interpreter_outside_the_repository_sees_the_same(tmp_path):
         "import kombu.transport.pyamqp;"
         "print(amqp.__file__); print(warrenmq.amqp.__file__)"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True, text=True
+    )
     py_amqp, ours = out.stdout.split()
     assert "site-packages" in py_amqp and not py_amqp.startswith(str(ROOT / "amqp"))
     assert ours.startswith(str(ROOT / "amqp"))
@@ -38,7 +40,16 @@ def test_a_fresh_interpreter_outside_the_repository_sees_the_same(tmp_path):
 @pytest.mark.slow
 def test_the_wheel_holds_only_warrenmq_with_every_subpackage(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -49,7 +60,9 @@ def test_the_wheel_holds_only_warrenmq_with_every_subpackage(tmp_path):
     for folder in MAPPED_FOLDERS:
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.relative_to(ROOT).as_posix()
-            assert f"warrenmq/{relative}" in names, f"{relative} is missing from the wheel: add it to pyproject packages"
+            assert f"warrenmq/{relative}" in names, (
+                f"{relative} is missing from the wheel: add it to pyproject packages"
+            )
         for module in (ROOT / folder).rglob("*.py"):
             if "__pycache__" not in module.parts:
                 assert f"warrenmq/{module.relative_to(ROOT).as_posix()}" in names

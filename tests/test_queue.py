@@ -3,16 +3,18 @@
 import asyncio
 
 import pytest
-from warrenmq.log import LogConfig
-from warrenmq.server.queue import LogQueue, QueueConfig, QueueError
-from warrenmq.server.queue import log_queue
-from warrenmq.server.queue.log_queue import ACKS_DIR, MESSAGES_DIR
-
 from doubles import HeldExecutor
+
+from warrenmq.log import LogConfig
+from warrenmq.server.queue import LogQueue, QueueConfig, QueueError, log_queue
+from warrenmq.server.queue.log_queue import ACKS_DIR, MESSAGES_DIR
 
 
 def records(start, n):
-    return [(b"amq.direct", b"key.%d" % i, b"\x90\x00\x02", b"body-%d" % i) for i in range(start, start + n)]
+    return [
+        (b"amq.direct", b"key.%d" % i, b"\x90\x00\x02", b"body-%d" % i)
+        for i in range(start, start + n)
+    ]
 
 
 def run(coroutine):
@@ -24,7 +26,9 @@ def taken(queue, n=10**6):
 
 
 SMALL = QueueConfig(
-    message_log=LogConfig(segment_bytes_max=1024, index_interval_bytes=128, tail_cache_bytes_max=512),
+    message_log=LogConfig(
+        segment_bytes_max=1024, index_interval_bytes=128, tail_cache_bytes_max=512
+    ),
     ack_log=LogConfig(segment_bytes_max=512, index_interval_bytes=128, tail_cache_bytes_max=0),
     ack_log_compact_bytes=256,
 )
@@ -380,7 +384,12 @@ def test_peek_shows_the_head_and_drop_head_removes_it_undelivered(tmp_path):
         queue.take_many(3)
         queue.requeue([1])
         head = queue.peek()
-        assert (head.offset, head.redelivered, head.delivery_count, head.body) == (1, True, 2, b"body-1")
+        assert (head.offset, head.redelivered, head.delivery_count, head.body) == (
+            1,
+            True,
+            2,
+            b"body-1",
+        )
         assert queue.peek().offset == 1 and queue.ready_count == 8  # peeking takes nothing
         assert queue.drop_head(3) == 3  # offsets 1, 3 and 4
         assert queue.peek().offset == 5

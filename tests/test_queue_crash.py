@@ -23,6 +23,7 @@ import textwrap
 import time
 
 import pytest
+
 from warrenmq.log import LogConfig
 from warrenmq.server.queue import LogQueue, QueueConfig
 

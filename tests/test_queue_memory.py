@@ -5,18 +5,23 @@ import gc
 import tracemalloc
 
 import pytest
+
 from warrenmq.log import LogConfig
 from warrenmq.server.queue import LogQueue, QueueConfig
 
 # A broker appends one batch per queue per event-loop tick; 100 messages is a busy tick.
 BATCH = 100
 # Without the log's tail cache, what remains is the queue's own state and the logs' indexes.
-NO_TAIL_CACHE = QueueConfig(message_log=LogConfig(segment_bytes_max=16 << 20, tail_cache_bytes_max=0))
+NO_TAIL_CACHE = QueueConfig(
+    message_log=LogConfig(segment_bytes_max=16 << 20, tail_cache_bytes_max=0)
+)
 
 
 def fill(queue, start, count):
     for base in range(start, start + count, BATCH):
-        queue.append([(b"", b"work", b"\x10\x00\x02", b"%064d" % i) for i in range(base, base + BATCH)])
+        queue.append(
+            [(b"", b"work", b"\x10\x00\x02", b"%064d" % i) for i in range(base, base + BATCH)]
+        )
 
 
 def traced_bytes():

@@ -14,12 +14,12 @@ then satisfy the guarantees stated in `warrenmq.server.queue.log_queue`:
 import asyncio
 
 import pytest
+from doubles import HeldExecutor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from warrenmq.log import LogConfig
 from warrenmq.server.queue import LogQueue, QueueConfig
-
-from doubles import HeldExecutor
 
 
 class Model:
@@ -111,8 +111,12 @@ class Harness:
             self.in_flight_commit[0].cancel()
             self.in_flight_commit = None
         log, acks = queue._log, queue._acks
-        log.truncate(data.draw(st.integers(log.durable_offset, log.end_offset), label="messages kept"))
-        acks.truncate(data.draw(st.integers(acks.durable_offset, acks.end_offset), label="ack records kept"))
+        log.truncate(
+            data.draw(st.integers(log.durable_offset, log.end_offset), label="messages kept")
+        )
+        acks.truncate(
+            data.draw(st.integers(acks.durable_offset, acks.end_offset), label="ack records kept")
+        )
         queue.close()
 
     def reopen(self):
@@ -122,8 +126,12 @@ class Harness:
 def config_strategy():
     return st.builds(
         lambda lead, uncommitted, segment, compact: QueueConfig(
-            message_log=LogConfig(segment_bytes_max=segment, tail_cache_bytes_max=256, index_interval_bytes=64),
-            ack_log=LogConfig(segment_bytes_max=256, tail_cache_bytes_max=0, index_interval_bytes=64),
+            message_log=LogConfig(
+                segment_bytes_max=segment, tail_cache_bytes_max=256, index_interval_bytes=64
+            ),
+            ack_log=LogConfig(
+                segment_bytes_max=256, tail_cache_bytes_max=0, index_interval_bytes=64
+            ),
             delivered_mark_lead=lead,
             ack_log_compact_bytes=compact,
             read_ahead_records_max=3,
@@ -229,7 +237,15 @@ async def run(directory, config, data):
                     assert not model.expected_take()[1]
                     assert queue.needs_commit or harness.in_flight_commit is not None
             elif op in ("ack", "ack_many", "requeue") and model.in_flight:
-                chosen = data.draw(st.lists(st.sampled_from(sorted(model.in_flight)), min_size=1, max_size=4, unique=True), label="offsets")
+                chosen = data.draw(
+                    st.lists(
+                        st.sampled_from(sorted(model.in_flight)),
+                        min_size=1,
+                        max_size=4,
+                        unique=True,
+                    ),
+                    label="offsets",
+                )
                 if op == "ack":
                     assert queue.ack(chosen[0])
                     model.ack(chosen[0])
@@ -324,12 +340,27 @@ async def run(directory, config, data):
 
 
 OPS = [
-    "append", "append", "take", "take", "take", "ack", "ack_many", "requeue", "stale", "purge",
-    "commit", "begin_commit", "finish_commit", "crash", "shutdown",
+    "append",
+    "append",
+    "take",
+    "take",
+    "take",
+    "ack",
+    "ack_many",
+    "requeue",
+    "stale",
+    "purge",
+    "commit",
+    "begin_commit",
+    "finish_commit",
+    "crash",
+    "shutdown",
 ]
 
 
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = dict(
+    deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 @settings(max_examples=40, **SETTINGS)

@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from warrenmq.log import LogConfig
 from warrenmq.server.queue import QueueError, ack_log
 from warrenmq.server.queue.ranges import AckedRanges, coalesce
@@ -15,7 +16,7 @@ def check_against(acked, model, until):
     assert acked.floor == floor
     ranges = list(acked)
     # Maximal: ranges neither touch each other nor the floor.
-    for (_, end), (start, _) in zip(ranges, ranges[1:]):
+    for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False):
         assert end < start
     assert all(start > floor for start, _ in ranges)
     covered = set(range(floor)) | {o for start, end in ranges for o in range(start, end)}
@@ -64,7 +65,11 @@ def test_in_order_acks_only_move_the_floor():
 
 
 def test_coalesce_merges_touching_and_overlapping_ranges():
-    assert coalesce([(5, 7), (0, 2), (2, 3), (6, 9), (4, 4), (11, 12)]) == [(0, 3), (5, 9), (11, 12)]
+    assert coalesce([(5, 7), (0, 2), (2, 3), (6, 9), (4, 4), (11, 12)]) == [
+        (0, 3),
+        (5, 9),
+        (11, 12),
+    ]
 
 
 @given(

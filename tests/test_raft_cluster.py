@@ -1,4 +1,6 @@
-"""The replicated key-value service: codecs, state machine, in-process clusters and real processes."""
+"""The replicated key-value service: codecs, state machine, in-process clusters and real
+processes.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warrenmq.cluster.raft.core import RaftConfig
+
 from warrenmq.cluster.kv import (
     CasFailed,
     Command,
@@ -31,10 +33,11 @@ from warrenmq.cluster.kv import (
     encode_not_leader,
     encode_put,
 )
-from warrenmq.cluster.raft.linearizability import KvModel, Operation, check
-from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind
 from warrenmq.cluster.local_cluster import LocalCluster, free_port
 from warrenmq.cluster.node import RaftServer, ServerConfig, coalesce_appends
+from warrenmq.cluster.raft.core import RaftConfig
+from warrenmq.cluster.raft.linearizability import KvModel, Operation, check
+from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind
 
 keys = st.binary(max_size=40)
 values = st.binary(max_size=200)
@@ -71,7 +74,7 @@ def test_store_applies_put_and_cas():
     assert store.apply(4, encode_cas(b"new", None, b"n")) == (Status.OK, b"")
     assert store.apply(5, encode_cas(b"gone", b"x", b"n")) == (Status.CAS_FAILED, b"\x00")
     store.skip(6)
-    assert store.apply(7, b"\xff") [0] is Status.RETRY
+    assert store.apply(7, b"\xff")[0] is Status.RETRY
     assert (store.get(b"k"), store.get(b"new"), store.get(b"gone")) == (b"v2", b"n", None)
     assert store.applied_index == 7
     with pytest.raises(AssertionError):
@@ -92,14 +95,23 @@ def test_store_snapshot_restores_the_same_state(pairs):
 
 def _append(dst: int, prev: int, count: int, commit: int, term: int = 2) -> Message:
     batch = tuple(Entry(term, prev + 1 + i, EntryKind.NORMAL, b"x") for i in range(count))
-    return Message(MessageKind.APPEND, 1, dst, term, log_term=term, index=prev, commit=commit, entries=batch)
+    return Message(
+        MessageKind.APPEND, 1, dst, term, log_term=term, index=prev, commit=commit, entries=batch
+    )
 
 
 def test_coalesce_merges_contiguous_appends_per_peer_and_keeps_order():
     heartbeat = Message(MessageKind.HEARTBEAT, 1, 2, 2)
     merged = coalesce_appends(
-        [_append(2, 10, 1, 10), _append(3, 10, 1, 10), _append(2, 11, 2, 11), _append(3, 11, 1, 11),
-         heartbeat, _append(2, 13, 1, 12), _append(3, 20, 1, 12)]
+        [
+            _append(2, 10, 1, 10),
+            _append(3, 10, 1, 10),
+            _append(2, 11, 2, 11),
+            _append(3, 11, 1, 11),
+            heartbeat,
+            _append(2, 13, 1, 12),
+            _append(3, 20, 1, 12),
+        ]
     )
     assert [(m.dst, m.kind, m.index, len(m.entries), m.commit) for m in merged] == [
         (2, MessageKind.APPEND, 10, 3, 11),
@@ -143,11 +155,16 @@ def _per_peer_stream(messages):
 @given(messages=_outboxes())
 def test_coalescing_changes_no_peer_stream_but_its_consistency_checks(messages):
     merged = coalesce_appends(messages)
-    strip = lambda stream: {dst: [e for e in events if e[0] != "check"] for dst, events in stream.items()}
+
+    def strip(stream):
+        return {dst: [e for e in events if e[0] != "check"] for dst, events in stream.items()}
+
     assert strip(_per_peer_stream(merged)) == strip(_per_peer_stream(messages))
     for m in merged:
         if m.kind is MessageKind.APPEND:
-            assert [e.index for e in m.entries] == list(range(m.index + 1, m.index + 1 + len(m.entries)))
+            assert [e.index for e in m.entries] == list(
+                range(m.index + 1, m.index + 1 + len(m.entries))
+            )
     assert len(merged) <= len(messages)
 
 
@@ -163,7 +180,9 @@ def _configs(tmp_path: Path, size: int, **overrides) -> dict[int, ServerConfig]:
             peers=peers,
             clients=clients,
             data_dir=tmp_path / f"node-{i}",
-            raft=RaftConfig(node_id=i, election_ticks=10, heartbeat_ticks=2, max_entries_per_append=512),
+            raft=RaftConfig(
+                node_id=i, election_ticks=10, heartbeat_ticks=2, max_entries_per_append=512
+            ),
             **overrides,
         )
         for i in peers
@@ -172,7 +191,9 @@ def _configs(tmp_path: Path, size: int, **overrides) -> dict[int, ServerConfig]:
 
 def _addresses(configs: dict[int, ServerConfig], nodes=None) -> list[str]:
     config = next(iter(configs.values()))
-    return [f"{h}:{p}" for i, (h, p) in sorted(config.clients.items()) if nodes is None or i in nodes]
+    return [
+        f"{h}:{p}" for i, (h, p) in sorted(config.clients.items()) if nodes is None or i in nodes
+    ]
 
 
 async def _start_all(configs: dict[int, ServerConfig]) -> dict[int, RaftServer]:
@@ -488,8 +509,16 @@ def cluster(tmp_path):
     local = LocalCluster(
         tmp_path,
         size=3,
-        extra_args=("--tick-ms", "10", "--election-ticks", "30", "--heartbeat-ticks", "3",
-                    "--snapshot-entries", "300"),
+        extra_args=(
+            "--tick-ms",
+            "10",
+            "--election-ticks",
+            "30",
+            "--heartbeat-ticks",
+            "3",
+            "--snapshot-entries",
+            "300",
+        ),
     )
     try:
         local.start_all()
@@ -557,7 +586,12 @@ def test_leader_sigkill_loses_no_acknowledged_write(cluster):
         async def writer(prefix: bytes) -> None:
             i = 0
             while not stop.is_set():
-                await asyncio.gather(*(_write(client, b"%s%05d" % (prefix, i + j), acked, unknown) for j in range(20)))
+                await asyncio.gather(
+                    *(
+                        _write(client, b"%s%05d" % (prefix, i + j), acked, unknown)
+                        for j in range(20)
+                    )
+                )
                 i += 20
 
         writing = asyncio.ensure_future(writer(b"b"))
@@ -601,7 +635,7 @@ def test_leader_sigkill_loses_no_acknowledged_write(cluster):
         await client.put(b"last", b"write")
         assert await client.get(b"last") == b"write"
         await client.close()
-        print(f'elected in {elected_s:.3f}s acked={len(acked)} unknown={len(unknown)}')
+        print(f"elected in {elected_s:.3f}s acked={len(acked)} unknown={len(unknown)}")
         return elected_s
 
     elected_s = asyncio.run(scenario())
@@ -659,17 +693,25 @@ def test_history_across_a_leader_kill_is_linearizable(cluster):
                         try:
                             await client.put(key, value)
                         except KVUnavailable:
-                            history.append(Operation(client_id, ("put", key, value), call, None, None))
+                            history.append(
+                                Operation(client_id, ("put", key, value), call, None, None)
+                            )
                             # An unknown outcome ends this client's turn as a sequential process.
                             client_id += 100
                             continue
-                        history.append(Operation(client_id, ("put", key, value), call, None, time.monotonic_ns()))
+                        history.append(
+                            Operation(
+                                client_id, ("put", key, value), call, None, time.monotonic_ns()
+                            )
+                        )
                     else:
                         try:
                             got = await client.get(key)
                         except KVUnavailable:
                             continue  # a read that failed observed nothing
-                        history.append(Operation(client_id, ("get", key), call, got, time.monotonic_ns()))
+                        history.append(
+                            Operation(client_id, ("get", key), call, got, time.monotonic_ns())
+                        )
             finally:
                 await client.close()
 

@@ -8,6 +8,7 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from warrenmq.cluster.raft.core import (
     CANDIDATE,
     FOLLOWER,
@@ -53,9 +54,7 @@ class Net:
             self.add(i, self.voters)
 
     def add(self, i: int, voters) -> RaftNode:
-        node = RaftNode(
-            RaftConfig(node_id=i, **self.config), tuple(voters), random.Random(i)
-        )
+        node = RaftNode(RaftConfig(node_id=i, **self.config), tuple(voters), random.Random(i))
         self.nodes[i] = node
         self.stored[i] = {"hs": None, "snap": None, "entries": []}
         self.applied[i] = []
@@ -74,9 +73,7 @@ class Net:
                 self.snapshots_installed[i].append(rd.snapshot)
             if rd.entries:
                 first = rd.entries[0].index
-                st_["entries"] = [
-                    e for e in st_["entries"] if e.index < first
-                ] + rd.entries
+                st_["entries"] = [e for e in st_["entries"] if e.index < first] + rd.entries
             if rd.hard_state is not None:
                 st_["hs"] = rd.hard_state
             for m in rd.messages:
@@ -159,9 +156,7 @@ def test_pipelining_sends_many_appends_before_any_ack():
     for k in range(20):
         leader.propose(b"%d" % k)
     net.process(1)
-    appends_to_2 = [
-        m for m in net.sent if m.kind == M.APPEND and m.dst == 2 and m.entries
-    ]
+    appends_to_2 = [m for m in net.sent if m.kind == M.APPEND and m.dst == 2 and m.entries]
     # Bounded by the pipeline: three messages of at most two entries each, no ack yet.
     assert len(appends_to_2) == 3
     assert all(len(m.entries) <= 2 for m in appends_to_2)
@@ -172,9 +167,7 @@ def test_pipelining_sends_many_appends_before_any_ack():
 def test_election_timeout_is_randomized_within_bounds():
     timeouts = set()
     for seed in range(20):
-        node = RaftNode(
-            RaftConfig(node_id=1, pre_vote=False), (1, 2, 3), random.Random(seed)
-        )
+        node = RaftNode(RaftConfig(node_id=1, pre_vote=False), (1, 2, 3), random.Random(seed))
         ticks = 0
         while node.role == FOLLOWER:
             node.tick()
@@ -265,9 +258,7 @@ def test_stale_leader_learns_higher_term_and_steps_down():
 
 
 def log_of(terms):
-    return [
-        Entry(t, i + 1, EntryKind.NORMAL, b"%d" % (i + 1)) for i, t in enumerate(terms)
-    ]
+    return [Entry(t, i + 1, EntryKind.NORMAL, b"%d" % (i + 1)) for i, t in enumerate(terms)]
 
 
 def test_follower_rejection_carries_fast_backtracking_hint():
@@ -302,9 +293,7 @@ def test_conflicting_suffix_is_replaced_in_few_round_trips():
         )
     leader = net.elect(1)
     net.tick_all(3)
-    rejects = [
-        m for m in net.sent if m.kind == M.APPEND_RESP and m.reject and m.src == 2
-    ]
+    rejects = [m for m in net.sent if m.kind == M.APPEND_RESP and m.reject and m.src == 2]
     assert 1 <= len(rejects) <= 2  # one per divergent term, not one per entry
     follower = net.nodes[2]
     assert follower.last_index == leader.last_index == 6
@@ -324,9 +313,7 @@ def leader_of_term4_with_uncommitted_term2_entry():
             entries=entries,
         )
 
-    node = make(
-        1, [Entry(1, 1, EntryKind.NORMAL, b"a"), Entry(2, 2, EntryKind.NORMAL, b"b")]
-    )
+    node = make(1, [Entry(1, 1, EntryKind.NORMAL, b"a"), Entry(2, 2, EntryKind.NORMAL, b"b")])
     while node.role != PRE_CANDIDATE:
         node.tick()
     node.step(Message(M.PRE_VOTE_RESP, 2, 1, 4))
@@ -378,9 +365,7 @@ def test_follower_that_holds_the_snapshot_entry_keeps_its_log():
     )
     follower.step(Message(M.SNAPSHOT, 1, 2, 1, snapshot=Snapshot(2, 1, (1, 2), b"s")))
     rd = follower.ready()
-    assert (
-        rd.snapshot is None and follower.last_index == 4 and follower.commit_index == 2
-    )
+    assert rd.snapshot is None and follower.last_index == 4 and follower.commit_index == 2
     assert rd.messages == [Message(M.APPEND_RESP, 2, 1, 1, index=2)]
 
 
@@ -401,9 +386,7 @@ def test_restart_from_storage_restores_state():
         entries=s["entries"],
     )
     assert restarted.term == leader.term and restarted.last_index == leader.last_index
-    assert (
-        restarted.commit_index == leader.commit_index and restarted.applied_index == 0
-    )
+    assert restarted.commit_index == leader.commit_index and restarted.applied_index == 0
     rd = restarted.ready()
     assert [e.index for e in rd.committed] == list(range(1, leader.commit_index + 1))
 
@@ -445,9 +428,7 @@ def test_truncated_config_entry_is_undone():
         entries=[Entry(1, 1, EntryKind.NOOP, b"")],
     )
     cfg = Entry(1, 2, EntryKind.CONFIG, encode_voters((1, 2, 3, 4)))
-    follower.step(
-        Message(M.APPEND, 1, 2, 1, log_term=1, index=1, commit=1, entries=(cfg,))
-    )
+    follower.step(Message(M.APPEND, 1, 2, 1, log_term=1, index=1, commit=1, entries=(cfg,)))
     assert follower.voters == (1, 2, 3, 4)
     follower.step(
         Message(
@@ -502,9 +483,7 @@ def test_read_index_waits_for_a_quorum_heartbeat_round():
     hb = heartbeats[0]
     leader.step(Message(M.HEARTBEAT_RESP, hb.dst, 1, leader.term, context=hb.context))
     rd = leader.ready()
-    assert [(r.index, r.context) for r in rd.read_states] == [
-        (leader.commit_index, b"r1")
-    ]
+    assert [(r.index, r.context) for r in rd.read_states] == [(leader.commit_index, b"r1")]
     leader.advance(rd)
 
 
@@ -517,9 +496,7 @@ def test_read_index_from_follower_is_forwarded():
     net.deliver()
     resps = [m for m in net.sent if m.kind == M.READ_INDEX_RESP]
     assert len(resps) == 1 and resps[0].dst == 3
-    assert [(r.index, r.context) for r in net.read_states[3]] == [
-        (leader.commit_index, b"r2")
-    ]
+    assert [(r.index, r.context) for r in net.read_states[3]] == [(leader.commit_index, b"r2")]
 
 
 def test_new_leader_defers_reads_until_its_noop_commits():

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from warrenmq.cluster.raft import sim
 from warrenmq.cluster.raft.core import RaftNode
 from warrenmq.cluster.raft.sim import Simulation, Violation, run_seed

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from warrenmq.cluster.raft.core import HardState
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Snapshot, encode_snapshot
 from warrenmq.cluster.storage import (
@@ -191,7 +192,9 @@ def test_crash_between_snapshot_file_and_log_reset_is_repaired_on_open(tmp_path)
     storage.close()
     # The snapshot file made it to disk; resetting the log did not.
     snapshot = Snapshot(9, 2, (1, 2, 3), b"state")
-    write_file_atomically(directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot)))
+    write_file_atomically(
+        directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot))
+    )
     reopened = RaftStorage.open(directory)
     assert reopened.snapshot == snapshot
     assert (reopened.first_index, reopened.last_index) == (10, 9)
@@ -208,7 +211,9 @@ def test_matching_snapshot_left_by_a_crash_keeps_the_log(tmp_path):
     storage.save(HardState(1, 1, 5), entries(1, 8, 1), None)
     storage.close()
     snapshot = Snapshot(5, 1, (1,), b"state")
-    write_file_atomically(directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot)))
+    write_file_atomically(
+        directory / SNAPSHOT_FILE, _seal(_SNAPSHOT_MAGIC, encode_snapshot(snapshot))
+    )
     reopened = RaftStorage.open(directory)
     assert reopened.entries() == entries(6, 8, 1)
     reopened.close()
@@ -257,7 +262,9 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(ops=operations)
 def test_storage_matches_a_model_across_crashes(tmp_path_factory, ops):
     """Random appends (with conflicts), compactions and crashes against a list model."""

@@ -8,6 +8,7 @@ import socket
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from warrenmq.cluster.transport import (
     FrameDecoder,
     FrameTooLarge,
@@ -31,7 +32,7 @@ def test_frames_survive_any_split_of_the_stream(payloads, cuts):
     points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     decoder = FrameDecoder()
     out: list[bytes] = []
-    for start, end in zip(points, points[1:]):
+    for start, end in zip(points, points[1:], strict=False):
         out.extend(decoder.feed(stream[start:end]))
     assert out == payloads
     assert decoder.buffered_bytes == 0
@@ -76,8 +77,14 @@ def test_three_peers_exchange_frames_in_order():
         for t in transports.values():
             await t.start()
         try:
-            await _until(lambda: all(t.connected(p) for t in transports.values()
-                                     for p in transports if p != t.node_id))
+            await _until(
+                lambda: all(
+                    t.connected(p)
+                    for t in transports.values()
+                    for p in transports
+                    if p != t.node_id
+                )
+            )
             for i in range(200):
                 transports[1].send(2, b"a%d" % i)
                 transports[1].send(3, b"b%d" % i)

@@ -6,17 +6,27 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from warrenmq.server.session.channel import BrokerChannel
-from warrenmq.server.queue.work_queue import Consumer, WorkQueue
-from warrenmq.server.queue.priority import PriorityQueue
+
 from warrenmq.server.queue import LogQueue, QueueConfig
+from warrenmq.server.queue.priority import PriorityQueue
+from warrenmq.server.queue.work_queue import Consumer, WorkQueue
+from warrenmq.server.session.channel import BrokerChannel
 
 PERSISTENT = b"\x10\x00\x02"  # delivery-mode 2
 
 
 def work_queue(engine, **arguments) -> WorkQueue:
-    return WorkQueue("/", "q", engine, durable=True, auto_delete=False, exclusive_owner=None,
-                       arguments=arguments, queue_type="classic", batch_records_max=64)
+    return WorkQueue(
+        "/",
+        "q",
+        engine,
+        durable=True,
+        auto_delete=False,
+        exclusive_owner=None,
+        arguments=arguments,
+        queue_type="classic",
+        batch_records_max=64,
+    )
 
 
 def publish(queue: WorkQueue, count: int) -> None:
@@ -40,7 +50,12 @@ def test_basic_get_drains_past_the_delivered_mark(tmp_path, kind):
     async def scenario():
         config = QueueConfig(delivered_mark_lead=4, deliver_uncommitted=kind == "classic")
         if kind == "priority":
-            engine = PriorityQueue(tmp_path, 2, config.message_log.batch_bytes_max, lambda level: LogQueue.open(level, config))
+            engine = PriorityQueue(
+                tmp_path,
+                2,
+                config.message_log.batch_bytes_max,
+                lambda level: LogQueue.open(level, config),
+            )
         else:
             engine = LogQueue.open(tmp_path, config)
         queue = work_queue(engine)
@@ -60,7 +75,12 @@ def test_a_priority_level_held_until_a_commit_holds_the_levels_below(tmp_path):
 
     async def scenario():
         config = QueueConfig(delivered_mark_lead=4)
-        engine = PriorityQueue(tmp_path, 2, config.message_log.batch_bytes_max, lambda level: LogQueue.open(level, config))
+        engine = PriorityQueue(
+            tmp_path,
+            2,
+            config.message_log.batch_bytes_max,
+            lambda level: LogQueue.open(level, config),
+        )
         queue = work_queue(engine)
         for i in range(6):
             assert queue.stage((b"", b"q", b"\x08\x00\x02", b"high-%d" % i), persistent=False)
@@ -115,8 +135,9 @@ class FakeConnection:
         return delivered
 
 
-def consume(queue, channel, tag, *, priority=0, prefetch=0, no_ack=False,
-            exclusive=False) -> Consumer:
+def consume(
+    queue, channel, tag, *, priority=0, prefetch=0, no_ack=False, exclusive=False
+) -> Consumer:
     """What basic.consume does with the queue."""
     consumer = Consumer(tag, channel, queue, no_ack, exclusive, priority, prefetch)
     channel.consumers[tag] = consumer
@@ -176,8 +197,7 @@ def credit_checks(monkeypatch):
 
 
 @pytest.mark.parametrize("lacking", ["prefetch", "flow"])
-def test_consumers_without_credit_cost_a_publish_nothing(queue, connection, credit_checks,
-                                                         lacking):
+def test_consumers_without_credit_cost_a_publish_nothing(queue, connection, credit_checks, lacking):
     """50,000 consumers without credit (each at prefetch 1 with a message unacked, or on a
     flow-stopped channel) and one with credit: a publish and its dispatch look at a bounded
     number of consumers, not at all of them."""
@@ -256,7 +276,8 @@ def test_equal_consumers_with_credit_take_turns(queue, connection):
 
 
 def test_a_lower_priority_is_served_only_while_every_higher_consumer_lacks_credit(
-        queue, connection):
+    queue, connection
+):
     channel = channel_of(connection, 1)
     consume(queue, channel, "low")
     consume(queue, channel, "high-1", priority=10, prefetch=1)
@@ -264,8 +285,7 @@ def test_a_lower_priority_is_served_only_while_every_higher_consumer_lacks_credi
     consume(queue, channel, "middle", priority=5, prefetch=1)
     for i in range(6):
         publish_one(queue, b"%d" % i)
-    assert tags(connection.take_delivered()) == [
-        "high-1", "high-2", "middle", "low", "low", "low"]
+    assert tags(connection.take_delivered()) == ["high-1", "high-2", "middle", "low", "low", "low"]
     ack(channel, 2)  # high-2's
     publish_one(queue, b"6")
     assert connection.take_delivered() == [("high-2", b"6")]

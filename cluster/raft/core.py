@@ -287,18 +287,12 @@ class RaftNode:
         self._entries: list[Entry] = list(entries)
         for offset, entry in enumerate(self._entries):
             if entry.index != snap_index + 1 + offset:
-                raise ValueError(
-                    f"entry {entry.index} out of place after snapshot {snap_index}"
-                )
+                raise ValueError(f"entry {entry.index} out of place after snapshot {snap_index}")
         self._base_voters: tuple[int, ...] = (
-            tuple(sorted(snapshot.voters))
-            if snapshot is not None
-            else tuple(sorted(set(voters)))
+            tuple(sorted(snapshot.voters)) if snapshot is not None else tuple(sorted(set(voters)))
         )
         self._config_entries: list[tuple[int, tuple[int, ...]]] = [
-            (e.index, decode_voters(e.data))
-            for e in self._entries
-            if e.kind == EntryKind.CONFIG
+            (e.index, decode_voters(e.data)) for e in self._entries if e.kind == EntryKind.CONFIG
         ]
         self._voters = self._current_voters()
 
@@ -307,9 +301,7 @@ class RaftNode:
         self._vote = hs.vote
         self._commit = max(hs.commit, snap_index)
         if self._commit > self.last_index:
-            raise ValueError(
-                f"commit {self._commit} beyond last index {self.last_index}"
-            )
+            raise ValueError(f"commit {self._commit} beyond last index {self.last_index}")
         self._applied = snap_index
         self._role = FOLLOWER
         self._leader_id: int | None = None
@@ -449,9 +441,7 @@ class RaftNode:
                 # A stale leader (cut off while we moved on) would otherwise never learn of
                 # our term, and with pre-vote we would never raise it further: answer so that
                 # it steps down and a real election can happen.
-                self._send(
-                    Message(MessageKind.APPEND_RESP, self._id, m.src, self._term)
-                )
+                self._send(Message(MessageKind.APPEND_RESP, self._id, m.src, self._term))
             elif m.kind in (MessageKind.PRE_VOTE, MessageKind.VOTE):
                 # Tell a candidate from an older term ours (Figure 2: the reply carries
                 # currentTerm); otherwise a candidate whose only possible voter keeps
@@ -482,18 +472,14 @@ class RaftNode:
     def propose(self, data: bytes) -> int:
         return self._propose(EntryKind.NORMAL, data)
 
-    def propose_membership(
-        self, add: int | None = None, remove: int | None = None
-    ) -> int:
+    def propose_membership(self, add: int | None = None, remove: int | None = None) -> int:
         if (add is None) == (remove is None):
             raise ProposalRefused("give exactly one of add= or remove=")
         self._check_leader()
         if self._config_entries and self._config_entries[-1][0] > self._commit:
             raise ProposalRefused("an earlier membership change is not committed yet")
         if self.term_at(self._commit) != self._term:
-            raise ProposalRefused(
-                "the leader has not committed an entry of its term yet"
-            )
+            raise ProposalRefused("the leader has not committed an entry of its term yet")
         voters = set(self._voters)
         if add is not None:
             if add <= 0 or add in voters:
@@ -538,9 +524,7 @@ class RaftNode:
 
     def compact(self, index: int, snapshot_data: bytes) -> Snapshot:
         if index <= self._snap_index:
-            raise ValueError(
-                f"compact({index}) at or below snapshot {self._snap_index}"
-            )
+            raise ValueError(f"compact({index}) at or below snapshot {self._snap_index}")
         if index > self._applied:
             raise ValueError(f"compact({index}) beyond applied index {self._applied}")
         term = self.term_at(index)
@@ -582,9 +566,7 @@ class RaftNode:
         entries = self.entries_between(self._unstable_from, self.last_index + 1)
         # Bounded so that a restart with a long committed tail does not build one huge
         # batch; has_ready() stays true until the rest has been handed out.
-        apply_to = min(
-            self._commit, self._applied + self._config.max_committed_per_ready
-        )
+        apply_to = min(self._commit, self._applied + self._config.max_committed_per_ready)
         committed = self.entries_between(self._applied + 1, apply_to + 1)
         rd = Ready(
             hard_state=hs if hs != self._handed_hard_state else None,
@@ -628,15 +610,11 @@ class RaftNode:
 
     def _truncate_from(self, index: int) -> None:
         """Drop entries with index >= `index` (a conflicting, uncommitted suffix)."""
-        assert index > self._commit, (
-            f"truncating committed entry {index} <= {self._commit}"
-        )
+        assert index > self._commit, f"truncating committed entry {index} <= {self._commit}"
         del self._entries[index - self._snap_index - 1 :]
         self._unstable_from = min(self._unstable_from, index)
         if self._config_entries and self._config_entries[-1][0] >= index:
-            self._config_entries = [
-                (i, v) for i, v in self._config_entries if i < index
-            ]
+            self._config_entries = [(i, v) for i, v in self._config_entries if i < index]
             self._on_config_change()
 
     def _find_conflict_by_term(self, index: int, term: int) -> int:
@@ -657,9 +635,7 @@ class RaftNode:
     # ---------------------------------------------------------------- internals: config
 
     def _current_voters(self) -> tuple[int, ...]:
-        return (
-            self._config_entries[-1][1] if self._config_entries else self._base_voters
-        )
+        return self._config_entries[-1][1] if self._config_entries else self._base_voters
 
     def _voters_at(self, index: int) -> tuple[int, ...]:
         voters = self._base_voters
@@ -676,9 +652,7 @@ class RaftNode:
         for peer in self._voters:
             if peer != self._id and peer not in self._progress:
                 pr = _Progress(next=self.last_index + 1)
-                pr.recent_active = (
-                    True  # do not count a brand new member against the quorum
-                )
+                pr.recent_active = True  # do not count a brand new member against the quorum
                 self._progress[peer] = pr
         for peer in list(self._progress):
             if peer not in self._voters:
@@ -878,9 +852,7 @@ class RaftNode:
             last_new = m.index + len(new)
             self._commit_to(min(m.commit, last_new))
             self._send(
-                Message(
-                    MessageKind.APPEND_RESP, self._id, m.src, self._term, index=last_new
-                )
+                Message(MessageKind.APPEND_RESP, self._id, m.src, self._term, index=last_new)
             )
             return
         hint = self._find_conflict_by_term(min(m.index, self.last_index), m.log_term)
@@ -910,11 +882,7 @@ class RaftNode:
         else:
             self._restore(snap)
             reply_index = snap.index
-        self._send(
-            Message(
-                MessageKind.APPEND_RESP, self._id, m.src, self._term, index=reply_index
-            )
-        )
+        self._send(Message(MessageKind.APPEND_RESP, self._id, m.src, self._term, index=reply_index))
 
     def _restore(self, snap: Snapshot) -> None:
         self._entries = []
@@ -935,9 +903,7 @@ class RaftNode:
         if self._role != LEADER:
             raise NotLeader(self._leader_id)
         if self._transferee is not None:
-            raise ProposalRefused(
-                f"leadership is being transferred to {self._transferee}"
-            )
+            raise ProposalRefused(f"leadership is being transferred to {self._transferee}")
 
     def _propose(self, kind: EntryKind, data: bytes) -> int:
         self._check_leader()
@@ -1015,10 +981,7 @@ class RaftNode:
             return False
         if pr.state == _PROBE and pr.probe_sent:
             return False
-        if (
-            pr.state == _REPLICATE
-            and len(pr.inflight) >= self._config.max_inflight_appends
-        ):
+        if pr.state == _REPLICATE and len(pr.inflight) >= self._config.max_inflight_appends:
             return False
         prev = pr.next - 1
         prev_term = self.term_at(prev)
@@ -1070,9 +1033,7 @@ class RaftNode:
     def _send_snapshot(self, peer: int, pr: _Progress) -> bool:
         snap = self._snapshot
         assert snap is not None, "entries compacted without a snapshot"
-        self._send(
-            Message(MessageKind.SNAPSHOT, self._id, peer, self._term, snapshot=snap)
-        )
+        self._send(Message(MessageKind.SNAPSHOT, self._id, peer, self._term, snapshot=snap))
         pr.state = _SNAPSHOT
         pr.pending_snapshot = snap.index
         pr.inflight.clear()
@@ -1119,9 +1080,7 @@ class RaftNode:
             pr.match = index
             pr.next = max(pr.next, index + 1)
             pr.stalled_heartbeats = 0
-            if pr.state == _PROBE or (
-                pr.state == _SNAPSHOT and index >= pr.pending_snapshot
-            ):
+            if pr.state == _PROBE or (pr.state == _SNAPSHOT and index >= pr.pending_snapshot):
                 pr.become_replicate()
             elif pr.state == _REPLICATE:
                 while pr.inflight and pr.inflight[0] <= index:

@@ -40,9 +40,7 @@ class Model(Protocol):
 
     def init(self) -> Hashable: ...
 
-    def step(
-        self, state: Hashable, input: Any, output: Any
-    ) -> tuple[bool, Hashable]: ...
+    def step(self, state: Hashable, input: Any, output: Any) -> tuple[bool, Hashable]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +64,7 @@ class KvModel:
         by_key: dict[Any, list[Operation]] = {}
         for op in history:
             key = op.input[1]
-            if (
-                op.ret is None
-                and op.input[0] == "put"
-                and (key, op.input[2]) not in observed
-            ):
+            if op.ret is None and op.input[0] == "put" and (key, op.input[2]) not in observed:
                 continue
             by_key.setdefault(key, []).append(op)
         return list(by_key.values())
@@ -172,9 +166,7 @@ def _check_part(
     return True, steps
 
 
-def check(
-    history: Sequence[Operation], model: Model, steps_max: int = 2_000_000
-) -> CheckResult:
+def check(history: Sequence[Operation], model: Model, steps_max: int = 2_000_000) -> CheckResult:
     """Is `history` linearizable with respect to `model`? `steps_max` bounds the search."""
     total = 0
     undecided = False

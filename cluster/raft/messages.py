@@ -27,12 +27,8 @@ class DecodeError(ValueError):
 
 class EntryKind(IntEnum):
     NORMAL = 0
-    NOOP = (
-        1  # appended by every new leader so that it can commit its term (Raft §5.4.2)
-    )
-    CONFIG = (
-        2  # data is encode_voters(new voter set); takes effect when appended (§4.1)
-    )
+    NOOP = 1  # appended by every new leader so that it can commit its term (Raft §5.4.2)
+    CONFIG = 2  # data is encode_voters(new voter set); takes effect when appended (§4.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +60,8 @@ class MessageKind(IntEnum):
     HEARTBEAT_RESP = 8
     SNAPSHOT = 9  # InstallSnapshot; answered with APPEND_RESP
     TIMEOUT_NOW = 10  # leadership transfer: campaign now, bypassing pre-vote and lease
-    READ_INDEX = (
-        11  # follower asks the leader for a read index; context identifies the read
-    )
-    READ_INDEX_RESP = (
-        12  # leader answers with index; reject=True if it could not serve it
-    )
+    READ_INDEX = 11  # follower asks the leader for a read index; context identifies the read
+    READ_INDEX_RESP = 12  # leader answers with index; reject=True if it could not serve it
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +120,7 @@ def decode_voters(data: bytes) -> tuple[int, ...]:
 
 
 def encode_entry(entry: Entry) -> bytes:
-    return (
-        _ENTRY.pack(entry.term, entry.index, entry.kind, len(entry.data)) + entry.data
-    )
+    return _ENTRY.pack(entry.term, entry.index, entry.kind, len(entry.data)) + entry.data
 
 
 def decode_entry(buf: bytes | memoryview, offset: int = 0) -> tuple[Entry, int]:
@@ -145,18 +135,14 @@ def decode_entry(buf: bytes | memoryview, offset: int = 0) -> tuple[Entry, int]:
         entry_kind = EntryKind(kind)
     except ValueError as exc:
         raise DecodeError(f"unknown entry kind {kind}") from exc
-    return Entry(
-        term, index, entry_kind, bytes(buf[end : end + data_len])
-    ), end + data_len
+    return Entry(term, index, entry_kind, bytes(buf[end : end + data_len])), end + data_len
 
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
     voters = snapshot.voters
     return b"".join(
         (
-            _SNAPSHOT.pack(
-                snapshot.index, snapshot.term, len(voters), len(snapshot.data)
-            ),
+            _SNAPSHOT.pack(snapshot.index, snapshot.term, len(voters), len(snapshot.data)),
             struct.pack(f"<{len(voters)}Q", *voters),
             snapshot.data,
         )
@@ -179,9 +165,7 @@ def decode_snapshot(buf: bytes | memoryview, offset: int = 0) -> tuple[Snapshot,
 
 
 def encode_message(m: Message) -> bytes:
-    flags = (_FLAG_REJECT if m.reject else 0) | (
-        _FLAG_SNAPSHOT if m.snapshot is not None else 0
-    )
+    flags = (_FLAG_REJECT if m.reject else 0) | (_FLAG_SNAPSHOT if m.snapshot is not None else 0)
     parts = [
         _HEADER.pack(
             CODEC_VERSION,

@@ -26,7 +26,8 @@ point never moves to a different entry), and, stronger than leader completeness,
 node lacking the highest committed entry could collect the votes to be elected with any
 log its voters may hold in memory or on disk (this catches a lost commit as soon as it
 becomes possible, not only once a schedule happens to exploit it). Committed-and-answered
-client writes surviving every crash follows from these and the history check. After the fault phase every fault is healed, and
+client writes surviving every crash follows from these and the history check. After the fault phase
+every fault is healed, and
 within `liveness_ticks` ticks a leader must be elected, the full membership restored, every
 client must complete an operation and every node must converge on the same applied state.
 
@@ -132,9 +133,7 @@ class _Host:
     incarnation: int = 0
     durable: _Durable = field(default_factory=_Durable)
     unsynced: Ready | None = None
-    sent_early: bool = (
-        False  # the unsynced Ready's messages already left (leader overlap)
-    )
+    sent_early: bool = False  # the unsynced Ready's messages already left (leader overlap)
     kv: KvStore = field(default_factory=KvStore)
     applied: int = 0
     tick_units: int = TICK_UNITS
@@ -146,9 +145,7 @@ class _Host:
     leader_term_seen: int = 0  # last term this host was observed leading
     commit_recorded: int = 0  # commit index up to which its leadership was recorded
     compact_every: int = 20
-    bootstrap_voters: tuple[
-        int, ...
-    ] = ()  # what the node is started with on an empty disk
+    bootstrap_voters: tuple[int, ...] = ()  # what the node is started with on an empty disk
     retired: bool = False  # replaced by a new machine with a new id; never starts again
 
 
@@ -183,9 +180,7 @@ class Simulation:
         self.now = 0
         self._seq = 0
         self._events: list = []
-        self.hosts = {
-            i: _Host(i, bootstrap_voters=self.node_ids) for i in self.node_ids
-        }
+        self.hosts = {i: _Host(i, bootstrap_voters=self.node_ids) for i in self.node_ids}
         self._next_node_id = nodes + 1
         self.replace_pending: set[int] = set()  # removed voters to retire, not re-add
         self.clients = [_Client(c) for c in range(1, CLIENTS + 1)]
@@ -346,9 +341,7 @@ class Simulation:
             snapshot=d.snapshot,
             entries=list(d.entries),
         )
-        host.kv = (
-            KvStore.from_bytes(d.snapshot.data) if d.snapshot is not None else KvStore()
-        )
+        host.kv = KvStore.from_bytes(d.snapshot.data) if d.snapshot is not None else KvStore()
         host.applied = d.snapshot.index if d.snapshot is not None else 0
         host.unsynced = None
         host.pending_writes = {}
@@ -392,9 +385,7 @@ class Simulation:
         if rd.entries:
             self._check_log_matching(host, core, rd)
         host.unsynced = rd
-        host.sent_early = self.leader_sends_before_fsync and self._may_send_early(
-            host, rd
-        )
+        host.sent_early = self.leader_sends_before_fsync and self._may_send_early(host, rd)
         if host.sent_early:
             for m in rd.messages:
                 self._send(m)
@@ -431,9 +422,7 @@ class Simulation:
             and hs is not None
             and (hs.term < hs_before.term or hs.commit < hs_before.commit)
         ):
-            raise Violation(
-                f"n{host.node_id} durable hard state went back: {hs_before} -> {hs}"
-            )
+            raise Violation(f"n{host.node_id} durable hard state went back: {hs_before} -> {hs}")
         if not host.sent_early:
             for m in rd.messages:
                 self._send(m)
@@ -499,9 +488,7 @@ class Simulation:
         if host.leader_term_seen != term:
             holder = self.leader_of_term.get(term)
             if holder is not None and holder != host.node_id:
-                raise Violation(
-                    f"election safety: n{holder} and n{host.node_id} lead term {term}"
-                )
+                raise Violation(f"election safety: n{holder} and n{host.node_id} lead term {term}")
             self.leader_of_term[term] = host.node_id
             host.leader_term_seen = term
             host.commit_recorded = core.commit_index
@@ -520,9 +507,7 @@ class Simulation:
         # A commit counts once the leader's own copy is durable: before that nobody has
         # been told of it (the Ready that carries it waits for the fsync), and with the
         # leader overlap a crash may still take the entry back.
-        if commit > host.commit_recorded and host.durable.term_at(
-            commit
-        ) == core.term_at(commit):
+        if commit > host.commit_recorded and host.durable.term_at(commit) == core.term_at(commit):
             for index in range(host.commit_recorded + 1, commit + 1):
                 entry_term = core.term_at(index)
                 if entry_term is None:
@@ -554,9 +539,7 @@ class Simulation:
             core = host.core
             snap_index = core.snapshot.index if core.snapshot is not None else 0
             holds = index <= snap_index or core.term_at(index) == term
-            views.append(
-                (core.term_at(core.last_index), core.last_index, holds, core.voters)
-            )
+            views.append((core.term_at(core.last_index), core.last_index, holds, core.voters))
         d = host.durable
         base = d.snapshot.index if d.snapshot is not None else 0
         if d.entries:
@@ -654,9 +637,7 @@ class Simulation:
         target = leader.commit_index
         if leader.term_at(target) != leader.term:
             return False
-        return all(
-            h.up and h.applied == target and h.unsynced is None for h in self._members()
-        )
+        return all(h.up and h.applied == target and h.unsynced is None for h in self._members())
 
     def _check_liveness(self) -> None:
         if not self._converged():
@@ -689,18 +670,12 @@ class Simulation:
         final = self._members()[0].kv.values
         for key in KEYS:
             call = self._hist_time()
-            self.history.append(
-                Operation(0, ("get", key), call, final.get(key), self._hist_time())
-            )
+            self.history.append(Operation(0, ("get", key), call, final.get(key), self._hist_time()))
         self.stats["ops"] = len(self.history)
         result = check(self.history, KvModel(), steps_max=LINEARIZABILITY_STEPS_MAX)
         if result.ok is False:
-            ops = "\n  ".join(
-                repr(op) for op in sorted(result.failing_part, key=lambda o: o.call)
-            )
-            raise Violation(
-                f"linearizability: history of one key is not linearizable:\n  {ops}"
-            )
+            ops = "\n  ".join(repr(op) for op in sorted(result.failing_part, key=lambda o: o.call))
+            raise Violation(f"linearizability: history of one key is not linearizable:\n  {ops}")
         if result.ok is None:
             raise Violation("linearizability: checker search bound exceeded")
 
@@ -844,9 +819,7 @@ class Simulation:
         if client.op is None or client.op[0] != op_id:
             return
         if self.trace:
-            self._log(
-                f"c{client.client_id} <- n{node_id} op {op_id} {status} {value!r}"
-            )
+            self._log(f"c{client.client_id} <- n{node_id} op {op_id} {status} {value!r}")
         if status == "ok":
             _, kind, key, put_value, call, _ = client.op
             if kind == "put":
@@ -858,9 +831,7 @@ class Simulation:
                     self._hist_time(),
                 )
             else:
-                op = Operation(
-                    client.client_id, ("get", key), call, value, self._hist_time()
-                )
+                op = Operation(client.client_id, ("get", key), call, value, self._hist_time())
             self.history.append(op)
             client.leader_hint = node_id
             client.op = None
@@ -905,9 +876,7 @@ class Simulation:
             host = rng.choice(leaders if leaders and rng.random() < 0.7 else hosts)
             if host.up:
                 self._crash(host)
-                self._at(
-                    self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_RESTART, host
-                )
+                self._at(self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_RESTART, host)
         elif action == 1:
             # Symmetric partition into two sides.
             side = {i for i in self.node_ids if rng.random() < 0.5}
@@ -922,9 +891,7 @@ class Simulation:
         elif action == 2:
             a, b = rng.sample(self.node_ids, 2)
             self.cut.add((a, b))
-            self._at(
-                self.now + rng.randrange(5, 80) * TICK_UNITS, _EV_HEAL_LINK, (a, b)
-            )
+            self._at(self.now + rng.randrange(5, 80) * TICK_UNITS, _EV_HEAL_LINK, (a, b))
             if self.trace:
                 self._log(f"cut one way n{a} -> n{b}")
         elif action == 3:
@@ -982,12 +949,7 @@ class Simulation:
         self._at(self.now + rng.randrange(1, 20) * TICK_UNITS, _EV_CHAOS)
 
     def _strike_leader(self, host: _Host, term: int) -> None:
-        if (
-            self.healed
-            or not host.up
-            or host.core.role != LEADER
-            or host.core.term != term
-        ):
+        if self.healed or not host.up or host.core.role != LEADER or host.core.term != term:
             return
         rng = self.rng
         if rng.random() < 0.5:
@@ -1052,9 +1014,7 @@ class Simulation:
         new = _Host(new_id, bootstrap_voters=())
         self._next_node_id = new_id + 1
         self.hosts[new_id] = new
-        self.node_ids = tuple(
-            sorted((*[i for i in self.node_ids if i != host.node_id], new_id))
-        )
+        self.node_ids = tuple(sorted((*[i for i in self.node_ids if i != host.node_id], new_id)))
         self.stats["machines_replaced"] += 1
         if self.trace:
             self._log(f"n{host.node_id} retired; new empty machine n{new_id}")
@@ -1101,9 +1061,7 @@ def _fmt(m: Message) -> str:
     )
 
 
-def run_seed(
-    seed: int, nodes: int = 3, *, trace=None, node_factory=RaftNode, **kw
-) -> Simulation:
+def run_seed(seed: int, nodes: int = 3, *, trace=None, node_factory=RaftNode, **kw) -> Simulation:
     sim = Simulation(seed, nodes, trace=trace, node_factory=node_factory, **kw)
     sim.run()
     return sim
@@ -1115,9 +1073,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="first seed")
     parser.add_argument("--nodes", type=int, default=3, help="cluster size")
     parser.add_argument("--trace", action="store_true", help="print every event")
-    parser.add_argument(
-        "--soak", type=float, default=0.0, help="run seeds for this many seconds"
-    )
+    parser.add_argument("--soak", type=float, default=0.0, help="run seeds for this many seconds")
     args = parser.parse_args(argv)
     trace = print if args.trace else None
     started = time.monotonic()

@@ -59,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m warrenmq.cluster.raft.sim_bench")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--entries", type=int, default=200_000)
-    parser.add_argument(
-        "--batch", type=int, default=100, help="proposals per Ready round"
-    )
+    parser.add_argument("--batch", type=int, default=100, help="proposals per Ready round")
     parser.add_argument("--entry-bytes", type=int, default=100)
     args = parser.parse_args(argv)
     rate = run(args.nodes, args.entries, args.batch, args.entry_bytes)

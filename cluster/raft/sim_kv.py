@@ -51,6 +51,4 @@ class KvStore:
         if not data:
             return cls()
         body = json.loads(data)
-        return cls(
-            dict(body["values"]), {int(c): n for c, n in body["sessions"].items()}
-        )
+        return cls(dict(body["values"]), {int(c): n for c, n in body["sessions"].items()})

@@ -100,8 +100,9 @@ class ClientConnection(asyncio.Protocol):
         """Connect, log in with PLAIN, tune, and open the address's vhost."""
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(lambda: cls(address), address.host,
-                                                         address.port)
+            _, connection = await loop.create_connection(
+                lambda: cls(address), address.host, address.port
+            )
         except OSError as error:
             raise BenchError(f"cannot connect to {address.display()}: {error}") from error
         try:
@@ -119,17 +120,27 @@ class ClientConnection(asyncio.Protocol):
         if "PLAIN" not in mechanisms:
             raise BenchError(f"broker offers no PLAIN login (mechanisms: {mechanisms})")
         tune = self._expect(0, commands.Connection.Tune)
-        self.send_method(0, commands.Connection.StartOk(
-            client_properties=CLIENT_PROPERTIES, mechanism="PLAIN",
-            response=f"\0{self.address.username}\0{self.address.password}"))
+        self.send_method(
+            0,
+            commands.Connection.StartOk(
+                client_properties=CLIENT_PROPERTIES,
+                mechanism="PLAIN",
+                response=f"\0{self.address.username}\0{self.address.password}",
+            ),
+        )
         tune_method = await tune
         self.channel_max = min(tune_method.channel_max or CHANNEL_MAX, CHANNEL_MAX)
         self.frame_max = min(tune_method.frame_max or FRAME_BYTES_MAX, FRAME_BYTES_MAX)
         self.heartbeat_s = tune_method.heartbeat
-        self.send_method(0, commands.Connection.TuneOk(
-            channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat_s))
-        await self.call(0, commands.Connection.Open(virtual_host=self.address.vhost),
-                        commands.Connection.OpenOk)
+        self.send_method(
+            0,
+            commands.Connection.TuneOk(
+                channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat_s
+            ),
+        )
+        await self.call(
+            0, commands.Connection.Open(virtual_host=self.address.vhost), commands.Connection.OpenOk
+        )
         if self.heartbeat_s:
             self._schedule_heartbeat()
 
@@ -192,12 +203,19 @@ class ClientConnection(asyncio.Protocol):
         if self.error is None:
             try:
                 await asyncio.wait_for(
-                    self.call(0, commands.Connection.Close(reply_code=REPLY_SUCCESS,
-                                                           reply_text="bench done",
-                                                           class_id=0, method_id=0),
-                              commands.Connection.CloseOk),
-                    CLOSE_TIMEOUT_S)
-            except (BenchError, asyncio.TimeoutError):
+                    self.call(
+                        0,
+                        commands.Connection.Close(
+                            reply_code=REPLY_SUCCESS,
+                            reply_text="bench done",
+                            class_id=0,
+                            method_id=0,
+                        ),
+                        commands.Connection.CloseOk,
+                    ),
+                    CLOSE_TIMEOUT_S,
+                )
+            except (TimeoutError, BenchError):
                 pass
         self.abort()
 
@@ -272,8 +290,9 @@ class ClientConnection(asyncio.Protocol):
             close = frames.decode_method(identifier >> 16, identifier & 0xFFFF, payload[4:])
             if self._transport is not None:
                 self._transport.write(frames.encode_method(0, commands.Connection.CloseOk()))
-            self._fail(BenchError(f"broker closed the connection: {close.reply_text}",
-                                  close.reply_code))
+            self._fail(
+                BenchError(f"broker closed the connection: {close.reply_text}", close.reply_code)
+            )
             self.abort()
         elif identifier == _CONNECTION_CLOSE_OK:
             self.abort()
@@ -283,18 +302,24 @@ class ClientConnection(asyncio.Protocol):
             pass
         elif identifier == _CHANNEL_CLOSE:
             close = frames.decode_method(identifier >> 16, identifier & 0xFFFF, payload[4:])
-            self._fail(BenchError(f"broker closed channel {channel}: {close.reply_text}",
-                                  close.reply_code))
+            self._fail(
+                BenchError(f"broker closed channel {channel}: {close.reply_text}", close.reply_code)
+            )
             self.abort()
         elif identifier == _BASIC_CANCEL:
-            self._fail(BenchError(f"broker cancelled the consumer on channel {channel} "
-                                  "(queue deleted?)"))
+            self._fail(
+                BenchError(f"broker cancelled the consumer on channel {channel} (queue deleted?)")
+            )
             self.abort()
         elif identifier == _BASIC_RETURN:
             self.returned_count += 1
         else:
-            self._fail(BenchError(f"unexpected method {identifier >> 16}.{identifier & 0xFFFF} "
-                                  f"on channel {channel}"))
+            self._fail(
+                BenchError(
+                    f"unexpected method {identifier >> 16}.{identifier & 0xFFFF} "
+                    f"on channel {channel}"
+                )
+            )
             self.abort()
 
     def _fail(self, error: BenchError) -> None:

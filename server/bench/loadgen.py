@@ -90,7 +90,10 @@ class Options:
             raise ValueError(f"e2e needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
         if self.messages < 1 or not 1 <= self.window <= WINDOW_MAX:
             raise ValueError(f"need messages >= 1 and window 1..{WINDOW_MAX}")
-        if not 1 <= self.publishers <= CONNECTIONS_MAX or not 1 <= self.consumers <= CONNECTIONS_MAX:
+        if (
+            not 1 <= self.publishers <= CONNECTIONS_MAX
+            or not 1 <= self.consumers <= CONNECTIONS_MAX
+        ):
             raise ValueError(f"publishers and consumers must be 1..{CONNECTIONS_MAX}")
         if self.publishers > self.messages:
             raise ValueError("more publishers than messages")
@@ -145,34 +148,50 @@ def _split(total: int, parts: int) -> list[int]:
 
 
 async def _declare(connection: ClientConnection, channel: int, options: Options) -> None:
-    await connection.call(channel, commands.Queue.Declare(
-        queue=options.queue, durable=True,
-        arguments={"x-queue-type": options.queue_type}), commands.Queue.DeclareOk)
-    await connection.call(channel, commands.Queue.Purge(queue=options.queue),
-                          commands.Queue.PurgeOk)
+    await connection.call(
+        channel,
+        commands.Queue.Declare(
+            queue=options.queue, durable=True, arguments={"x-queue-type": options.queue_type}
+        ),
+        commands.Queue.DeclareOk,
+    )
+    await connection.call(
+        channel, commands.Queue.Purge(queue=options.queue), commands.Queue.PurgeOk
+    )
 
 
 async def _ready_count(connection: ClientConnection, channel: int, queue: str) -> int:
-    declare_ok = await connection.call(channel, commands.Queue.Declare(queue=queue, passive=True),
-                                       commands.Queue.DeclareOk)
+    declare_ok = await connection.call(
+        channel, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk
+    )
     return declare_ok.message_count
 
 
-async def _start_publishers(address: wire.BrokerAddress, options: Options, stamp: bool,
-                            run: _Run) -> list[Publisher]:
+async def _start_publishers(
+    address: wire.BrokerAddress, options: Options, stamp: bool, run: _Run
+) -> list[Publisher]:
     publishers = run.publishers
-    rates = ([None] * options.publishers if options.rate_per_s is None
-             else [options.rate_per_s * share / options.messages
-                   for share in _split(options.messages, options.publishers)])
+    rates = (
+        [None] * options.publishers
+        if options.rate_per_s is None
+        else [
+            options.rate_per_s * share / options.messages
+            for share in _split(options.messages, options.publishers)
+        ]
+    )
     for share, rate in zip(_split(options.messages, options.publishers), rates, strict=True):
         connection = await ClientConnection.open(address)
         run.connections.append(connection)
         channel = await connection.open_channel()
         await connection.call(channel, commands.Confirm.Select(), commands.Confirm.SelectOk)
-        template = wire.PublishTemplate(channel, "", options.queue, options.size_bytes,
-                                        connection.frame_max)
-        publishers.append(Publisher(connection, channel, template, share, options.window,
-                                    rate_per_s=rate, stamp=stamp))
+        template = wire.PublishTemplate(
+            channel, "", options.queue, options.size_bytes, connection.frame_max
+        )
+        publishers.append(
+            Publisher(
+                connection, channel, template, share, options.window, rate_per_s=rate, stamp=stamp
+            )
+        )
     return publishers
 
 
@@ -185,8 +204,10 @@ def _publish_report(run: _Run) -> dict:
     end_ns = max(publisher.done.result() for publisher in publishers)
     seconds = max((end_ns - start_ns) / 1e9, 1e-9)
     published = sum(publisher.published for publisher in publishers)
-    confirm = {f"confirm_{key}" if key.startswith("latency") else "confirmed": value
-               for key, value in histogram.summary_ms().items()}
+    confirm = {
+        f"confirm_{key}" if key.startswith("latency") else "confirmed": value
+        for key, value in histogram.summary_ms().items()
+    }
     report = {
         "seconds": round(seconds, 3),
         "published": published,
@@ -196,13 +217,13 @@ def _publish_report(run: _Run) -> dict:
         "blocked": sum(connection.blocked_count for connection in run.connections),
     }
     if publishers[0].rate_per_s is not None:
-        report["publisher_behind_ms_max"] = round(max(
-            1000 * publisher.behind_max / publisher.rate_per_s for publisher in publishers), 3)
+        report["publisher_behind_ms_max"] = round(
+            max(1000 * publisher.behind_max / publisher.rate_per_s for publisher in publishers), 3
+        )
     return report
 
 
-async def _run_publish(address: wire.BrokerAddress, options: Options,
-                       run: _Run) -> dict[str, Any]:
+async def _run_publish(address: wire.BrokerAddress, options: Options, run: _Run) -> dict[str, Any]:
     publishers = await _start_publishers(address, options, False, run)
     for publisher in publishers:
         publisher.start()
@@ -213,20 +234,21 @@ async def _run_publish(address: wire.BrokerAddress, options: Options,
     return report
 
 
-async def _run_e2e(address: wire.BrokerAddress, options: Options,
-                   run: _Run) -> dict[str, Any]:
+async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> dict[str, Any]:
     tally = run.tally = ConsumerTally(options.messages)
     consumers = []
     for _ in range(options.consumers):
         connection = await ClientConnection.open(address)
         run.connections.append(connection)
         channel = await connection.open_channel()
-        await connection.call(channel, commands.Basic.Qos(prefetch_count=options.prefetch),
-                              commands.Basic.QosOk)
+        await connection.call(
+            channel, commands.Basic.Qos(prefetch_count=options.prefetch), commands.Basic.QosOk
+        )
         consumer = Consumer(connection, channel, tally, options.multi_ack_every, options.warmup)
         consumer.attach()
-        await connection.call(channel, commands.Basic.Consume(queue=options.queue),
-                              commands.Basic.ConsumeOk)
+        await connection.call(
+            channel, commands.Basic.Consume(queue=options.queue), commands.Basic.ConsumeOk
+        )
         consumers.append(consumer)
     publishers = await _start_publishers(address, options, True, run)
     for publisher in publishers:
@@ -237,20 +259,27 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options,
     report = _publish_report(run)
     start_ns = min(publisher.start_ns for publisher in publishers)
     seconds = max((tally.done.result() - start_ns) / 1e9, 1e-9)
-    report.update({
-        "seconds": round(seconds, 3),
-        "received": tally.received,
-        "redelivered": tally.redelivered,
-        "unstamped": tally.unstamped,
-        "msgs_per_s": round(tally.received / seconds, 1),
-        **{key: value for key, value in tally.histogram.summary_ms().items() if key != "count"},
-    })
+    report.update(
+        {
+            "seconds": round(seconds, 3),
+            "received": tally.received,
+            "redelivered": tally.redelivered,
+            "unstamped": tally.unstamped,
+            "msgs_per_s": round(tally.received / seconds, 1),
+            **{key: value for key, value in tally.histogram.summary_ms().items() if key != "count"},
+        }
+    )
     return report
 
 
-async def _run_memory(address: wire.BrokerAddress, options: Options,
-                      run: _Run, admin: ClientConnection,
-                      channel: int, pid: int | None) -> dict[str, Any]:
+async def _run_memory(
+    address: wire.BrokerAddress,
+    options: Options,
+    run: _Run,
+    admin: ClientConnection,
+    channel: int,
+    pid: int | None,
+) -> dict[str, Any]:
     await asyncio.sleep(options.settle_s)
     rss_before = read_rss_bytes(pid) if pid is not None else None
     publishers = await _start_publishers(address, options, False, run)
@@ -263,13 +292,15 @@ async def _run_memory(address: wire.BrokerAddress, options: Options,
     if rss_before is not None:
         assert pid is not None
         rss_after = read_rss_bytes(pid)
-        report.update({
-            "pid": pid,
-            "rss_mb_before": round(rss_before / _MB, 1),
-            "rss_mb_after": round(rss_after / _MB, 1),
-            "rss_mb_growth": round((rss_after - rss_before) / _MB, 1),
-            "rss_bytes_per_message": round((rss_after - rss_before) / options.messages, 1),
-        })
+        report.update(
+            {
+                "pid": pid,
+                "rss_mb_before": round(rss_before / _MB, 1),
+                "rss_mb_after": round(rss_after / _MB, 1),
+                "rss_mb_growth": round((rss_after - rss_before) / _MB, 1),
+                "rss_bytes_per_message": round((rss_after - rss_before) / options.messages, 1),
+            }
+        )
     return report
 
 
@@ -293,17 +324,20 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
         else:
             report = await _run_memory(address, options, run, admin, channel, pid)
         if not options.keep_queue:
-            await admin.call(channel, commands.Queue.Delete(queue=options.queue),
-                             commands.Queue.DeleteOk)
+            await admin.call(
+                channel, commands.Queue.Delete(queue=options.queue), commands.Queue.DeleteOk
+            )
             declared = False
         return report
 
     cpu_start_s, wall_start_s = time.process_time(), time.perf_counter()
     try:
         report = await asyncio.wait_for(body(), options.timeout_s)
-    except asyncio.TimeoutError:
-        raise BenchError(f"{options.scenario} against {address.display()} did not finish "
-                         f"within {options.timeout_s} s ({run.progress()})") from None
+    except TimeoutError:
+        raise BenchError(
+            f"{options.scenario} against {address.display()} did not finish "
+            f"within {options.timeout_s} s ({run.progress()})"
+        ) from None
     finally:
         await close_all(run.connections)
         if admin is not None:
@@ -312,18 +346,46 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
             await admin.close()
     # The client's own CPU share over the run: near 100 % means it, not the broker, set the pace.
     report["client_cpu_percent"] = round(
-        100 * (time.process_time() - cpu_start_s) / (time.perf_counter() - wall_start_s), 1)
+        100 * (time.process_time() - cpu_start_s) / (time.perf_counter() - wall_start_s), 1
+    )
     return {"url": address.display(), **_shown_options(options), **report}
 
 
 # Options that mean something for each scenario (the rest are left out of its report).
 _SCENARIO_OPTIONS = {
-    "publish": ("scenario", "queue", "queue_type", "size_bytes", "messages", "window",
-                "publishers"),
-    "e2e": ("scenario", "queue", "queue_type", "size_bytes", "messages", "window", "publishers",
-            "consumers", "prefetch", "multi_ack_every", "rate_per_s", "warmup"),
-    "memory": ("scenario", "queue", "queue_type", "size_bytes", "messages", "window",
-               "publishers", "settle_s"),
+    "publish": (
+        "scenario",
+        "queue",
+        "queue_type",
+        "size_bytes",
+        "messages",
+        "window",
+        "publishers",
+    ),
+    "e2e": (
+        "scenario",
+        "queue",
+        "queue_type",
+        "size_bytes",
+        "messages",
+        "window",
+        "publishers",
+        "consumers",
+        "prefetch",
+        "multi_ack_every",
+        "rate_per_s",
+        "warmup",
+    ),
+    "memory": (
+        "scenario",
+        "queue",
+        "queue_type",
+        "size_bytes",
+        "messages",
+        "window",
+        "publishers",
+        "settle_s",
+    ),
 }
 
 
@@ -336,28 +398,34 @@ async def _delete_quietly(admin: ClientConnection, queue: str) -> None:
     """Best-effort cleanup after a failed run: a fresh channel, a bounded wait."""
     try:
         channel = await admin.open_channel()
-        await asyncio.wait_for(admin.call(channel, commands.Queue.Delete(queue=queue),
-                                          commands.Queue.DeleteOk), 10)
-    except (BenchError, asyncio.TimeoutError):
+        await asyncio.wait_for(
+            admin.call(channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk), 10
+        )
+    except (TimeoutError, BenchError):
         pass
 
 
-def ratios(scenario: str, target: dict[str, Any], compared: dict[str, Any]) -> dict[str, float | None]:
+def ratios(
+    scenario: str, target: dict[str, Any], compared: dict[str, Any]
+) -> dict[str, float | None]:
     """target / compared for the scenario's headline figures (None where undefined)."""
     out: dict[str, float | None] = {}
     for key in HEADLINES[scenario]:
         mine, theirs = target.get(key), compared.get(key)
-        out[key] = (round(mine / theirs, 3)
-                    if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) and theirs
-                    else None)
+        out[key] = (
+            round(mine / theirs, 3)
+            if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)) and theirs
+            else None
+        )
     return out
 
 
 RUNS_MAX = 99
 
 
-def median_report(scenario: str, reports: list[dict[str, Any]],
-                  key: str | None = None) -> dict[str, Any]:
+def median_report(
+    scenario: str, reports: list[dict[str, Any]], key: str | None = None
+) -> dict[str, Any]:
     """The run whose ``key`` figure (default: the first headline) is the median.
 
     The lower of the two middle runs is taken for an even count. A whole run is kept rather
@@ -370,14 +438,20 @@ def median_report(scenario: str, reports: list[dict[str, Any]],
     key = key or HEADLINES[scenario][0]
     ordered = sorted(reports, key=lambda report: report.get(key) or 0)
     chosen = dict(ordered[(len(ordered) - 1) // 2])
-    chosen["runs"] = [{name: report.get(name) for name in HEADLINES[scenario]}
-                      for report in reports]
+    chosen["runs"] = [
+        {name: report.get(name) for name in HEADLINES[scenario]} for report in reports
+    ]
     return chosen
 
 
-async def run_bench(options: Options, url: str, compare_url: str | None = None,
-                    pid: int | None = None, compare_pid: int | None = None,
-                    runs: int = 1) -> dict[str, Any]:
+async def run_bench(
+    options: Options,
+    url: str,
+    compare_url: str | None = None,
+    pid: int | None = None,
+    compare_pid: int | None = None,
+    runs: int = 1,
+) -> dict[str, Any]:
     """The scenario against ``url`` and, when given, ``compare_url``, ``runs`` times each.
 
     Runs alternate between the two brokers, so a slow spell of a shared machine hits both;
@@ -396,8 +470,12 @@ async def run_bench(options: Options, url: str, compare_url: str | None = None,
     if compare_url is None:
         return target
     other = median_report(options.scenario, compared, key)
-    return {"scenario": options.scenario, "target": target, "compare": other,
-            "ratio": ratios(options.scenario, target, other)}
+    return {
+        "scenario": options.scenario,
+        "target": target,
+        "compare": other,
+        "ratio": ratios(options.scenario, target, other),
+    }
 
 
 def _run_loop(main: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
@@ -416,21 +494,37 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         ack_every = max(1, prefetch // 2) if prefetch else 100
     queue = args.queue or f"warren-bench-{args.scenario}-{os.getpid()}-{secrets.token_hex(3)}"
     return Options(
-        scenario=args.scenario, queue=queue, queue_type=args.queue_type,
-        size_bytes=args.size, messages=args.messages, window=args.window,
-        publishers=args.publishers, consumers=getattr(args, "consumers", 1),
-        prefetch=prefetch, multi_ack_every=ack_every, rate_per_s=getattr(args, "rate", None),
-        warmup=getattr(args, "warmup", 0), settle_s=getattr(args, "settle", 2.0),
-        keep_queue=args.keep_queue, timeout_s=args.timeout,
+        scenario=args.scenario,
+        queue=queue,
+        queue_type=args.queue_type,
+        size_bytes=args.size,
+        messages=args.messages,
+        window=args.window,
+        publishers=args.publishers,
+        consumers=getattr(args, "consumers", 1),
+        prefetch=prefetch,
+        multi_ack_every=ack_every,
+        rate_per_s=getattr(args, "rate", None),
+        warmup=getattr(args, "warmup", 0),
+        settle_s=getattr(args, "settle", 2.0),
+        keep_queue=args.keep_queue,
+        timeout_s=args.timeout,
     )
 
 
 def _handle(args: argparse.Namespace) -> int:
     try:
         options = _options_from_args(args)
-        result = _run_loop(lambda: run_bench(options, args.url, args.compare,
-                                             getattr(args, "pid", None),
-                                             getattr(args, "compare_pid", None), args.runs))
+        result = _run_loop(
+            lambda: run_bench(
+                options,
+                args.url,
+                args.compare,
+                getattr(args, "pid", None),
+                getattr(args, "compare_pid", None),
+                args.runs,
+            )
+        )
     except (BenchError, ValueError) as error:
         print(json.dumps({"scenario": args.scenario, "error": str(error)}, indent=2))
         return 1
@@ -439,62 +533,113 @@ def _handle(args: argparse.Namespace) -> int:
 
 
 def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
-    parser.add_argument("--url", default=wire.DEFAULT_URL,
-                        help=f"broker to measure (default {wire.DEFAULT_URL.replace('%', '%%')})")
-    parser.add_argument("--compare", metavar="URL",
-                        help="run the same scenario against this broker too and print the ratio")
+    parser.add_argument(
+        "--url",
+        default=wire.DEFAULT_URL,
+        help=f"broker to measure (default {wire.DEFAULT_URL.replace('%', '%%')})",
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="URL",
+        help="run the same scenario against this broker too and print the ratio",
+    )
     parser.add_argument("--queue", help="queue name (default: a fresh warren-bench-… name)")
-    parser.add_argument("--queue-type", choices=QUEUE_TYPES, default="classic",
-                        help="x-queue-type of the durable queue (default classic)")
+    parser.add_argument(
+        "--queue-type",
+        choices=QUEUE_TYPES,
+        default="classic",
+        help="x-queue-type of the durable queue (default classic)",
+    )
     parser.add_argument("--size", type=int, default=64, help="message body bytes (default 64)")
-    parser.add_argument("--messages", type=int, default=messages,
-                        help=f"messages to publish in total (default {messages})")
-    parser.add_argument("--window", type=int, default=1000,
-                        help="unconfirmed messages allowed per publisher (default 1000)")
-    parser.add_argument("--publishers", type=int, default=1,
-                        help="publisher connections (default 1)")
-    parser.add_argument("--runs", type=int, default=1,
-                        help="repeat the scenario (alternating with --compare) and report the "
-                             "median run (default 1)")
-    parser.add_argument("--keep-queue", action="store_true",
-                        help="leave the queue (and any messages) on the broker")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="give up on a broker after this many seconds (default 600)")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=messages,
+        help=f"messages to publish in total (default {messages})",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=1000,
+        help="unconfirmed messages allowed per publisher (default 1000)",
+    )
+    parser.add_argument(
+        "--publishers", type=int, default=1, help="publisher connections (default 1)"
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="repeat the scenario (alternating with --compare) and report the "
+        "median run (default 1)",
+    )
+    parser.add_argument(
+        "--keep-queue", action="store_true", help="leave the queue (and any messages) on the broker"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="give up on a broker after this many seconds (default 600)",
+    )
 
 
 def register(targets: Any) -> None:
     """Add `publish`, `e2e` and `memory` to `warren bench`."""
     publish = targets.add_parser(
-        "publish", help="confirmed publish throughput of persistent messages to a durable queue")
+        "publish", help="confirmed publish throughput of persistent messages to a durable queue"
+    )
     _common_arguments(publish, 100_000)
     publish.set_defaults(handler=_handle, scenario="publish")
 
     e2e = targets.add_parser(
-        "e2e", help="publish with confirms and consume with acks: msgs/s and end-to-end latency")
+        "e2e", help="publish with confirms and consume with acks: msgs/s and end-to-end latency"
+    )
     _common_arguments(e2e, 100_000)
     e2e.add_argument("--consumers", type=int, default=1, help="consumer connections (default 1)")
-    e2e.add_argument("--prefetch", type=int, default=1000,
-                     help="basic.qos prefetch-count per consumer (default 1000, 0: unlimited)")
-    e2e.add_argument("--multi-ack-every", type=int,
-                     help="ack (multiple) every K deliveries (default: prefetch / 2)")
-    e2e.add_argument("--rate", type=float,
-                     help="publish at this steady total rate in msgs/s (default: as fast as possible)")
-    e2e.add_argument("--warmup", type=int, default=0,
-                     help="leave the first M deliveries out of the latency figures")
+    e2e.add_argument(
+        "--prefetch",
+        type=int,
+        default=1000,
+        help="basic.qos prefetch-count per consumer (default 1000, 0: unlimited)",
+    )
+    e2e.add_argument(
+        "--multi-ack-every",
+        type=int,
+        help="ack (multiple) every K deliveries (default: prefetch / 2)",
+    )
+    e2e.add_argument(
+        "--rate",
+        type=float,
+        help="publish at this steady total rate in msgs/s (default: as fast as possible)",
+    )
+    e2e.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="leave the first M deliveries out of the latency figures",
+    )
     e2e.set_defaults(handler=_handle, scenario="e2e")
 
     memory = targets.add_parser(
-        "memory", help="fill a queue with ready messages and report the broker's RSS growth")
+        "memory", help="fill a queue with ready messages and report the broker's RSS growth"
+    )
     _common_arguments(memory, 1_000_000)
     memory.add_argument("--pid", type=int, help="the broker's process id (on this machine)")
     memory.add_argument("--compare-pid", type=int, help="the compared broker's process id")
-    memory.add_argument("--settle", type=float, default=2.0,
-                        help="seconds to wait before each RSS reading (default 2)")
+    memory.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds to wait before each RSS reading (default 2)",
+    )
     memory.set_defaults(handler=_handle, scenario="memory")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m warrenmq.server.bench.loadgen SCENARIO ...`, the same as `warren bench SCENARIO`."""
+    """`python -m warrenmq.server.bench.loadgen SCENARIO ...`, the same as `warren bench
+    SCENARIO`.
+    """
     parser = argparse.ArgumentParser(prog="warren bench")
     register(parser.add_subparsers(dest="target", metavar="SCENARIO", required=True))
     args = parser.parse_args(argv)

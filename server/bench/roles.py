@@ -36,9 +36,16 @@ class Publisher:
     ``histogram`` per write: a write's messages count once their highest tag is confirmed.
     """
 
-    def __init__(self, connection: ClientConnection, channel: int,
-                 template: wire.PublishTemplate, messages: int, window: int,
-                 rate_per_s: float | None = None, stamp: bool = False) -> None:
+    def __init__(
+        self,
+        connection: ClientConnection,
+        channel: int,
+        template: wire.PublishTemplate,
+        messages: int,
+        window: int,
+        rate_per_s: float | None = None,
+        stamp: bool = False,
+    ) -> None:
         if messages < 1 or window < 1:
             raise ValueError(f"messages ({messages}) and window ({window}) must be positive")
         if rate_per_s is not None and rate_per_s <= 0:
@@ -192,8 +199,14 @@ class Consumer:
     the message's last body frame, recorded when at least ``warmup`` messages have arrived.
     """
 
-    def __init__(self, connection: ClientConnection, channel: int, tally: ConsumerTally,
-                 ack_every: int, warmup: int = 0) -> None:
+    def __init__(
+        self,
+        connection: ClientConnection,
+        channel: int,
+        tally: ConsumerTally,
+        ack_every: int,
+        warmup: int = 0,
+    ) -> None:
         if ack_every < 1:
             raise ValueError(f"ack_every must be positive, got {ack_every}")
         self.connection = connection

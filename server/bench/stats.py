@@ -84,7 +84,9 @@ class LatencyHistogram:
                 self.max_us = value
 
     def percentile_us(self, percent: float) -> int | None:
-        """The nearest-rank percentile (bucket's highest value, capped at the max); None if empty."""
+        """The nearest-rank percentile (bucket's highest value, capped at the max); None if
+        empty.
+        """
         if not 0 < percent <= 100:
             raise ValueError(f"percentile must be in (0, 100], got {percent}")
         if not self.count:

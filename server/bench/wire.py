@@ -106,26 +106,48 @@ class PublishTemplate:
     a body longer than a frame allows is split into several body frames as the spec requires.
     """
 
-    def __init__(self, channel: int, exchange: str, routing_key: str, body_bytes: int,
-                 frame_max: int, property_bytes: bytes = PERSISTENT_PROPERTIES,
-                 mandatory: bool = False) -> None:
+    def __init__(
+        self,
+        channel: int,
+        exchange: str,
+        routing_key: str,
+        body_bytes: int,
+        frame_max: int,
+        property_bytes: bytes = PERSISTENT_PROPERTIES,
+        mandatory: bool = False,
+    ) -> None:
         if frame_max < frames.FRAME_MIN_BYTES:
             raise ValueError(f"frame_max {frame_max} is below the minimum {frames.FRAME_MIN_BYTES}")
         if body_bytes < 0:
             raise ValueError(f"negative body size {body_bytes}")
-        arguments = (b"\x00\x00" + _shortstr(exchange) + _shortstr(routing_key)
-                     + (b"\x01" if mandatory else b"\x00"))
-        method = _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, 4 + len(arguments),
-                                   BASIC_CLASS, PUBLISH_METHOD) + arguments + frames.FRAME_END_BYTE
-        header = (_CONTENT_HEAD.pack(frames.FRAME_HEADER, channel, 12 + len(property_bytes),
-                                     BASIC_CLASS, 0, body_bytes)
-                  + property_bytes + frames.FRAME_END_BYTE)
+        arguments = (
+            b"\x00\x00"
+            + _shortstr(exchange)
+            + _shortstr(routing_key)
+            + (b"\x01" if mandatory else b"\x00")
+        )
+        method = (
+            _METHOD_HEAD.pack(
+                frames.FRAME_METHOD, channel, 4 + len(arguments), BASIC_CLASS, PUBLISH_METHOD
+            )
+            + arguments
+            + frames.FRAME_END_BYTE
+        )
+        header = (
+            _CONTENT_HEAD.pack(
+                frames.FRAME_HEADER, channel, 12 + len(property_bytes), BASIC_CLASS, 0, body_bytes
+            )
+            + property_bytes
+            + frames.FRAME_END_BYTE
+        )
         self.channel = channel
         self.body_bytes = body_bytes
         self._chunk_bytes_max = frame_max - frames.FRAME_OVERHEAD_BYTES
         self._single_frame = 0 < body_bytes <= self._chunk_bytes_max
         if self._single_frame:
-            self._prefix = method + header + frames.HEADER.pack(frames.FRAME_BODY, channel, body_bytes)
+            self._prefix = (
+                method + header + frames.HEADER.pack(frames.FRAME_BODY, channel, body_bytes)
+            )
         else:
             self._prefix = method + header
 
@@ -138,7 +160,7 @@ class PublishTemplate:
         parts = [self._prefix]
         view = memoryview(body)
         for start in range(0, self.body_bytes, self._chunk_bytes_max):
-            chunk = view[start:start + self._chunk_bytes_max]
+            chunk = view[start : start + self._chunk_bytes_max]
             parts.append(frames.HEADER.pack(frames.FRAME_BODY, self.channel, len(chunk)))
             parts.append(chunk)
             parts.append(frames.FRAME_END_BYTE)
@@ -157,8 +179,16 @@ def body_timestamp_ns(body: bytes) -> int:
 
 def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     """A basic.ack frame from a consumer."""
-    return _ACK_FRAME.pack(frames.FRAME_METHOD, channel, _ACK_PAYLOAD.size, BASIC_CLASS,
-                           ACK_METHOD, delivery_tag, 1 if multiple else 0, frames.FRAME_END)
+    return _ACK_FRAME.pack(
+        frames.FRAME_METHOD,
+        channel,
+        _ACK_PAYLOAD.size,
+        BASIC_CLASS,
+        ACK_METHOD,
+        delivery_tag,
+        1 if multiple else 0,
+        frames.FRAME_END,
+    )
 
 
 def method_id(payload: bytes) -> int:
@@ -207,6 +237,6 @@ def split_frames(data: bytes, frame_bytes_max: int) -> tuple[list[tuple[int, int
             break
         if data[payload_end] != frames.FRAME_END:
             raise FrameError(f"frame end marker is {data[payload_end]:#04x}, not 0xce")
-        out.append((frame_type, channel, data[offset + frames.FRAME_HEADER_BYTES:payload_end]))
+        out.append((frame_type, channel, data[offset + frames.FRAME_HEADER_BYTES : payload_end]))
         offset = payload_end + 1
     return out, data[offset:]

@@ -18,8 +18,14 @@ from warrenmq.exchanges.errors import AccessRefused, NotFound, PreconditionFaile
 RESOURCE_LOCKED = 405
 NOT_ALLOWED = 530
 
-__all__ = ["AccessRefused", "NotAllowed", "NotFound", "PreconditionFailed", "ResourceLocked",
-           "RoutingError"]
+__all__ = [
+    "AccessRefused",
+    "NotAllowed",
+    "NotFound",
+    "PreconditionFailed",
+    "ResourceLocked",
+    "RoutingError",
+]
 
 
 class ResourceLocked(RoutingError):

@@ -49,9 +49,7 @@ def hash_password(
     salt = os.urandom(SALT_BYTES) if salt is None else salt
     assert len(salt) >= 8
     key = _derive(password.encode("utf-8"), salt, log2_n, block_size, parallelism)
-    return "$".join(
-        (SCHEME, str(log2_n), str(block_size), str(parallelism), _b64(salt), _b64(key))
-    )
+    return "$".join((SCHEME, str(log2_n), str(block_size), str(parallelism), _b64(salt), _b64(key)))
 
 
 def verify_password(password: str, stored: str) -> bool:

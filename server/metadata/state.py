@@ -9,7 +9,8 @@ Exchanges and bindings live in one `warrenmq.exchanges.router.Router` per vhost:
 delete, bind and unbind checks are RabbitMQ's (errors are `exchanges.errors.RoutingError`),
 and the broker routes publishes through the same Router (`state.router(vhost)`), so there is
 one copy of the routing topology, not two to keep in step. Everything else raises
-`exchanges.errors.RoutingError` (as `metadata.errors` re-exports it); both carry `reply_code`, `reply_text`, `connection_level`.
+`exchanges.errors.RoutingError` (as `metadata.errors` re-exports it); both carry `reply_code`,
+`reply_text`, `connection_level`.
 A command that raises changes nothing.
 
 Queue declaration follows RabbitMQ 3.10 (rabbit_channel, rabbit_amqqueue, rabbit_misc):
@@ -238,15 +239,24 @@ class MetadataState:
             router = self._routers[vhost]
             for exchange in sorted(router.exchanges(), key=lambda e: e.name):
                 if exchange.name not in _PREDECLARED_NAMES:
-                    exchanges.append([
-                        vhost, exchange.name, exchange.type, exchange.durable,
-                        exchange.auto_delete, exchange.internal,
-                        encoding.encode_table(exchange.arguments),
-                    ])
+                    exchanges.append(
+                        [
+                            vhost,
+                            exchange.name,
+                            exchange.type,
+                            exchange.durable,
+                            exchange.auto_delete,
+                            exchange.internal,
+                            encoding.encode_table(exchange.arguments),
+                        ]
+                    )
                 rows = [
                     (
-                        binding.destination.kind, binding.destination.name, binding.routing_key,
-                        binding_arguments_digest(binding.arguments), binding.arguments,
+                        binding.destination.kind,
+                        binding.destination.name,
+                        binding.routing_key,
+                        binding_arguments_digest(binding.arguments),
+                        binding.arguments,
                     )
                     for binding in exchange.table.bindings()
                 ]
@@ -256,10 +266,16 @@ class MetadataState:
                     )
             for name in sorted(self._queues[vhost]):
                 record = self._queues[vhost][name]
-                queues.append([
-                    vhost, name, record.durable, record.auto_delete,
-                    encoding.encode_table(record.arguments), record.exclusive_owner,
-                ])
+                queues.append(
+                    [
+                        vhost,
+                        name,
+                        record.durable,
+                        record.auto_delete,
+                        encoding.encode_table(record.arguments),
+                        record.exclusive_owner,
+                    ]
+                )
         document = {
             "format": SNAPSHOT_FORMAT,
             "vhosts": [
@@ -647,20 +663,29 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
         commands.append(c.AddUser(name, password_hash, tuple(tags)))
     for user, vhost, configure, write, read in document["permissions"]:
         commands.append(c.SetPermissions(user, vhost, configure, write, read))
-    for vhost, name, type_name, durable, auto_delete, internal, arguments in document[
-        "exchanges"
-    ]:
+    for vhost, name, type_name, durable, auto_delete, internal, arguments in document["exchanges"]:
         commands.append(
             c.DeclareExchange(
-                vhost, name, type_name, durable, auto_delete, internal,
+                vhost,
+                name,
+                type_name,
+                durable,
+                auto_delete,
+                internal,
                 encoding.decode_table(arguments),
             )
         )
     for vhost, name, durable, auto_delete, arguments, owner in document["queues"]:
         commands.append(
             c.DeclareQueue(
-                vhost, name, durable, owner is not None, auto_delete,
-                encoding.decode_table(arguments), owner, server_named=True,
+                vhost,
+                name,
+                durable,
+                owner is not None,
+                auto_delete,
+                encoding.decode_table(arguments),
+                owner,
+                server_named=True,
             )
         )
     for vhost, source, kind, destination, routing_key, arguments in document["bindings"]:

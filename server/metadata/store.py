@@ -322,9 +322,7 @@ class MetadataStore:
         await db.execute("BEGIN IMMEDIATE")
         try:
             # Another process (the CLI, a second broker) may have migrated since we looked.
-            async with db.execute(
-                "SELECT value FROM meta WHERE key = 'schema_version'"
-            ) as cursor:
+            async with db.execute("SELECT value FROM meta WHERE key = 'schema_version'") as cursor:
                 row = await cursor.fetchone()
             assert row is not None
             flagged = []
@@ -343,16 +341,16 @@ class MetadataStore:
         for name in flagged:
             logger.warning(
                 "%s: user '%s' was loopback-only in the metadata; that is now the broker's "
-                "loopback_users setting (default: guest)", self.path, name
+                "loopback_users setting (default: guest)",
+                self.path,
+                name,
             )
 
     async def _read_access_rows(self) -> tuple[list, list, list]:
         db = self._db
         async with db.execute("SELECT name, description, tags FROM vhosts") as cursor:
             vhosts = list(await cursor.fetchall())
-        async with db.execute(
-            "SELECT name, password_hash, tags FROM users"
-        ) as cursor:
+        async with db.execute("SELECT name, password_hash, tags FROM users") as cursor:
             users = list(await cursor.fetchall())
         async with db.execute(
             "SELECT user, vhost, configure, write, read FROM permissions"
@@ -383,21 +381,36 @@ class MetadataStore:
         for vhost, name, type_name, auto_delete, internal, arguments in exchanges:
             loaded.append(
                 c.DeclareExchange(
-                    vhost, name, type_name, True, bool(auto_delete), bool(internal),
+                    vhost,
+                    name,
+                    type_name,
+                    True,
+                    bool(auto_delete),
+                    bool(internal),
                     encoding.table_from_json(arguments),
                 )
             )
         for vhost, name, auto_delete, arguments in queues:
             loaded.append(
                 c.DeclareQueue(
-                    vhost, name, durable=True, auto_delete=bool(auto_delete),
-                    arguments=encoding.table_from_json(arguments), server_named=True,
+                    vhost,
+                    name,
+                    durable=True,
+                    auto_delete=bool(auto_delete),
+                    arguments=encoding.table_from_json(arguments),
+                    server_named=True,
                 )
             )
         for vhost, source, kind, destination, routing_key, arguments in bindings:
             loaded.append(
-                c.Bind(vhost, source, destination, kind, routing_key,
-                       encoding.table_from_json(arguments))
+                c.Bind(
+                    vhost,
+                    source,
+                    destination,
+                    kind,
+                    routing_key,
+                    encoding.table_from_json(arguments),
+                )
             )
         for command in loaded:
             try:
@@ -467,25 +480,32 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
     kind = write[0]
     if kind == "put_vhost":
         vhost = write[1]
-        return [(
-            "INSERT OR REPLACE INTO vhosts (name, description, tags) VALUES (?, ?, ?)",
-            (vhost.name, vhost.description, json.dumps(list(vhost.tags))),
-        )]
+        return [
+            (
+                "INSERT OR REPLACE INTO vhosts (name, description, tags) VALUES (?, ?, ?)",
+                (vhost.name, vhost.description, json.dumps(list(vhost.tags))),
+            )
+        ]
     if kind == "delete_vhost":
         name = write[1]
         return [
             (f"DELETE FROM {table} WHERE {column} = ?", (name,))
             for table, column in (
-                ("vhosts", "name"), ("permissions", "vhost"), ("exchanges", "vhost"),
-                ("queues", "vhost"), ("bindings", "vhost"),
+                ("vhosts", "name"),
+                ("permissions", "vhost"),
+                ("exchanges", "vhost"),
+                ("queues", "vhost"),
+                ("bindings", "vhost"),
             )
         ]
     if kind == "put_user":
         user = write[1]
-        return [(
-            "INSERT OR REPLACE INTO users (name, password_hash, tags) VALUES (?, ?, ?)",
-            (user.name, user.password_hash, json.dumps(list(user.tags))),
-        )]
+        return [
+            (
+                "INSERT OR REPLACE INTO users (name, password_hash, tags) VALUES (?, ?, ?)",
+                (user.name, user.password_hash, json.dumps(list(user.tags))),
+            )
+        ]
     if kind == "delete_user":
         return [
             ("DELETE FROM users WHERE name = ?", (write[1],)),
@@ -493,56 +513,88 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
         ]
     if kind == "put_permission":
         p = write[1]
-        return [(
-            "INSERT OR REPLACE INTO permissions (user, vhost, configure, write, read)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (p.user, p.vhost, p.configure, p.write, p.read),
-        )]
+        return [
+            (
+                "INSERT OR REPLACE INTO permissions (user, vhost, configure, write, read)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (p.user, p.vhost, p.configure, p.write, p.read),
+            )
+        ]
     if kind == "delete_permission":
         return [("DELETE FROM permissions WHERE user = ? AND vhost = ?", (write[1], write[2]))]
     if kind == "put_exchange":
         _, vhost, exchange = write
-        return [(
-            "INSERT OR REPLACE INTO exchanges (vhost, name, type, auto_delete, internal,"
-            " arguments) VALUES (?, ?, ?, ?, ?, ?)",
-            (vhost, exchange.name, exchange.type, int(exchange.auto_delete),
-             int(exchange.internal), encoding.table_to_json(exchange.arguments)),
-        )]
+        return [
+            (
+                "INSERT OR REPLACE INTO exchanges (vhost, name, type, auto_delete, internal,"
+                " arguments) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    vhost,
+                    exchange.name,
+                    exchange.type,
+                    int(exchange.auto_delete),
+                    int(exchange.internal),
+                    encoding.table_to_json(exchange.arguments),
+                ),
+            )
+        ]
     if kind == "delete_exchange":
         _, vhost, name = write
         return [
             ("DELETE FROM exchanges WHERE vhost = ? AND name = ?", (vhost, name)),
-            ("DELETE FROM bindings WHERE vhost = ? AND (source = ? OR"
-             " (destination_kind = 'exchange' AND destination = ?))", (vhost, name, name)),
+            (
+                "DELETE FROM bindings WHERE vhost = ? AND (source = ? OR"
+                " (destination_kind = 'exchange' AND destination = ?))",
+                (vhost, name, name),
+            ),
         ]
     if kind == "put_queue":
         record = write[1]
-        return [(
-            "INSERT OR REPLACE INTO queues (vhost, name, auto_delete, arguments)"
-            " VALUES (?, ?, ?, ?)",
-            (record.vhost, record.name, int(record.auto_delete),
-             encoding.table_to_json(record.arguments)),
-        )]
+        return [
+            (
+                "INSERT OR REPLACE INTO queues (vhost, name, auto_delete, arguments)"
+                " VALUES (?, ?, ?, ?)",
+                (
+                    record.vhost,
+                    record.name,
+                    int(record.auto_delete),
+                    encoding.table_to_json(record.arguments),
+                ),
+            )
+        ]
     if kind == "delete_queue":
         _, vhost, name = write
         return [
             ("DELETE FROM queues WHERE vhost = ? AND name = ?", (vhost, name)),
-            ("DELETE FROM bindings WHERE vhost = ? AND destination_kind = 'queue'"
-             " AND destination = ?", (vhost, name)),
+            (
+                "DELETE FROM bindings WHERE vhost = ? AND destination_kind = 'queue'"
+                " AND destination = ?",
+                (vhost, name),
+            ),
         ]
     if kind in ("put_binding", "delete_binding"):
         _, vhost, source, binding = write
-        key = (vhost, source, binding.destination.kind, binding.destination.name,
-               binding.routing_key, binding_arguments_digest(binding.arguments))
+        key = (
+            vhost,
+            source,
+            binding.destination.kind,
+            binding.destination.name,
+            binding.routing_key,
+            binding_arguments_digest(binding.arguments),
+        )
         if kind == "delete_binding":
-            return [(
-                "DELETE FROM bindings WHERE vhost = ? AND source = ? AND destination_kind = ?"
-                " AND destination = ? AND routing_key = ? AND arguments_digest = ?",
-                key,
-            )]
-        return [(
-            "INSERT OR REPLACE INTO bindings (vhost, source, destination_kind, destination,"
-            " routing_key, arguments_digest, arguments) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (*key, encoding.table_to_json(binding.arguments)),
-        )]
+            return [
+                (
+                    "DELETE FROM bindings WHERE vhost = ? AND source = ? AND destination_kind = ?"
+                    " AND destination = ? AND routing_key = ? AND arguments_digest = ?",
+                    key,
+                )
+            ]
+        return [
+            (
+                "INSERT OR REPLACE INTO bindings (vhost, source, destination_kind, destination,"
+                " routing_key, arguments_digest, arguments) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*key, encoding.table_to_json(binding.arguments)),
+            )
+        ]
     raise AssertionError(f"unknown metadata write {kind!r}")

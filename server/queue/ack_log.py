@@ -54,14 +54,23 @@ def ranges_per_record(config: LogConfig) -> int:
     return min(RANGES_PER_RECORD_MAX, (room - RECORD_OVERHEAD_BYTES) // RANGE_BYTES)
 
 
-def encode_delta(floor: int, mark: int, ranges: Sequence[tuple[int, int]], per_record: int = RANGES_PER_RECORD_MAX) -> list[RawRecord]:
+def encode_delta(
+    floor: int,
+    mark: int,
+    ranges: Sequence[tuple[int, int]],
+    per_record: int = RANGES_PER_RECORD_MAX,
+) -> list[RawRecord]:
     """One DELTA record, or several of at most `per_record` ranges each."""
     records: list[RawRecord] = []
     position = 0
     while True:
         chunk = ranges[position : position + per_record]
         flat = [bound for pair in chunk for bound in pair]
-        records.append(_record(HEAD.pack(DELTA, floor, mark, len(chunk)) + struct.pack(f"<{len(flat)}Q", *flat)))
+        records.append(
+            _record(
+                HEAD.pack(DELTA, floor, mark, len(chunk)) + struct.pack(f"<{len(flat)}Q", *flat)
+            )
+        )
         position += len(chunk)
         if position >= len(ranges):
             return records
@@ -89,7 +98,7 @@ class AckState:
             self.floor = max(self.floor, value)
             self.mark = max(self.mark, mark)
             flat = struct.unpack_from(f"<{2 * count}Q", body, HEAD.size)
-            self.ranges += zip(flat[0::2], flat[1::2])
+            self.ranges += zip(flat[0::2], flat[1::2], strict=True)
         elif kind == CLIP:
             self.clip(value)
         else:
@@ -99,7 +108,9 @@ class AckState:
         """Forget every acknowledgement and delivery at or above `limit`."""
         self.floor = min(self.floor, limit)
         self.mark = min(self.mark, limit)
-        self.ranges = [(start, min(end, limit)) for start, end in coalesce(self.ranges) if start < limit]
+        self.ranges = [
+            (start, min(end, limit)) for start, end in coalesce(self.ranges) if start < limit
+        ]
 
     def normalise(self) -> None:
         """Merge the ranges, drop what the floor covers, and lift the floor over touching ranges."""

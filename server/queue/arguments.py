@@ -17,16 +17,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from warrenmq.exchanges.field_values import amqp_type_name
-
 from warrenmq.exchanges.errors import PreconditionFailed as precondition_failed
+from warrenmq.exchanges.field_values import amqp_type_name
 
 QUEUE_TYPES_SUPPORTED = ("classic", "quorum")
 # RabbitMQ's ?MAX_EXPIRY_TIMER: the largest TTL or expiry an Erlang timer accepts.
 EXPIRY_MS_MAX = 4_294_967_295
 PRIORITY_MAX = 255
-_INTEGER_TYPES = ("byte", "short", "signedint", "long", "unsignedbyte", "unsignedshort",
-                  "unsignedint")
+_INTEGER_TYPES = (
+    "byte",
+    "short",
+    "signedint",
+    "long",
+    "unsignedbyte",
+    "unsignedshort",
+    "unsignedint",
+)
 _OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 _QUEUE_MODES = ("default", "lazy")
 _LEADER_LOCATORS = ("client-local", "random", "least-leaders")
@@ -104,6 +110,7 @@ def _one_of(choices: tuple[str, ...], invalid: Callable[[str], str]) -> Check:
         if text is None:
             return f"{{unacceptable_type,{_type_of(value)}}}"
         return None if text in choices else invalid(text)
+
     return check
 
 
@@ -143,14 +150,15 @@ DECLARE_CHECKS: tuple[tuple[str, Check], ...] = (
     ("x-overflow", _one_of(_OVERFLOW_MODES, lambda text: "invalid_overflow")),
     ("x-queue-mode", _one_of(_QUEUE_MODES, lambda text: f"\"unsupported queue mode '{text}'\"")),
     ("x-single-active-consumer", _check_bool),
-    ("x-queue-type", _one_of(QUEUE_TYPES_SUPPORTED,
-                             lambda text: f"\"unsupported queue type '{text}'\"")),
+    (
+        "x-queue-type",
+        _one_of(QUEUE_TYPES_SUPPORTED, lambda text: f"\"unsupported queue type '{text}'\""),
+    ),
     ("x-quorum-initial-group-size", _check_positive_int),
     ("x-max-age", _check_max_age),
     ("x-stream-max-segment-size-bytes", _check_non_negative_int),
     ("x-initial-cluster-size", _check_positive_int),
-    ("x-queue-leader-locator", _one_of(_LEADER_LOCATORS,
-                                       lambda text: "invalid_queue_locator_arg")),
+    ("x-queue-leader-locator", _one_of(_LEADER_LOCATORS, lambda text: "invalid_queue_locator_arg")),
 )
 CONSUME_CHECKS: tuple[tuple[str, Check], ...] = (
     ("x-priority", _check_int),
@@ -163,18 +171,26 @@ def resource(kind: str, name: str, vhost: str) -> str:
     return f"{kind} '{name}' in vhost '{vhost}'"
 
 
-def _check(checks: tuple[tuple[str, Check], ...], queue: str, vhost: str,
-           arguments: Mapping[str, Any]) -> None:
+def _check(
+    checks: tuple[tuple[str, Check], ...], queue: str, vhost: str, arguments: Mapping[str, Any]
+) -> None:
     for key, check in checks:
         if key in arguments:
             error = check(arguments[key], arguments)
             if error is not None:
                 raise precondition_failed(
-                    f"invalid arg '{key}' for {resource('queue', queue, vhost)}: {error}")
+                    f"invalid arg '{key}' for {resource('queue', queue, vhost)}: {error}"
+                )
 
 
-def check_declare(queue: str, vhost: str, durable: bool, exclusive: bool, auto_delete: bool,
-                  arguments: Mapping[str, Any]) -> str:
+def check_declare(
+    queue: str,
+    vhost: str,
+    durable: bool,
+    exclusive: bool,
+    auto_delete: bool,
+    arguments: Mapping[str, Any],
+) -> str:
     """Validate a new queue's arguments; returns its type ("classic" or "quorum")."""
     _check(DECLARE_CHECKS, queue, vhost, arguments)
     declared_type = queue_type(arguments)

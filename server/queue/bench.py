@@ -1,7 +1,8 @@
 """`warren bench queue`: throughput of the durable queue engine alone, without networking.
 
 Each tick appends a batch of small persistent-sized messages, takes them and acks them, as a
-broker does per event-loop tick. Three runs: without a commit per tick (only the delivered mark's refresh fsyncs), with
+broker does per event-loop tick. Three runs: without a commit per tick (only the delivered mark's
+refresh fsyncs), with
 a group commit every tick (what publisher confirms wait for), and a backlog drained from disk.
 """
 
@@ -25,7 +26,9 @@ def _records(count: int, body_bytes: int) -> list[tuple[bytes, bytes, bytes, byt
     return [(b"", b"bench", PROPERTIES, body)] * count
 
 
-async def _ticks(queue: LogQueue, messages: int, batch: int, body_bytes: int, commit: bool) -> dict[str, Any]:
+async def _ticks(
+    queue: LogQueue, messages: int, batch: int, body_bytes: int, commit: bool
+) -> dict[str, Any]:
     records = _records(batch, body_bytes)
     ticks = messages // batch
     start = time.perf_counter()
@@ -41,7 +44,11 @@ async def _ticks(queue: LogQueue, messages: int, batch: int, body_bytes: int, co
     await queue.commit()
     seconds = time.perf_counter() - start
     assert queue.ready_count == 0 and queue.unacked_count == 0
-    return {"messages": ticks * batch, "seconds": round(seconds, 3), "msgs_per_s": round(ticks * batch / seconds)}
+    return {
+        "messages": ticks * batch,
+        "seconds": round(seconds, 3),
+        "msgs_per_s": round(ticks * batch / seconds),
+    }
 
 
 async def _backlog(queue: LogQueue, messages: int, batch: int, body_bytes: int) -> dict[str, Any]:
@@ -93,12 +100,18 @@ def run(directory: str | None, messages: int, batch: int, body_bytes: int) -> di
 
 
 def _main(args: argparse.Namespace) -> int:
-    print(json.dumps(run(args.dir, args.messages, args.batch, args.body_bytes), indent=2, sort_keys=True))
+    print(
+        json.dumps(
+            run(args.dir, args.messages, args.batch, args.body_bytes), indent=2, sort_keys=True
+        )
+    )
     return 0
 
 
 def register(targets: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = targets.add_parser("queue", help="append/take/ack throughput of the durable queue engine")
+    parser = targets.add_parser(
+        "queue", help="append/take/ack throughput of the durable queue engine"
+    )
     parser.add_argument("--dir", help="scratch directory (default: a temporary one)")
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages per run")
     parser.add_argument("--batch", type=int, default=100, help="messages per tick")

@@ -125,9 +125,14 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         if ack_log.ranges_per_record(self.ack_log) < 1:
-            raise QueueError(f"ack log segments of {self.ack_log.segment_bytes_max} bytes cannot hold an ack record")
+            raise QueueError(
+                "ack log segments of "
+                f"{self.ack_log.segment_bytes_max} bytes cannot hold an ack record"
+            )
         if self.delivered_mark_lead < 2:
-            raise QueueError(f"delivered_mark_lead must be at least 2, got {self.delivered_mark_lead}")
+            raise QueueError(
+                f"delivered_mark_lead must be at least 2, got {self.delivered_mark_lead}"
+            )
         for name in ("ack_log_compact_bytes", "read_ahead_records_max", "read_ahead_bytes_max"):
             if getattr(self, name) <= 0:
                 raise QueueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -162,7 +167,14 @@ class LogQueue:
     `purge` are synchronous and do no fsync; `commit()` makes their effects durable.
     """
 
-    def __init__(self, directory: Path, config: QueueConfig, log: PartitionLog, acks: PartitionLog, state: ack_log.AckState) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: QueueConfig,
+        log: PartitionLog,
+        acks: PartitionLog,
+        state: ack_log.AckState,
+    ) -> None:
         self.directory = directory
         self.config = config
         self._log = log
@@ -170,7 +182,11 @@ class LogQueue:
         end = log.end_offset
         # Acks or a delivered mark at or above the recovered end name messages that a crash
         # took back; they must be forgotten durably before new messages take those offsets.
-        stale = state.floor > end or state.mark > end or bool(state.ranges and state.ranges[-1][1] > end)
+        stale = (
+            state.floor > end
+            or state.mark > end
+            or bool(state.ranges and state.ranges[-1][1] > end)
+        )
         state.clip(end)
         state.normalise()
         floor = max(state.floor, log.start_offset)
@@ -206,8 +222,14 @@ class LogQueue:
     # -- opening and closing ---------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | Path, config: QueueConfig | None = None, *, executor: Executor | None = None,
-             descriptors: DescriptorPool | None = None) -> LogQueue:
+    def open(
+        cls,
+        directory: str | Path,
+        config: QueueConfig | None = None,
+        *,
+        executor: Executor | None = None,
+        descriptors: DescriptorPool | None = None,
+    ) -> LogQueue:
         """Open or create the queue in `directory`, recovering its state after any crash.
 
         Both logs open their files through `descriptors` (see `PartitionLog.open`).
@@ -215,9 +237,13 @@ class LogQueue:
         config = config or QueueConfig()
         # Path(a_path) parses every component again (Python 3.11): 200,000 times at start.
         path = directory if isinstance(directory, Path) else Path(directory)
-        log = PartitionLog.open(path / MESSAGES_DIR, config.message_log, executor=executor, descriptors=descriptors)
+        log = PartitionLog.open(
+            path / MESSAGES_DIR, config.message_log, executor=executor, descriptors=descriptors
+        )
         try:
-            acks = PartitionLog.open(path / ACKS_DIR, config.ack_log, executor=executor, descriptors=descriptors)
+            acks = PartitionLog.open(
+                path / ACKS_DIR, config.ack_log, executor=executor, descriptors=descriptors
+            )
         except BaseException:
             log.close()
             raise
@@ -306,7 +332,10 @@ class LogQueue:
             self._log.durable_offset < self._log.end_offset
             or self._run_end >= 0
             or bool(self._pending)
-            or (self._lead_granted and self._next + self.config.delivered_mark_lead // 2 >= self._mark_written)
+            or (
+                self._lead_granted
+                and self._next + self.config.delivered_mark_lead // 2 >= self._mark_written
+            )
         )
 
     @property
@@ -323,12 +352,15 @@ class LogQueue:
             return False
         # Before the first lead is granted, take() grants it itself: nothing to wait for.
         return (self._lead_granted and offset >= self._mark_durable) or (
-            not self.config.deliver_uncommitted and offset >= log.durable_offset)
+            not self.config.deliver_uncommitted and offset >= log.durable_offset
+        )
 
     # -- publishing ------------------------------------------------------------------------
 
     def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None) -> int:
-        """Append one batch of (exchange, routing_key, properties, body); returns the first offset."""
+        """Append one batch of (exchange, routing_key, properties, body); returns the first
+        offset.
+        """
         self._check_open()
         return self._log.append(records, timestamp_ms)
 
@@ -356,14 +388,25 @@ class LogQueue:
         ahead = self._ahead
         position = self._ahead_position
         if position >= len(ahead):
-            ahead = self._ahead = log.read(offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max)
+            ahead = self._ahead = log.read(
+                offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max
+            )
             position = 0
         record = ahead[position]
         assert record.offset == offset, (record.offset, offset)
         self._ahead_position = position + 1
         self._next = offset + 1
         self._in_flight.add(offset)
-        return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, False, 1)
+        return Message(
+            offset,
+            record.timestamp_ms,
+            record.exchange,
+            record.routing_key,
+            record.properties,
+            record.body,
+            False,
+            1,
+        )
 
     def _take_redelivery(self) -> Message:
         offset = heapq.heappop(self._redeliver)
@@ -372,7 +415,16 @@ class LogQueue:
         self._in_flight.add(offset)
         record = self._log.read(offset, 1)[0]
         assert record.offset == offset, (record.offset, offset)
-        return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, True, count)
+        return Message(
+            offset,
+            record.timestamp_ms,
+            record.exchange,
+            record.routing_key,
+            record.properties,
+            record.body,
+            True,
+            count,
+        )
 
     def take_many(self, count_max: int) -> list[Message]:
         """Up to `count_max` messages, as `take()` would return them one by one, but cheaper:
@@ -398,12 +450,28 @@ class LogQueue:
             ahead = self._ahead
             position = self._ahead_position
             if position >= len(ahead):
-                ahead = self._ahead = log.read(offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max)
+                ahead = self._ahead = log.read(
+                    offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max
+                )
                 position = 0
             chunk = ahead[position : position + limit - offset]
             assert chunk[0].offset == offset, (chunk[0].offset, offset)
             for record in chunk:
-                append(new(Message, (record.offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, False, 1)))
+                append(
+                    new(
+                        Message,
+                        (
+                            record.offset,
+                            record.timestamp_ms,
+                            record.exchange,
+                            record.routing_key,
+                            record.properties,
+                            record.body,
+                            False,
+                            1,
+                        ),
+                    )
+                )
             self._ahead_position = position + len(chunk)
             offset += len(chunk)
         self._in_flight.update(range(self._next, offset))
@@ -447,7 +515,9 @@ class LogQueue:
         return returned
 
     def purge(self) -> int:
-        """Acknowledge every ready message; returns how many. In-flight ones stay, as in RabbitMQ."""
+        """Acknowledge every ready message; returns how many. In-flight ones stay, as in
+        RabbitMQ.
+        """
         self._check_open()
         redeliver = self._redeliver
         purged = len(redeliver)
@@ -476,16 +546,36 @@ class LogQueue:
         if self._redeliver:
             offset = self._redeliver[0]
             record = self._log.read(offset, 1)[0]
-            return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, True, self._counts.get(offset, 1) + 1)
+            return Message(
+                offset,
+                record.timestamp_ms,
+                record.exchange,
+                record.routing_key,
+                record.properties,
+                record.body,
+                True,
+                self._counts.get(offset, 1) + 1,
+            )
         offset = self._next
         if offset >= self._log.end_offset:
             return None
         if self._ahead_position >= len(self._ahead):
-            self._ahead = self._log.read(offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max)
+            self._ahead = self._log.read(
+                offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max
+            )
             self._ahead_position = 0
         record = self._ahead[self._ahead_position]
         assert record.offset == offset, (record.offset, offset)
-        return Message(offset, record.timestamp_ms, record.exchange, record.routing_key, record.properties, record.body, False, 1)
+        return Message(
+            offset,
+            record.timestamp_ms,
+            record.exchange,
+            record.routing_key,
+            record.properties,
+            record.body,
+            False,
+            1,
+        )
 
     def drop_head(self, count_max: int) -> int:
         """Acknowledge up to `count_max` ready messages from the head without delivering them
@@ -548,7 +638,9 @@ class LogQueue:
         mark = self._mark_written
         if self._lead_granted and self._next + self.config.delivered_mark_lead // 2 >= mark:
             mark = self._next + self.config.delivered_mark_lead
-        snapshot = self._bytes_since_snapshot >= max(self.config.ack_log_compact_bytes, 4 * self._snapshot_bytes)
+        snapshot = self._bytes_since_snapshot >= max(
+            self.config.ack_log_compact_bytes, 4 * self._snapshot_bytes
+        )
         if snapshot:
             records = ack_log.encode_delta(floor, mark, list(self._acked), self._ranges_per_record)
         elif writable or mark != self._mark_written or floor != self._floor_written:
@@ -569,7 +661,9 @@ class LogQueue:
             self._snapshot_bytes = size
         else:
             self._bytes_since_snapshot += size
-        self._unsynced.append((self._acks.end_offset, _Flush(mark, floor, first if snapshot else None)))
+        self._unsynced.append(
+            (self._acks.end_offset, _Flush(mark, floor, first if snapshot else None))
+        )
 
     def _grant_lead(self, clip: bool) -> None:
         """Write a delivered mark `delivered_mark_lead` ahead of `next` and fsync it, here.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from warrenmq.amqp import fastpath
+
 from .log_queue import remove_directory
 
 LEVEL_BITS = 8
@@ -28,8 +29,13 @@ _LEVEL_PREFIX = "priority-"
 
 
 class PriorityQueue:
-    def __init__(self, directory: Path, max_priority: int, batch_bytes_max: int,
-                 open_level: Callable[[Path], Any]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_priority: int,
+        batch_bytes_max: int,
+        open_level: Callable[[Path], Any],
+    ) -> None:
         assert 0 <= max_priority < LEVELS_MAX, max_priority
         self.directory = directory
         self.max_priority = max_priority
@@ -40,7 +46,7 @@ class PriorityQueue:
         directory.mkdir(parents=True, exist_ok=True)
         try:
             for path in directory.glob(_LEVEL_PREFIX + "*"):
-                suffix = path.name[len(_LEVEL_PREFIX):]
+                suffix = path.name[len(_LEVEL_PREFIX) :]
                 if suffix.isdigit() and int(suffix) <= max_priority:
                     self._level(int(suffix))
         except BaseException:
@@ -64,8 +70,11 @@ class PriorityQueue:
 
     @staticmethod
     def _tagged(message: Any, level: int) -> Any:
-        return None if message is None else message._replace(
-            offset=(message.offset << LEVEL_BITS) | level)
+        return (
+            None
+            if message is None
+            else message._replace(offset=(message.offset << LEVEL_BITS) | level)
+        )
 
     def _split(self, offsets: Iterable[int]) -> dict[int, list[int]]:
         by_level: dict[int, list[int]] = {}
@@ -124,14 +133,18 @@ class PriorityQueue:
         return engine is not None and engine.ack(offset >> LEVEL_BITS)
 
     def ack_many(self, offsets: Iterable[int]) -> int:
-        return sum(self._levels[level].ack_many(level_offsets)
-                   for level, level_offsets in self._split(offsets).items()
-                   if level in self._levels)
+        return sum(
+            self._levels[level].ack_many(level_offsets)
+            for level, level_offsets in self._split(offsets).items()
+            if level in self._levels
+        )
 
     def requeue(self, offsets: Iterable[int]) -> int:
-        return sum(self._levels[level].requeue(level_offsets)
-                   for level, level_offsets in self._split(offsets).items()
-                   if level in self._levels)
+        return sum(
+            self._levels[level].requeue(level_offsets)
+            for level, level_offsets in self._split(offsets).items()
+            if level in self._levels
+        )
 
     def purge(self) -> int:
         return sum(engine.purge() for engine in self._levels.values())
@@ -141,8 +154,9 @@ class PriorityQueue:
 
     async def shutdown(self) -> None:
         # Side by side (255 levels, 255 fsyncs); every level finishes before a failure is raised.
-        outcomes = await asyncio.gather(*(engine.shutdown() for engine in self._levels.values()),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(engine.shutdown() for engine in self._levels.values()), return_exceptions=True
+        )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -1,7 +1,8 @@
 """A queue as the broker hosts it: the log-backed engine, its consumers, and dispatch.
 
-The engine (``log_queue.LogQueue``, or one per level in ``priority.PriorityQueue``) knows offsets, acks and redelivery; this layer adds what only a
-running broker has: which channels consume, with what credit, and when to hand out messages.
+The engine (``log_queue.LogQueue``, or one per level in ``priority.PriorityQueue``) knows
+offsets, acks and redelivery; this layer adds what only a running broker has: which channels
+consume, with what credit, and when to hand out messages.
 
 Publishes are buffered per tick (``stage``) and written with one engine append per queue
 (``flush``); dispatch then hands ready messages to consumers with credit. Consumers are kept
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import fastpath
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX, batch_bounds
+
 from .log_queue import LogQueue
 
 if TYPE_CHECKING:
@@ -111,9 +113,19 @@ class Consumer:
 class WorkQueue:
     """One queue of a vhost: engine, metadata flags, consumers, per-tick publish buffer."""
 
-    def __init__(self, vhost: str, name: str, engine: Any, *, durable: bool, auto_delete: bool,
-                 exclusive_owner: str | None, arguments: Mapping[str, Any],
-                 queue_type: str, batch_records_max: int) -> None:
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        engine: Any,
+        *,
+        durable: bool,
+        auto_delete: bool,
+        exclusive_owner: str | None,
+        arguments: Mapping[str, Any],
+        queue_type: str,
+        batch_records_max: int,
+    ) -> None:
         assert batch_records_max > 0
         self.vhost = vhost
         self.name = name
@@ -175,8 +187,13 @@ class WorkQueue:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def stage(self, record: tuple[bytes, bytes, bytes, bytes], persistent: bool,
-              expiring: bool = False, publisher: Any = None) -> bool:
+    def stage(
+        self,
+        record: tuple[bytes, bytes, bytes, bytes],
+        persistent: bool,
+        expiring: bool = False,
+        publisher: Any = None,
+    ) -> bool:
         """Buffer a record for this tick's append; False if x-overflow reject-publish
         refuses it because the queue is full.
 
@@ -198,8 +215,10 @@ class WorkQueue:
         return True
 
     def _full(self, body_bytes: int) -> bool:
-        if (self.length_max is not None
-                and self.engine.ready_count + len(self._staged) >= self.length_max):
+        if (
+            self.length_max is not None
+            and self.engine.ready_count + len(self._staged) >= self.length_max
+        ):
             return True
         return self.bytes_max is not None and self.ready_bytes + body_bytes > self.bytes_max
 
@@ -227,9 +246,14 @@ class WorkQueue:
                 self.failed_publishers += publishers[start:]
                 if self.bytes_max is not None:
                     self.ready_bytes -= sum(len(record[3]) for record in staged[start:])
-                log.error("queue '%s' in vhost '%s': storing %d message(s) failed, their "
-                          "publishes are refused: %r", self.name, self.vhost,
-                          len(staged) - start, error)
+                log.error(
+                    "queue '%s' in vhost '%s': storing %d message(s) failed, their "
+                    "publishes are refused: %r",
+                    self.name,
+                    self.vhost,
+                    len(staged) - start,
+                    error,
+                )
                 break
         if written and self.staged_persistent:
             # Only a commit can still fail these: remembered for the tick that runs it.
@@ -238,13 +262,17 @@ class WorkQueue:
         self.staged_persistent = False
         self.enforce_length()
 
-    def _batch_bounds(self, staged: list[tuple[bytes, bytes, bytes, bytes]],
-                      staged_bytes: int) -> Any:
+    def _batch_bounds(
+        self, staged: list[tuple[bytes, bytes, bytes, bytes]], staged_bytes: int
+    ) -> Any:
         step = self._batch_records_max
         count = len(staged)
         # When everything staged would fit one batch, any run of `step` records fits too:
         # the common tick needs no measuring.
-        if staged_bytes + count * RECORD_OVERHEAD_BYTES_MAX + HEADER_BYTES <= self.engine.batch_bytes_max:
+        if (
+            staged_bytes + count * RECORD_OVERHEAD_BYTES_MAX + HEADER_BYTES
+            <= self.engine.batch_bytes_max
+        ):
             return [(start, min(start + step, count)) for start in range(0, count, step)]
         return batch_bounds(staged, step, self.engine.batch_bytes_max)
 
@@ -337,8 +365,10 @@ class WorkQueue:
     def prefetch_freed(self, consumer: Consumer) -> None:
         """Acks made room under a consumer's own prefetch: if that blocked it, it rejoins the
         rotation."""
-        if (consumer.state is BLOCKED_BY_PREFETCH
-                and consumer.unacked_count < consumer.prefetch_count):
+        if (
+            consumer.state is BLOCKED_BY_PREFETCH
+            and consumer.unacked_count < consumer.prefetch_count
+        ):
             self._rotate_in(consumer)
 
     @property
@@ -386,8 +416,12 @@ class WorkQueue:
         if self.deleted or not self.consumers:
             return False
         engine = self.engine
-        if (len(self.consumers) == 1 and self.bytes_max is None and not self.expires_messages
-                and isinstance(engine, LogQueue)):
+        if (
+            len(self.consumers) == 1
+            and self.bytes_max is None
+            and not self.expires_messages
+            and isinstance(engine, LogQueue)
+        ):
             # One consumer takes every message it has credit for: hand them out a slice at
             # a time (the same messages, in the same order, as one take() per message).
             consumer = next(iter(self.consumers.values()))

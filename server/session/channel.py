@@ -19,12 +19,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from warrenmq.amqp import replies
-
 from warrenmq.server.errors import precondition_failed
 
 if TYPE_CHECKING:
-    from .connection import BrokerConnection
     from warrenmq.server.queue.work_queue import Consumer, WorkQueue
+
+    from .connection import BrokerConnection
 
 
 class Unacked:
@@ -32,8 +32,7 @@ class Unacked:
 
     __slots__ = ("tag", "queue", "offset", "consumer")
 
-    def __init__(self, tag: int, queue: WorkQueue, offset: int,
-                 consumer: Consumer | None) -> None:
+    def __init__(self, tag: int, queue: WorkQueue, offset: int, consumer: Consumer | None) -> None:
         self.tag = tag
         self.queue = queue
         self.offset = offset

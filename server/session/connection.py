@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
+
 from warrenmq.amqp import events, frames, replies
 from warrenmq.amqp.connection import Connection
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
@@ -100,8 +101,11 @@ class BrokerConnection(asyncio.Protocol):
         amqp.receive_data(data, self.loop.time())
         if self._busy is None:
             self._process()
-        if (amqp.buffered_bytes > self.broker.config.read_buffer_bytes_max
-                and not self._reading_paused and not self.closed):
+        if (
+            amqp.buffered_bytes > self.broker.config.read_buffer_bytes_max
+            and not self._reading_paused
+            and not self.closed
+        ):
             self._reading_paused = True
             self.transport.pause_reading()
 
@@ -136,16 +140,25 @@ class BrokerConnection(asyncio.Protocol):
                 continue
             except Exception as error:
                 # A bug or a storage failure: this connection ends, the broker carries on.
-                log.exception("connection %s: internal error handling %s", self.name,
-                              type(event).__name__)
-                self._fail(replies.AMQPConnectionError(
-                    replies.INTERNAL_ERROR, f"internal error: {type(error).__name__}"), 0)
+                log.exception(
+                    "connection %s: internal error handling %s", self.name, type(event).__name__
+                )
+                self._fail(
+                    replies.AMQPConnectionError(
+                        replies.INTERNAL_ERROR, f"internal error: {type(error).__name__}"
+                    ),
+                    0,
+                )
                 continue
             if pending is not None:
                 self._wait(pending, getattr(event, "channel", 0))
         self.flush()
-        if (self._reading_paused and self._busy is None and not self.closed
-                and amqp.buffered_bytes <= self.broker.config.read_buffer_bytes_max):
+        if (
+            self._reading_paused
+            and self._busy is None
+            and not self.closed
+            and amqp.buffered_bytes <= self.broker.config.read_buffer_bytes_max
+        ):
             self._reading_paused = False
             self.transport.resume_reading()
 
@@ -167,10 +180,13 @@ class BrokerConnection(asyncio.Protocol):
             elif isinstance(error, RoutingError):
                 self._fail(from_routing(error), channel)
             elif error is not None:
-                log.error("connection %s: internal error: %r", self.name, error,
-                          exc_info=error)
-                self._fail(replies.AMQPConnectionError(
-                    replies.INTERNAL_ERROR, f"internal error: {type(error).__name__}"), 0)
+                log.error("connection %s: internal error: %r", self.name, error, exc_info=error)
+                self._fail(
+                    replies.AMQPConnectionError(
+                        replies.INTERNAL_ERROR, f"internal error: {type(error).__name__}"
+                    ),
+                    0,
+                )
         self._process()
 
     def _fail(self, error: replies.ProtocolError, channel: int) -> None:
@@ -215,8 +231,11 @@ class BrokerConnection(asyncio.Protocol):
             self._handle(event)
         self.flush()
 
-    def close(self, reply_code: int = replies.CONNECTION_FORCED,
-              text: str = "broker forced connection closure") -> None:
+    def close(
+        self,
+        reply_code: int = replies.CONNECTION_FORCED,
+        text: str = "broker forced connection closure",
+    ) -> None:
         """Close from the broker's side (shutdown sends 320 CONNECTION_FORCED)."""
         if self.closed:
             return
@@ -239,9 +258,14 @@ class BrokerConnection(asyncio.Protocol):
         self.exclusive_queues.clear()
         self.broker.forget(self)
         if self._open_logged:
-            log.info("closing AMQP connection %s (%s, vhost '%s', user '%s')%s", self.id,
-                     self.name, self.vhost.name if self.vhost else "", self.username,
-                     f": {reason}" if reason else "")
+            log.info(
+                "closing AMQP connection %s (%s, vhost '%s', user '%s')%s",
+                self.id,
+                self.name,
+                self.vhost.name if self.vhost else "",
+                self.username,
+                f": {reason}" if reason else "",
+            )
 
     # -- dispatch ----------------------------------------------------------------------------
 
@@ -269,12 +293,12 @@ class BrokerConnection(asyncio.Protocol):
             return handler(self, self.channels[event.channel], event.method)
         if kind is events.ChannelOpened:
             self.channels[event.channel] = BrokerChannel(
-                self, event.channel, self.broker.config.unacked_per_channel_max)
+                self, event.channel, self.broker.config.unacked_per_channel_max
+            )
             return None
         if kind is events.ChannelClosed:
             if not event.by_peer and event.reply_code:
-                log.debug("channel %s of %s closed: %s", event.channel, self.name,
-                          event.reply_text)
+                log.debug("channel %s of %s closed: %s", event.channel, self.name, event.reply_text)
             self._drop_channel(event.channel)
             return None
         if kind is events.FlowChanged:
@@ -291,8 +315,12 @@ class BrokerConnection(asyncio.Protocol):
             return None
         if kind is events.ConnectionClosed:
             if not event.by_peer:
-                log.error("connection %s closed: %s%s", self.name,
-                          f"{event.reply_code} " if event.reply_code else "", event.reply_text)
+                log.error(
+                    "connection %s closed: %s%s",
+                    self.name,
+                    f"{event.reply_code} " if event.reply_code else "",
+                    event.reply_text,
+                )
             for number in list(self.channels):
                 self._drop_channel(number)
             return None
@@ -301,8 +329,9 @@ class BrokerConnection(asyncio.Protocol):
     # -- handshake ---------------------------------------------------------------------------
 
     async def _authenticate(self, event: events.AuthenticationRequested) -> None:
-        user = await self.broker.authenticate(event.username, event.password, self.peer[0],
-                                              event.mechanism)
+        user = await self.broker.authenticate(
+            event.username, event.password, self.peer[0], event.mechanism
+        )
         if self.closed:
             return
         if user is None:
@@ -319,15 +348,24 @@ class BrokerConnection(asyncio.Protocol):
             self.amqp.refuse_vhost(f"vhost {event.vhost} not found")
             return
         if not self.broker.may_use_vhost(self.username, event.vhost):
-            log.error("connection %s: access to vhost '%s' refused for user '%s'", self.name,
-                      event.vhost, self.username)
+            log.error(
+                "connection %s: access to vhost '%s' refused for user '%s'",
+                self.name,
+                event.vhost,
+                self.username,
+            )
             self.amqp.refuse_vhost()
             return
         self.vhost = vhost
         self.amqp.accept_vhost()
         self._open_logged = True
-        log.info("accepted AMQP connection %s (%s, vhost '%s', user '%s')", self.id, self.name,
-                 vhost.name, self.username)
+        log.info(
+            "accepted AMQP connection %s (%s, vhost '%s', user '%s')",
+            self.id,
+            self.name,
+            vhost.name,
+            self.username,
+        )
 
     # -- permissions -------------------------------------------------------------------------
 
@@ -335,8 +373,10 @@ class BrokerConnection(asyncio.Protocol):
         if not self.broker.permitted(self.username, self.vhost.name, access, kind, name):
             # rabbit_access_control:check_resource_access names the resource, not the access.
             shown = "amq.default" if kind == EXCHANGE and name == "" else name
-            raise access_refused(f"access to {kind} '{shown}' in vhost '{self.vhost.name}' "
-                                 f"refused for user '{self.username}'")
+            raise access_refused(
+                f"access to {kind} '{shown}' in vhost '{self.vhost.name}' "
+                f"refused for user '{self.username}'"
+            )
 
     # -- publishing --------------------------------------------------------------------------
 
@@ -349,8 +389,10 @@ class BrokerConnection(asyncio.Protocol):
         if event.expiration is not None:
             _check_expiration(event.expiration)
         if event.user_id is not None and event.user_id != self.username:
-            raise precondition_failed(f"user_id property set to '{event.user_id}' but "
-                                      f"authenticated user was '{self.username}'")
+            raise precondition_failed(
+                f"user_id property set to '{event.user_id}' but "
+                f"authenticated user was '{self.username}'"
+            )
         properties = event.properties
         if _REPLY_TO_BYTES in properties:
             properties = self._rewrite_reply_to(channel, properties)
@@ -358,8 +400,7 @@ class BrokerConnection(asyncio.Protocol):
         vhost = self.vhost
         if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
             # Direct reply-to goes out at once, in a transaction too (RabbitMQ does the same).
-            outcome = vhost.publish(exchange, routing_key, properties, event.body,
-                                    persistent=False)
+            outcome = vhost.publish(exchange, routing_key, properties, event.body, persistent=False)
             self._published(channel, event, properties, outcome)
             return
         route = vhost.route(exchange, routing_key, properties)
@@ -368,28 +409,45 @@ class BrokerConnection(asyncio.Protocol):
             return
         self._stage(channel, event, route)
 
-    def _stage(self, channel: BrokerChannel, event: events.MessagePublished,
-               route: Route) -> None:
+    def _stage(self, channel: BrokerChannel, event: events.MessagePublished, route: Route) -> None:
         confirm_tag = event.confirm_tag
-        outcome = self.vhost.stage(route, event.exchange, event.routing_key, event.body,
-                                   event.delivery_mode == 2, event.expiration is not None,
-                                   channel.publisher(confirm_tag))
+        outcome = self.vhost.stage(
+            route,
+            event.exchange,
+            event.routing_key,
+            event.body,
+            event.delivery_mode == 2,
+            event.expiration is not None,
+            channel.publisher(confirm_tag),
+        )
         if outcome is Published.ROUTED and not channel.tx:
             if confirm_tag:
                 self.broker.stage_confirm(channel, confirm_tag)
             return
         self._published(channel, event, route[1], outcome)
 
-    def _published(self, channel: BrokerChannel, event: events.MessagePublished,
-                   properties: bytes, outcome: Published) -> None:
+    def _published(
+        self,
+        channel: BrokerChannel,
+        event: events.MessagePublished,
+        properties: bytes,
+        outcome: Published,
+    ) -> None:
         """Answer the publisher: basic.return, a confirm, a failed transaction."""
         refused = outcome is Published.REFUSED
         if refused and channel.tx:
             # A queue refused the transaction's message (x-overflow reject-publish).
             channel.tx_failed = True
         elif outcome is Published.UNROUTABLE and event.mandatory:
-            self.amqp.basic_return(event.channel, replies.NO_ROUTE, "", event.exchange,
-                                   event.routing_key, properties, event.body)
+            self.amqp.basic_return(
+                event.channel,
+                replies.NO_ROUTE,
+                "",
+                event.exchange,
+                event.routing_key,
+                properties,
+                event.body,
+            )
         if event.confirm_tag:
             self.broker.stage_confirm(channel, event.confirm_tag, refused)
 
@@ -402,8 +460,9 @@ class BrokerConnection(asyncio.Protocol):
         decoded.reply_to = channel.reply_to_name
         return frames.encode_properties(decoded)
 
-    def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int,
-                     message: Any) -> None:
+    def send_deliver(
+        self, channel: int, consumer_tag: str, delivery_tag: int, message: Any
+    ) -> None:
         names = self.decoded_names
         exchange = names.get(message.exchange)
         if exchange is None:
@@ -413,20 +472,28 @@ class BrokerConnection(asyncio.Protocol):
             routing_key = names[message.routing_key] = message.routing_key.decode()
         if len(names) > _ENCODED_NAMES_MAX:
             names.clear()
-        self.amqp.deliver(channel, consumer_tag, delivery_tag, message.redelivered, exchange,
-                          routing_key, message.properties, message.body)
+        self.amqp.deliver(
+            channel,
+            consumer_tag,
+            delivery_tag,
+            message.redelivered,
+            exchange,
+            routing_key,
+            message.properties,
+            message.body,
+        )
         self.broker.want_flush(self)
 
-    def send_deliveries(self, channel: int, consumer_tag: str, first_tag: int,
-                        messages: list[Any]) -> None:
+    def send_deliveries(
+        self, channel: int, consumer_tag: str, first_tag: int, messages: list[Any]
+    ) -> None:
         """`send_deliver` for messages with consecutive delivery tags from `first_tag`."""
         self.amqp.deliver_many(channel, consumer_tag, first_tag, messages)
         self.broker.want_flush(self)
 
     # -- acks --------------------------------------------------------------------------------
 
-    def _settle(self, number: int, delivery_tag: int, multiple: bool,
-                requeue: bool | None) -> None:
+    def _settle(self, number: int, delivery_tag: int, multiple: bool, requeue: bool | None) -> None:
         channel = self.channels[number]
         taken = channel.take(delivery_tag, multiple)
         if channel.tx:
@@ -495,8 +562,10 @@ def _check_expiration(expiration: str) -> None:
 # Each takes (connection, channel, pamqp method) and returns None, or a coroutine when it
 # must wait for the metadata store or an fsync.
 
-async def _exchange_declare(conn: BrokerConnection, channel: BrokerChannel,
-                            method: commands.Exchange.Declare) -> None:
+
+async def _exchange_declare(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Exchange.Declare
+) -> None:
     name = method.exchange
     vhost = conn.vhost
     if method.passive:
@@ -508,15 +577,21 @@ async def _exchange_declare(conn: BrokerConnection, channel: BrokerChannel,
         if not name:
             raise access_refused("operation not permitted on the default exchange")
         conn.check("configure", EXCHANGE, name)
-        await vhost.declare_exchange(name, method.exchange_type, durable=method.durable,
-                                     auto_delete=method.auto_delete, internal=method.internal,
-                                     arguments=method.arguments or {})
+        await vhost.declare_exchange(
+            name,
+            method.exchange_type,
+            durable=method.durable,
+            auto_delete=method.auto_delete,
+            internal=method.internal,
+            arguments=method.arguments or {},
+        )
     if not method.nowait:
         conn.reply(channel, commands.Exchange.DeclareOk())
 
 
-async def _exchange_delete(conn: BrokerConnection, channel: BrokerChannel,
-                           method: commands.Exchange.Delete) -> None:
+async def _exchange_delete(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Exchange.Delete
+) -> None:
     if not method.exchange:
         raise access_refused("operation not permitted on the default exchange")
     conn.check("configure", EXCHANGE, method.exchange)
@@ -540,8 +615,9 @@ async def _exchange_bind(conn: BrokerConnection, channel: BrokerChannel, method:
         conn.reply(channel, ok)
 
 
-def _queue_declare(conn: BrokerConnection, channel: BrokerChannel,
-                   method: commands.Queue.Declare) -> Awaitable[Any] | None:
+def _queue_declare(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Queue.Declare
+) -> Awaitable[Any] | None:
     vhost = conn.vhost
     name = method.queue
     if name == REPLY_TO_QUEUE or name.startswith(REPLY_TO_PREFIX):
@@ -567,21 +643,29 @@ def _queue_declare(conn: BrokerConnection, channel: BrokerChannel,
     return _queue_declare_new(conn, channel, method, name, server_named)
 
 
-async def _queue_declare_new(conn: BrokerConnection, channel: BrokerChannel,
-                             method: commands.Queue.Declare, name: str,
-                             server_named: bool) -> None:
+async def _queue_declare_new(
+    conn: BrokerConnection,
+    channel: BrokerChannel,
+    method: commands.Queue.Declare,
+    name: str,
+    server_named: bool,
+) -> None:
     exclusive = bool(method.exclusive)
     queue = await conn.vhost.declare_queue(
-        name, durable=bool(method.durable) and not exclusive, exclusive=exclusive,
-        auto_delete=bool(method.auto_delete), arguments=method.arguments or {},
-        owner=conn.owner, server_named=server_named)
+        name,
+        durable=bool(method.durable) and not exclusive,
+        exclusive=exclusive,
+        auto_delete=bool(method.auto_delete),
+        arguments=method.arguments or {},
+        owner=conn.owner,
+        server_named=server_named,
+    )
     if exclusive:
         conn.exclusive_queues[queue.name] = queue
     conn.broker.touch(queue)
     channel.last_queue = queue.name
     if not method.nowait:
-        conn.amqp.declare_ok(channel.number, queue.name, queue.ready_count,
-                             queue.consumer_count)
+        conn.amqp.declare_ok(channel.number, queue.name, queue.ready_count, queue.consumer_count)
 
 
 async def _queue_bind(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
@@ -604,8 +688,9 @@ async def _queue_bind(conn: BrokerConnection, channel: BrokerChannel, method: An
         conn.reply(channel, commands.Queue.UnbindOk())
 
 
-def _queue_purge(conn: BrokerConnection, channel: BrokerChannel,
-                 method: commands.Queue.Purge) -> None:
+def _queue_purge(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Queue.Purge
+) -> None:
     name = conn.queue_name(channel, method.queue)
     conn.check("read", QUEUE, name)
     queue = conn.vhost.get_queue(name, conn.owner)
@@ -616,8 +701,9 @@ def _queue_purge(conn: BrokerConnection, channel: BrokerChannel,
         conn.reply(channel, commands.Queue.PurgeOk(message_count=count))
 
 
-async def _queue_delete(conn: BrokerConnection, channel: BrokerChannel,
-                        method: commands.Queue.Delete) -> None:
+async def _queue_delete(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Queue.Delete
+) -> None:
     name = conn.queue_name(channel, method.queue)
     conn.check("configure", QUEUE, name)
     vhost = conn.vhost
@@ -627,15 +713,13 @@ async def _queue_delete(conn: BrokerConnection, channel: BrokerChannel,
             conn.reply(channel, commands.Queue.DeleteOk(message_count=0))
         return
     queue = vhost.get_queue(name, conn.owner)
-    count = await vhost.delete_queue(queue, if_unused=method.if_unused,
-                                     if_empty=method.if_empty)
+    count = await vhost.delete_queue(queue, if_unused=method.if_unused, if_empty=method.if_empty)
     conn.exclusive_queues.pop(name, None)
     if not method.nowait:
         conn.reply(channel, commands.Queue.DeleteOk(message_count=count))
 
 
-def _basic_qos(conn: BrokerConnection, channel: BrokerChannel,
-               method: commands.Basic.Qos) -> None:
+def _basic_qos(conn: BrokerConnection, channel: BrokerChannel, method: commands.Basic.Qos) -> None:
     if method.prefetch_size:
         raise not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
     if method.global_:
@@ -647,8 +731,9 @@ def _basic_qos(conn: BrokerConnection, channel: BrokerChannel,
     conn.reply(channel, commands.Basic.QosOk())
 
 
-def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
-                   method: commands.Basic.Consume) -> None:
+def _basic_consume(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Basic.Consume
+) -> None:
     name = method.queue
     tag = method.consumer_tag or generated_name("amq.ctag-")
     if tag in channel.consumers or (channel.reply_consumer == tag):
@@ -670,11 +755,17 @@ def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
     queue_arguments.check_consume(name, conn.vhost.name, arguments)
     holder = queue.exclusive_consumer()
     if holder is not None or (method.exclusive and queue.consumer_count):
-        raise access_refused(
-            f"queue '{name}' in vhost '{conn.vhost.name}' in exclusive use")
+        raise access_refused(f"queue '{name}' in vhost '{conn.vhost.name}' in exclusive use")
     priority = arguments.get("x-priority", 0)
-    consumer = Consumer(tag, channel, queue, bool(method.no_ack), bool(method.exclusive),
-                        int(priority), channel.consumer_prefetch)
+    consumer = Consumer(
+        tag,
+        channel,
+        queue,
+        bool(method.no_ack),
+        bool(method.exclusive),
+        int(priority),
+        channel.consumer_prefetch,
+    )
     channel.consumers[tag] = consumer
     queue.add_consumer(consumer)
     if not method.nowait:
@@ -683,8 +774,9 @@ def _basic_consume(conn: BrokerConnection, channel: BrokerChannel,
     return
 
 
-def _basic_cancel(conn: BrokerConnection, channel: BrokerChannel,
-                  method: commands.Basic.Cancel) -> None:
+def _basic_cancel(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Basic.Cancel
+) -> None:
     tag = method.consumer_tag
     consumer = channel.consumers.get(tag)
     if consumer is not None:
@@ -696,8 +788,9 @@ def _basic_cancel(conn: BrokerConnection, channel: BrokerChannel,
         conn.amqp.cancel_ok(channel.number, tag)
 
 
-def _basic_get(conn: BrokerConnection, channel: BrokerChannel,
-               method: commands.Basic.Get) -> Awaitable[Any] | None:
+def _basic_get(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Basic.Get
+) -> Awaitable[Any] | None:
     name = conn.queue_name(channel, method.queue)
     conn.check("read", QUEUE, name)
     queue = conn.vhost.get_queue(name, conn.owner)
@@ -709,25 +802,33 @@ def _basic_get(conn: BrokerConnection, channel: BrokerChannel,
     return None
 
 
-async def _basic_get_after_commit(conn: BrokerConnection, channel: BrokerChannel,
-                                  queue: WorkQueue, no_ack: bool) -> None:
+async def _basic_get_after_commit(
+    conn: BrokerConnection, channel: BrokerChannel, queue: WorkQueue, no_ack: bool
+) -> None:
     """basic.get never answers get-empty while messages are ready: when the engine holds
     them until a commit (the delivered mark, a quorum queue's fsync), wait for it."""
     message = await queue.take_after_commit()
     _get_reply(conn, channel, queue, message, no_ack)
 
 
-def _get_reply(conn: BrokerConnection, channel: BrokerChannel, queue: WorkQueue,
-               message: Any, no_ack: bool) -> None:
+def _get_reply(
+    conn: BrokerConnection, channel: BrokerChannel, queue: WorkQueue, message: Any, no_ack: bool
+) -> None:
     if message is None:
         conn.reply(channel, commands.Basic.GetEmpty())
         return
     tag = channel.record_get(queue, message.offset, no_ack)
     exchange, routing_key = message.exchange, message.routing_key
-    conn.amqp.get_ok(channel.number, tag, message.redelivered,
-                     exchange.decode() if isinstance(exchange, bytes) else exchange,
-                     routing_key.decode() if isinstance(routing_key, bytes) else routing_key,
-                     queue.ready_count, message.properties, message.body)
+    conn.amqp.get_ok(
+        channel.number,
+        tag,
+        message.redelivered,
+        exchange.decode() if isinstance(exchange, bytes) else exchange,
+        routing_key.decode() if isinstance(routing_key, bytes) else routing_key,
+        queue.ready_count,
+        message.properties,
+        message.body,
+    )
     # The take moved the engine on (a no-ack get's ack, the delivered mark): the tick commits
     # when the engine asks, as for consumers; the dispatch also serves consumers that a
     # commit of this get let through.
@@ -743,14 +844,14 @@ def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) 
         conn.reply(channel, commands.Basic.RecoverOk())
 
 
-def _tx_select(conn: BrokerConnection, channel: BrokerChannel,
-               method: commands.Tx.Select) -> None:
+def _tx_select(conn: BrokerConnection, channel: BrokerChannel, method: commands.Tx.Select) -> None:
     channel.tx = True
     conn.reply(channel, commands.Tx.SelectOk())
 
 
-def _tx_commit(conn: BrokerConnection, channel: BrokerChannel,
-               method: commands.Tx.Commit) -> Awaitable[Any]:
+def _tx_commit(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Tx.Commit
+) -> Awaitable[Any]:
     channel.tx_check()
     publishes, channel.tx_publishes = channel.tx_publishes, []
     settles, channel.tx_settles = channel.tx_settles, []
@@ -762,8 +863,9 @@ def _tx_commit(conn: BrokerConnection, channel: BrokerChannel,
     return _tx_commit_ok(conn, channel, conn.broker.after_commit())
 
 
-async def _tx_commit_ok(conn: BrokerConnection, channel: BrokerChannel,
-                        committed: Awaitable[None]) -> None:
+async def _tx_commit_ok(
+    conn: BrokerConnection, channel: BrokerChannel, committed: Awaitable[None]
+) -> None:
     await committed
     if channel.tx_failed:
         channel.tx_failed = False
@@ -772,8 +874,9 @@ async def _tx_commit_ok(conn: BrokerConnection, channel: BrokerChannel,
     conn.reply(channel, commands.Tx.CommitOk())
 
 
-def _tx_rollback(conn: BrokerConnection, channel: BrokerChannel,
-                 method: commands.Tx.Rollback) -> None:
+def _tx_rollback(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Tx.Rollback
+) -> None:
     channel.tx_check()
     channel.tx_publishes = []
     settles, channel.tx_settles = channel.tx_settles, []
