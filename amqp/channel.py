@@ -57,6 +57,8 @@ CHANNEL_CLOSE = method_key(20, 40)
 CHANNEL_CLOSE_OK = method_key(20, 41)
 CONFIRM_SELECT = method_key(85, 10)
 TX_SELECT = method_key(90, 10)
+TX_COMMIT = method_key(90, 20)
+TX_ROLLBACK = method_key(90, 30)
 
 # Methods a client may send on an open channel (the spec's "chassis server" methods), other
 # than the lifecycle ones the connection handles and the fast-path ones above.
@@ -238,6 +240,10 @@ class Channel:
                     replies.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
                 )
             self.tx_mode = True
+        elif (key == TX_COMMIT or key == TX_ROLLBACK) and not self.tx_mode:
+            raise replies.ChannelError(
+                replies.PRECONDITION_FAILED, "channel is not transactional", class_id, method_id
+            )
         return events.MethodReceived(self.number, method)
 
     @staticmethod

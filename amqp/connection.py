@@ -799,6 +799,10 @@ class Connection:
         self._send(fastpath.encode_consume_ok(channel, consumer_tag))
         return True
 
+    def channel(self, number):
+        """The open channel `number`'s state (its confirm and tx modes), or None."""
+        return self._channels.get(number)
+
     def cancel_ok(self, channel, consumer_tag):
         """Queue basic.cancel-ok. False if the channel is not open."""
         if not self.channel_is_open(channel):
@@ -818,23 +822,10 @@ class Connection:
         body,
     ):
         """Queue basic.deliver + header + body frames. False if the channel is not open."""
-        ch = self._channels.get(channel)
-        if ch is None or ch.state is not ChannelState.OPEN:
-            return False
-        fastpath.deliver_parts(
-            self._out,
-            channel,
-            consumer_tag,
-            delivery_tag,
-            redelivered,
-            exchange,
-            routing_key,
-            properties,
-            body,
-            self.frame_bytes_max,
+        message = fastpath.Delivery(
+            exchange.encode(), routing_key.encode(), properties, body, redelivered
         )
-        self._last_sent_at = self._now
-        return True
+        return self.deliver_many(channel, consumer_tag, delivery_tag, [message])
 
     def deliver_many(self, channel, consumer_tag, first_tag, messages):
         """``deliver`` for each of ``messages`` (see ``fastpath.deliver_many_parts``), tags

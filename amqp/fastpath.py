@@ -20,6 +20,7 @@ object; ``frames.decode_properties`` does the full (pamqp) decode when a header 
 """
 
 import struct
+from typing import NamedTuple
 
 from . import field_table, frames
 
@@ -185,7 +186,8 @@ def scan_properties(property_bytes):
 
 
 def _shortstr(text):
-    encoded = text.encode("utf-8")
+    """A shortstr's bytes: ``text`` encoded, or stored bytes as they are."""
+    encoded = text if type(text) is bytes else text.encode("utf-8")
     if len(encoded) > SHORTSTR_BYTES_MAX:
         raise ValueError(f"shortstr longer than {SHORTSTR_BYTES_MAX} bytes: {text[:32]!r}...")
     return encoded
@@ -216,50 +218,27 @@ def _content_frames(parts, channel, property_bytes, body, frame_max):
         parts.append(_FRAME_END)
 
 
-def deliver_parts(
-    parts,
-    channel,
-    consumer_tag,
-    delivery_tag,
-    redelivered,
-    exchange,
-    routing_key,
-    property_bytes,
-    body,
-    frame_max,
-):
-    """Append basic.deliver + content header + body frames to ``parts`` (buffers, not joined).
+class Delivery(NamedTuple):
+    """One message to deliver, as a queue stores it: exchange and routing key as bytes."""
 
-    The connection appends straight to its output list so a body is copied once, into the
-    coalesced write, rather than once per message and again per write.
-    """
-    assert frame_max >= frames.FRAME_MIN_BYTES, frame_max
-    tag = _shortstr(consumer_tag)
-    exchange_bytes = _shortstr(exchange)
-    routing_key_bytes = _shortstr(routing_key)
-    size = 16 + len(tag) + len(exchange_bytes) + len(routing_key_bytes)
-    parts += (
-        _METHOD_HEAD.pack(frames.FRAME_METHOD, channel, size, BASIC_CLASS, DELIVER_METHOD),
-        bytes((len(tag),)),
-        tag,
-        _TAG_AND_BITS.pack(delivery_tag, 1 if redelivered else 0),
-        bytes((len(exchange_bytes),)),
-        exchange_bytes,
-        bytes((len(routing_key_bytes),)),
-        routing_key_bytes,
-        _FRAME_END,
-    )
-    _content_frames(parts, channel, property_bytes, body, frame_max)
+    exchange: bytes
+    routing_key: bytes
+    properties: bytes
+    body: bytes
+    redelivered: bool = False
 
 
 def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_max):
-    """``deliver_parts`` for each of ``messages`` in turn, with delivery tags counting up from
-    ``first_tag``: the same bytes, cheaper per message.
+    """Append basic.deliver + content header + body frames of each of ``messages`` to
+    ``parts`` (buffers, not joined), with delivery tags counting up from ``first_tag``. The
+    connection appends straight to its output list so a body is copied once, into the
+    coalesced write. This is the one delivery path: a single delivery is a batch of one.
 
-    Each message has ``exchange`` and ``routing_key`` (bytes, as stored: at most 255 bytes,
-    checked here), ``properties``, ``body`` and ``redelivered`` attributes. The method frame's
-    bytes before and after the delivery tag depend only on the consumer tag, exchange and
-    routing key, so they are built once per distinct (exchange, routing key) of the batch.
+    Each message (a ``Delivery``, or anything with its attributes) has ``exchange`` and
+    ``routing_key`` (bytes, as stored: at most 255 bytes, checked here), ``properties``,
+    ``body`` and ``redelivered``. The method frame's bytes before and after the delivery tag
+    depend only on the consumer tag, exchange and routing key, so they are built once per
+    distinct (exchange, routing key) of the batch.
     """
     assert frame_max >= frames.FRAME_MIN_BYTES, frame_max
     tag = _shortstr(consumer_tag)
@@ -324,16 +303,12 @@ def encode_deliver(
 ):
     """basic.deliver + content header (stored property bytes) + body frames, as one bytes."""
     parts = []
-    deliver_parts(
+    deliver_many_parts(
         parts,
         channel,
         consumer_tag,
         delivery_tag,
-        redelivered,
-        exchange,
-        routing_key,
-        property_bytes,
-        body,
+        [Delivery(_shortstr(exchange), _shortstr(routing_key), property_bytes, body, redelivered)],
         frame_max,
     )
     return b"".join(parts)

@@ -120,6 +120,57 @@ def test_tx_commit_and_rollback_of_acks(connection, uid):
     assert connection.channel().queue_declare(f"{uid}-q", passive=True).method.message_count == 0
 
 
+def test_an_ack_in_a_transaction_gives_prefetch_credit_back_only_at_commit(connection, uid):
+    """RabbitMQ's limiter hears of a transaction's acks at tx.commit: until then the acked
+    delivery still counts against the consumer's prefetch."""
+    ch = connection.channel()
+    ch.queue_declare(f"{uid}-q", exclusive=True)
+    for body in (b"first", b"second"):
+        ch.basic_publish("", f"{uid}-q", body)
+    ch.tx_select()
+    ch.basic_qos(prefetch_count=1)
+    received = []
+    ch.basic_consume(f"{uid}-q", lambda c, method, p, body: received.append((method, body)))
+    connection.process_data_events(time_limit=1)
+    assert [body for _, body in received] == [b"first"]
+    ch.basic_ack(received[0][0].delivery_tag)
+    connection.process_data_events(time_limit=1)
+    assert [body for _, body in received] == [b"first"]
+    ch.tx_commit()
+    connection.process_data_events(time_limit=1)
+    assert [body for _, body in received] == [b"first", b"second"]
+
+
+def test_closing_a_channel_discards_its_uncommitted_acks(connection, uid):
+    observer = connection.channel()
+    observer.queue_declare(f"{uid}-q", exclusive=True)
+    observer.basic_publish("", f"{uid}-q", b"m")
+    ch = connection.channel()
+    ch.tx_select()
+    method, _, _ = wait_get(ch, f"{uid}-q")
+    ch.basic_ack(method.delivery_tag)
+    ch.close()
+    method, _, body = wait_get(observer, f"{uid}-q")
+    assert (body, method.redelivered) == (b"m", True)
+
+
+@pytest.mark.warren_only  # RabbitMQ bounds a transaction only from 4.3.6 (3.10 has no limit)
+def test_a_transaction_holds_at_most_channel_tx_message_max_publishes(connection, uid):
+    ch = connection.channel()
+    ch.queue_declare(f"{uid}-q", exclusive=True)
+    ch.tx_select()
+    for _ in range(10_000):
+        ch.basic_publish("", f"{uid}-q", b"m")
+    sync(ch)
+    code, text = channel_error(lambda: (ch.basic_publish("", f"{uid}-q", b"m"), sync(ch)))
+    assert (code, text) == (
+        406,
+        "PRECONDITION_FAILED - reached maximum (10000) of messages in a transaction",
+    )
+    observer = connection.channel()
+    assert observer.queue_declare(f"{uid}-q", passive=True).method.message_count == 0
+
+
 def test_tx_commit_without_select_is_406(channel):
     code, text = channel_error(channel.tx_commit)
     assert (code, text) == (406, "PRECONDITION_FAILED - channel is not transactional")

@@ -22,10 +22,9 @@ from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords
 from warrenmq.server.metadata.errors import PreconditionFailed
-from warrenmq.server.metadata.store import MetadataStore
+from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore
 
 DATA_DIR_DEFAULT = "./data"
-METADATA_FILE = "metadata.sqlite3"
 
 
 def metadata_path(data_dir: str | os.PathLike[str]) -> Path:

@@ -23,14 +23,12 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from pamqp import commands
-
 from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import DescriptorPool, LogConfig
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from warrenmq.log.descriptors import default_capacity
-from warrenmq.server.metadata import MetadataStore, loopback_refused
-from warrenmq.server.queue import LogQueue, QueueConfig
+from warrenmq.server.metadata import METADATA_FILE, MetadataStore, loopback_refused
+from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
 from .config import BrokerConfig
 from .queue.priority import PriorityQueue
@@ -43,10 +41,8 @@ log = logging.getLogger("warrenmq.server")
 
 
 def now_ms() -> int:
+    """The broker's clock, passed to the core and its queues: epoch milliseconds."""
     return time.time_ns() // 1_000_000
-
-
-METADATA_FILE = "metadata.sqlite3"
 
 
 def message_log_config(config: BrokerConfig) -> LogConfig:
@@ -114,6 +110,8 @@ class Broker:
         self._nacks: dict[BrokerChannel, list[int]] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._ticks: collections.deque[_Tick] = collections.deque()
+        # The queues' timers: when each is due (epoch ms) and the loop's handle.
+        self._timers: dict[WorkQueue, tuple[int, asyncio.TimerHandle]] = {}
         self._background: set[asyncio.Future[Any]] = set()
         self._stopping = False
 
@@ -163,13 +161,15 @@ class Broker:
             open_engine=self._open_engine,
             batch_records_max=self.config.queue_batch_records_max,
             staged=self.staged,
+            wake=self.want_dispatch,
             deliver_reply=self.deliver_reply,
-            cancel_consumers=self.cancel_consumers,
+            background=self.background,
+            clock=now_ms,
         )
         self.vhosts[name] = vhost
         return vhost
 
-    def _open_engine(self, directory: Path, name: str, arguments: Any) -> Any:
+    def _open_engine(self, directory: Path, name: str, arguments: Any) -> QueueEngine:
         # A quorum queue hands out only fsynced messages, as RabbitMQ's does (a consumer then
         # never sees a message a crash could take back); a classic one delivers at once.
         quorum = arguments.get("x-queue-type") in ("quorum", b"quorum")
@@ -204,9 +204,6 @@ class Broker:
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
             kept = set(vhost.recover())
-            for queue in vhost.queues.values():
-                self.touch(queue)
-                self.arm_message_expiry(queue)
             if vhost.directory.exists():
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:
@@ -313,27 +310,17 @@ class Broker:
         self.reply_channels[name] = channel
         return name
 
+    def unregister_reply_channel(self, name: str) -> None:
+        self.reply_channels.pop(name, None)
+
     def deliver_reply(
         self, routing_key: str, exchange: str, properties: bytes, body: bytes
     ) -> bool:
         """Publish to "amq.rabbitmq.reply-to.X": straight to X's channel, never stored."""
         channel = self.reply_channels.get(routing_key)
-        if channel is None or channel.reply_consumer is None:
-            return False
-        connection = channel.connection
-        channel.delivery_tag += 1
-        connection.amqp.deliver(
-            channel.number,
-            channel.reply_consumer,
-            channel.delivery_tag,
-            False,
-            exchange,
-            routing_key,
-            properties,
-            body,
+        return channel is not None and channel.deliver_reply(
+            exchange.encode(), routing_key.encode(), properties, body
         )
-        self.want_flush(connection)
-        return True
 
     # -- the tick -------------------------------------------------------------------------
 
@@ -382,79 +369,46 @@ class Broker:
         if not task.cancelled() and task.exception() is not None:
             log.error("background metadata write failed: %r", task.exception())
 
-    def drop_queue(self, queue: WorkQueue) -> None:
-        """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""
-        vhost = self.vhosts.get(queue.vhost)
-        if vhost is not None:
-            self.background(vhost.delete_queue(queue))
+    def _arm(self, queue: WorkQueue, due_ms: int | None) -> None:
+        """Have the queue's timers run at `due_ms` (epoch ms; None: never)."""
+        timers = self._timers
+        armed = timers.get(queue)
+        if armed is not None:
+            if due_ms is not None and armed[0] <= due_ms:
+                # It fires no later than wanted; the tick of that run arms the next one.
+                return
+            armed[1].cancel()
+            del timers[queue]
+        if due_ms is not None:
+            assert self._loop is not None
+            delay_s = max(0.0, (due_ms - now_ms()) / 1000)
+            timers[queue] = (due_ms, self._loop.call_later(delay_s, self._timer_due, queue))
 
-    def touch(self, queue: WorkQueue) -> None:
-        """A use of the queue (declare, basic.get, last consumer gone) renews its x-expires."""
-        if queue.expires_ms is None:
-            return
-        assert self._loop is not None
-        queue.last_used_s = self._loop.time()
-        if queue.expiry_timer is None:
-            queue.expiry_timer = self._loop.call_at(
-                queue.last_used_s + queue.expires_ms / 1000, self._expire, queue
+    def _timer_due(self, queue: WorkQueue) -> None:
+        del self._timers[queue]
+        if queue.unused_expired(now_ms()):
+            log.info(
+                "queue '%s' in vhost '%s' expired (x-expires %d ms)",
+                queue.name,
+                queue.vhost,
+                queue.expires_ms,
             )
-
-    def _expire(self, queue: WorkQueue) -> None:
-        assert self._loop is not None
-        queue.expiry_timer = None
-        if queue.deleted or queue.consumers:
-            # A consumer keeps it alive; the last one to go touches it again.
+            vhost = self.vhosts.get(queue.vhost)
+            if vhost is not None:
+                vhost.drop_queue(queue)
             return
-        due_s = queue.last_used_s + queue.expires_ms / 1000
-        if self._loop.time() < due_s:
-            queue.expiry_timer = self._loop.call_at(due_s, self._expire, queue)
-            return
-        log.info(
-            "queue '%s' in vhost '%s' expired (x-expires %d ms)",
-            queue.name,
-            queue.vhost,
-            queue.expires_ms,
-        )
-        self.drop_queue(queue)
-
-    def arm_message_expiry(self, queue: WorkQueue) -> None:
-        """Drop expired messages at the head now and when the next head expires, so counts
-        and queue depth follow TTL as RabbitMQ's classic queues do."""
-        if not queue.expires_messages or queue.ttl_timer is not None:
-            return
-        assert self._loop is not None
-        next_ms = queue.expire_head(now_ms())
-        if next_ms is not None:
-            delay_s = max(0.0, (next_ms - now_ms()) / 1000)
-            queue.ttl_timer = self._loop.call_later(delay_s, self._message_expiry, queue)
-
-    def _message_expiry(self, queue: WorkQueue) -> None:
-        queue.ttl_timer = None
-        self.arm_message_expiry(queue)
-        # Expired messages are acked at the head: the tick commits that.
+        # The tick runs the queue's timers (and commits the messages they drop).
         self.want_dispatch(queue)
-
-    def cancel_consumers(self, queue: WorkQueue) -> None:
-        """The queue is gone: its consumers get basic.cancel if their client asked for it."""
-        for consumer in list(queue.consumers.values()):
-            channel = consumer.channel
-            queue.remove_consumer(consumer)
-            channel.consumers.pop(consumer.tag, None)
-            connection = channel.connection
-            if connection.amqp.capabilities.get("consumer_cancel_notify") is True:
-                connection.amqp.send_method(
-                    channel.number, commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True)
-                )
-                self.want_flush(connection)
 
     def _tick(self) -> None:
         self._tick_scheduled = False
+        now = now_ms()
         to_commit: list[tuple[WorkQueue, list[Any]]] = []
         staged, self._staged = self._staged, {}
         for queue in staged:
             if queue.deleted:
                 continue
-            queue.flush()
+            queue.flush(now)
             written, failed, commit_wanted = queue.take_written()
             for publisher in failed:
                 _publish_failed(publisher)
@@ -463,11 +417,14 @@ class Broker:
             self._dispatch[queue] = None
         dispatch, self._dispatch = self._dispatch, {}
         for queue in dispatch:
+            if queue.deleted:
+                self._arm(queue, None)
+                continue
             try:
-                if queue.dispatch():
+                if queue.dispatch(now):
                     self._dispatch[queue] = None
-                if queue.expires_messages:
-                    self.arm_message_expiry(queue)
+                if queue.has_timers:
+                    self._arm(queue, queue.run_timers(now))
             except Exception as error:
                 # A queue whose log cannot be read stops delivering; the others carry on.
                 log.error(
@@ -535,32 +492,12 @@ class Broker:
         for queue, _ in to_commit:
             self.want_dispatch(queue)
 
-    @staticmethod
-    def _send_confirms(channel: BrokerChannel, tag: int, refused: Any) -> None:
-        """Confirm everything up to `tag`: runs of acks with multiple=true, and a single nack
-        for each refused message (x-overflow reject-publish) or failed write."""
-        amqp = channel.connection.amqp
-        number = channel.number
-        done = channel.confirmed_through
-        failed = channel.take_failed_confirms(tag)
-        for nack in sorted({*refused, *failed}) if failed else refused:
-            if nack - 1 > done:
-                amqp.confirm(number, nack - 1, multiple=True, nack=False)
-            amqp.confirm(number, nack, multiple=False, nack=True)
-            done = nack
-        if tag > done:
-            amqp.confirm(number, tag, multiple=True, nack=False)
-        channel.confirmed_through = tag
-
     def _release(self) -> None:
         ticks = self._ticks
         while ticks and ticks[0].ready:
             tick = ticks.popleft()
             for channel, tag in tick.confirms.items():
-                connection = channel.connection
-                if connection.channels.get(channel.number) is channel:
-                    self._send_confirms(channel, tag, tick.nacks.get(channel, ()))
-                    self.want_flush(connection)
+                channel.confirm(tag, tick.nacks.get(channel, ()))
             for waiter in tick.waiters:
                 if not waiter.done():
                     waiter.set_result(None)

@@ -51,6 +51,9 @@ class BrokerConfig:
     """Queued output above this stops deliveries to that connection until it drains."""
     unacked_per_channel_max: int = 1_000_000
     """In-flight deliveries on one channel even without a prefetch limit."""
+    channel_tx_message_max: int = 10_000
+    """Publishes one open transaction holds until tx.commit; the next is refused with 406
+    (RabbitMQ 4.3.6's channel_tx_message_max and its default)."""
     queue_batch_records_max: int = 128
     """Records appended to one queue in one write. Kept small because the log's tail cache
     trims its list of evicted batches only once more than 1024 have gone, so it holds up to
@@ -87,6 +90,7 @@ class BrokerConfig:
             "read_buffer_bytes_max",
             "write_buffer_bytes_high",
             "unacked_per_channel_max",
+            "channel_tx_message_max",
             "queue_batch_records_max",
             "segment_bytes_max",
         ):

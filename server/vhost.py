@@ -26,19 +26,21 @@ import hashlib
 import logging
 import os
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import Destination
-from warrenmq.exchanges.errors import NotFound, PreconditionFailed
+from warrenmq.exchanges.errors import AccessRefused, NotFound, PreconditionFailed
 from warrenmq.exchanges.router import Router
 from warrenmq.server.metadata import commands as mc
 from warrenmq.server.metadata.state import strip_cr_lf
 
 from .errors import internal_error
 from .queue import arguments as queue_arguments
+from .queue.consumer import Consumer, ConsumerChannel
+from .queue.engine import Message, QueueEngine
 from .queue.log_queue import remove_directory
 from .queue.work_queue import WorkQueue
 
@@ -112,10 +114,12 @@ class VirtualHost:
     """The broker core for one vhost: every caller (the AMQP session, dead-lettering, the
     HTTP API) publishes, declares and consumes through it.
 
-    `staged(queue)` tells the broker's tick that a queue has records to write;
-    `deliver_reply(routing_key, exchange, properties, body)` hands a direct reply-to message
-    to its waiting consumer, False if there is none; `cancel_consumers(queue)` tells a
-    deleted queue's consumers.
+    The process around it answers through narrow callbacks: `staged(queue)` tells the tick
+    that a queue has records to write, `wake(queue)` that it may deliver, commit, or want
+    its timers run; `deliver_reply(routing_key, exchange, properties, body)` hands a direct
+    reply-to message to its waiting consumer, False if there is none; `background(work)`
+    runs a metadata write nobody waits for; `clock()` is the time (epoch ms) the core passes
+    to its queues.
     """
 
     def __init__(
@@ -124,18 +128,22 @@ class VirtualHost:
         data_dir: Path,
         store: Any,
         *,
-        open_engine: Callable[[Path, str, Mapping[str, Any]], Any],
+        open_engine: Callable[[Path, str, Mapping[str, Any]], QueueEngine],
         batch_records_max: int,
         staged: Callable[[WorkQueue], None],
+        wake: Callable[[WorkQueue], None],
         deliver_reply: Callable[[str, str, bytes, bytes], bool],
-        cancel_consumers: Callable[[WorkQueue], None],
+        background: Callable[[Awaitable[Any]], None],
+        clock: Callable[[], int],
     ) -> None:
         self.name = name
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
         self._staged = staged
+        self._wake = wake
         self._deliver_reply = deliver_reply
-        self._cancel_consumers = cancel_consumers
+        self._background = background
+        self._clock = clock
         self._encoded_names: dict[str, bytes] = {}
         self.directory = data_dir / "queues" / directory_name(name)
         self._open_engine = open_engine
@@ -256,7 +264,7 @@ class VirtualHost:
                 raise self._crashed(record.name)
             queue = self._host(record, self._opening.pop(record.name))
         # Publishes staged earlier in this tick come first, as they would in RabbitMQ.
-        queue.flush()
+        queue.flush(self._clock())
         return queue
 
     async def declare_queue(
@@ -283,7 +291,7 @@ class VirtualHost:
         name = strip_cr_lf(name)
         if self.store.state.queue(self.name, name) is not None:
             outcome = await self._apply(command)
-            return self._hosted(outcome.queue)
+            return self._used(self._hosted(outcome.queue))
         queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete, arguments)
         engine = self._open_new(name, arguments)
         self._opening[name] = engine
@@ -297,7 +305,13 @@ class VirtualHost:
         hosted = self.queues.get(record.name)
         if hosted is None:
             hosted = self._host(record, self._opening.pop(record.name))
-        return hosted
+        return self._used(hosted)
+
+    def _used(self, queue: WorkQueue) -> WorkQueue:
+        """A declare, basic.get or the last consumer gone renews the queue's x-expires."""
+        queue.touch(self._clock())
+        self._wake(queue)
+        return queue
 
     def _open_new(self, name: str, arguments: Mapping[str, Any]) -> Any:
         """Open the storage of a queue that has no record yet; 541 if it cannot be opened."""
@@ -377,12 +391,17 @@ class VirtualHost:
         are hosted. Its directory name is returned all the same: its files are kept.
         """
         kept = []
+        now_ms = self._clock()
         for record in self.store.state.queues(self.name).values():
             kept.append(directory_name(record.name))
             try:
-                self._host(record, self._open_existing(record))
+                queue = self._host(record, self._open_existing(record))
             except Exception as error:
                 self._failed(record.name, error)
+                continue
+            queue.touch(now_ms)
+            if queue.has_timers:
+                self._wake(queue)
         return kept
 
     def check_delete(self, queue: WorkQueue, *, if_unused: bool, if_empty: bool) -> None:
@@ -410,19 +429,96 @@ class VirtualHost:
         self.retire_queue(queue)
         return count
 
+    def drop_queue(self, queue: WorkQueue) -> None:
+        """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""
+        self._background(self.delete_queue(queue))
+
     def retire_queue(self, queue: WorkQueue) -> None:
         """Stop hosting a queue whose record is gone: its consumers are cancelled, its timers
         stopped and its engine data deleted."""
         if self.queues.get(queue.name) is not queue:
             return
         del self.queues[queue.name]
-        self._cancel_consumers(queue)
+        for consumer in list(queue.consumers.values()):
+            queue.remove_consumer(consumer)
+            consumer.channel.cancel(consumer, "queue deleted")
         queue.deleted = True
-        for timer in (queue.expiry_timer, queue.ttl_timer):
-            if timer is not None:
-                timer.cancel()
-        queue.expiry_timer = queue.ttl_timer = None
         queue.engine.delete()
+        # The tick stops the timers of a deleted queue.
+        self._wake(queue)
+
+    # -- consuming ------------------------------------------------------------------------
+
+    def consume(
+        self,
+        queue_name: str,
+        owner: str,
+        channel: ConsumerChannel,
+        tag: str,
+        *,
+        no_ack: bool,
+        exclusive: bool,
+        arguments: Mapping[str, Any],
+        prefetch_count: int,
+    ) -> Consumer:
+        """Add a consumer to a queue (basic.consume): 404, 405, 406 or 403 as RabbitMQ."""
+        queue = self.get_queue(queue_name, owner)
+        queue_arguments.check_consume(queue.name, self.name, arguments)
+        if queue.exclusive_consumer() is not None or (exclusive and queue.consumer_count):
+            raise AccessRefused(f"queue '{queue.name}' in vhost '{self.name}' in exclusive use")
+        consumer = Consumer(
+            tag,
+            channel,
+            queue,
+            no_ack,
+            exclusive,
+            int(arguments.get("x-priority", 0)),
+            prefetch_count,
+        )
+        queue.add_consumer(consumer)
+        self._wake(queue)
+        return consumer
+
+    def cancel(self, consumer: Consumer) -> None:
+        """Remove a consumer (basic.cancel, its channel gone); the last one of an auto-delete
+        queue deletes it, as RabbitMQ does."""
+        # The core's consumers are always of its own queues.
+        queue = cast(WorkQueue, consumer.queue)
+        if queue.remove_consumer(consumer):
+            self.drop_queue(queue)
+        elif not queue.consumers:
+            self._used(queue)
+        else:
+            self._wake(queue)
+
+    def get(self, queue_name: str, owner: str, *, no_ack: bool) -> tuple[WorkQueue, Message | None]:
+        """basic.get: the queue and its next message (None when there is none, or when the
+        engine holds its ready messages until a commit: see `get_after_commit`)."""
+        queue = self._used(self.get_queue(queue_name, owner))
+        message = queue.take(self._clock())
+        if message is not None and no_ack:
+            queue.ack([message.offset])
+        return queue, message
+
+    async def get_after_commit(self, queue: WorkQueue, *, no_ack: bool) -> Message | None:
+        """basic.get never answers get-empty while messages are ready: when the engine holds
+        them until a commit (the delivered mark, a quorum queue's fsync), wait for it."""
+        message = await queue.take_after_commit(self._clock())
+        if message is not None:
+            if no_ack:
+                queue.ack([message.offset])
+            # The take moved the engine on (a no-ack get's ack, the delivered mark): the tick
+            # commits when the engine asks, and serves consumers the commit let through.
+            self._wake(queue)
+        return message
+
+    def purge(self, queue_name: str, owner: str) -> int:
+        """queue.purge: drop every ready message; returns how many went."""
+        queue = self.get_queue(queue_name, owner)
+        count = queue.purge()
+        # The purge acks every ready message: the tick commits that.
+        self._wake(queue)
+        return count
 
     # -- exchanges ------------------------------------------------------------------------
 
@@ -488,7 +584,7 @@ class VirtualHost:
 
         async def shut_down_in_turn() -> None:
             for queue in queues:
-                queue.flush()
+                queue.flush(self._clock())
                 try:
                     await queue.engine.shutdown()
                 except Exception as error:

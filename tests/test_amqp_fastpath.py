@@ -324,7 +324,7 @@ class _Stored:
     consumer_tag=shortstr,
     first_tag=st.integers(1, 2**40),
 )
-def test_deliver_many_is_each_deliver_in_turn(
+def test_deliver_many_is_byte_identical_to_pamqp_per_message(
     deliveries, frame_max, channel, consumer_tag, first_tag
 ):
     messages = [
@@ -334,18 +334,18 @@ def test_deliver_many_is_each_deliver_in_turn(
     parts = []
     fastpath.deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_max)
     expected = b"".join(
-        fastpath.encode_deliver(
+        pamqp_frame.marshal(
+            commands.Basic.Deliver(
+                consumer_tag=consumer_tag,
+                delivery_tag=first_tag + i,
+                redelivered=m.redelivered,
+                exchange=m.exchange.decode(),
+                routing_key=m.routing_key.decode(),
+            ),
             channel,
-            consumer_tag,
-            first_tag + i,
-            m.redelivered,
-            m.exchange.decode(),
-            m.routing_key.decode(),
-            m.properties,
-            m.body,
-            frame_max,
         )
-        for i, m in enumerate(messages)
+        + pamqp_content(channel, props, m.body, frame_max)
+        for i, (m, (props, *_)) in enumerate(zip(messages, deliveries, strict=True))
     )
     assert b"".join(parts) == expected
 

@@ -311,12 +311,15 @@ def test_clean_shutdown_runs_queues_side_by_side_and_one_failure_closes_only_its
         open_engine=None,
         batch_records_max=1,
         staged=None,
+        wake=None,
         deliver_reply=None,
-        cancel_consumers=None,
+        background=None,
+        clock=lambda: 0,
     )
     names = ["bad"] + [f"q{i}" for i in range(500)]
     vhost.queues = {
-        name: SimpleNamespace(name=name, engine=Engine(name), flush=lambda: None) for name in names
+        name: SimpleNamespace(name=name, engine=Engine(name), flush=lambda now_ms: None)
+        for name in names
     }
     asyncio.run(vhost.shutdown())
     assert peak[0] == SHUTDOWN_CONCURRENT_MAX

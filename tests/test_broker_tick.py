@@ -14,9 +14,17 @@ from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.session.channel import BrokerChannel
 
 
+class WireChannel:
+    tx_mode = False
+
+
 class RecordingAmqp:
     def __init__(self):
         self.confirms = []
+        self.wire = WireChannel()
+
+    def channel(self, number):
+        return self.wire
 
     def confirm(self, channel, tag, multiple=False, nack=False):
         self.confirms.append((tag, multiple, nack))
@@ -31,10 +39,9 @@ class FakeConnection:
         self.amqp = RecordingAmqp()
         self.channels = {}
         self.writable = True
-        self.flushes = 0
 
-    def flush(self):
-        self.flushes += 1
+    def output_ready(self):
+        pass
 
 
 class GatedEngine:
@@ -50,7 +57,7 @@ class GatedEngine:
         self.records = []
         self.batches = []
 
-    def append(self, records):
+    def append(self, records, timestamp_ms=None):
         if self.append_failure is not None:
             raise self.append_failure
         self.records.extend(records)
@@ -85,7 +92,7 @@ def make_broker():
     broker = Broker(BrokerConfig(port=0))
     broker._loop = asyncio.get_running_loop()
     connection = FakeConnection()
-    channel = BrokerChannel(connection, 1, unacked_max=100)
+    channel = BrokerChannel(connection, 1, unacked_max=100, tx_messages_max=100)
     connection.channels[1] = channel
     return broker, connection, channel
 
@@ -236,7 +243,7 @@ def test_tx_commit_waiters_resolve_after_the_commit():
 def test_a_failed_write_fails_the_transaction_being_committed():
     async def scenario():
         broker, connection, channel = make_broker()
-        channel.tx = True
+        channel.wire.tx_mode = True
         queue, engine = gated_queue("q")
         engine.commit_failure = OSError(5, "Input/output error")
         queue.stage((b"", b"q", b"", b""), True, False, channel.publisher(0))
@@ -274,7 +281,7 @@ def test_confirms_for_a_closed_channel_are_not_sent_to_its_successor():
         engine.gate.clear()
         publish(broker, channel, queue, 1, persistent=True)
         await settle()
-        connection.channels[1] = BrokerChannel(connection, 1, unacked_max=100)
+        connection.channels[1] = BrokerChannel(connection, 1, unacked_max=100, tx_messages_max=100)
         engine.gate.set()
         await settle()
         assert connection.amqp.confirms == []

@@ -4,15 +4,18 @@ dispatch to consumers (credit, round-robin, priorities, single active consumer).
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
 from warrenmq.server.queue import LogQueue, QueueConfig
+from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.priority import PriorityQueue
-from warrenmq.server.queue.work_queue import Consumer, WorkQueue
+from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.session.channel import BrokerChannel
 
 PERSISTENT = b"\x10\x00\x02"  # delivery-mode 2
+NOW_MS = 1_000_000  # no TTL here: any time serves
 
 
 def work_queue(engine, **arguments) -> WorkQueue:
@@ -32,14 +35,14 @@ def work_queue(engine, **arguments) -> WorkQueue:
 def publish(queue: WorkQueue, count: int) -> None:
     for i in range(count):
         assert queue.stage((b"", b"q", PERSISTENT, b"%d" % i), persistent=True)
-    queue.flush()
+    queue.flush(NOW_MS)
 
 
 async def basic_get(queue: WorkQueue):
     """What the broker's basic.get does with the queue."""
-    message = queue.take()
+    message = queue.take(NOW_MS)
     if message is None and queue.held_until_commit:
-        message = await queue.take_after_commit()
+        message = await queue.take_after_commit(NOW_MS)
     return message
 
 
@@ -85,7 +88,7 @@ def test_a_priority_level_held_until_a_commit_holds_the_levels_below(tmp_path):
         for i in range(6):
             assert queue.stage((b"", b"q", b"\x08\x00\x02", b"high-%d" % i), persistent=False)
         assert queue.stage((b"", b"q", b"\x00\x00", b"low"), persistent=False)
-        queue.flush()
+        queue.flush(NOW_MS)
         bodies = []
         while (message := await basic_get(queue)) is not None:
             queue.ack([message.offset])
@@ -101,8 +104,8 @@ def test_a_get_waiting_for_a_commit_of_a_deleted_queue_finds_nothing(tmp_path):
         engine = LogQueue.open(tmp_path, QueueConfig(deliver_uncommitted=False))
         queue = work_queue(engine)
         publish(queue, 3)
-        assert queue.take() is None and queue.held_until_commit
-        waiting = asyncio.ensure_future(queue.take_after_commit())
+        assert queue.take(NOW_MS) is None and queue.held_until_commit
+        waiting = asyncio.ensure_future(queue.take_after_commit(NOW_MS))
         await asyncio.sleep(0)
         queue.deleted = True  # what VirtualHost.take_queue does
         engine.delete()
@@ -122,10 +125,12 @@ class FakeConnection:
 
     def __init__(self):
         self.writable = True
+        self.amqp = SimpleNamespace(channel=lambda number: SimpleNamespace(tx_mode=False))
+        self.channels = {}
         self.delivered: list[tuple[str, bytes]] = []  # (consumer tag, body)
 
-    def send_deliver(self, channel, consumer_tag, delivery_tag, message):
-        self.delivered.append((consumer_tag, message.body))
+    def output_ready(self):
+        pass
 
     def send_deliveries(self, channel, consumer_tag, first_tag, messages):
         self.delivered.extend((consumer_tag, message.body) for message in messages)
@@ -146,19 +151,19 @@ def consume(
 
 
 def dispatch(queue):
-    while queue.dispatch():
+    while queue.dispatch(NOW_MS):
         pass
 
 
 def publish_one(queue, body):
     assert queue.stage((b"", b"q", b"\x00\x00", body), persistent=False)
-    queue.flush()
+    queue.flush(NOW_MS)
     dispatch(queue)
 
 
 def ack(channel, delivery_tag):
     """What basic.ack does: settle, then dispatch what that may have unblocked."""
-    for queue in channel.settle(delivery_tag, False, None):
+    for queue in channel.apply(channel.take(delivery_tag, False), None):
         dispatch(queue)
 
 
@@ -179,20 +184,20 @@ def connection():
 
 
 def channel_of(connection, number, unacked_max=1 << 20):
-    return BrokerChannel(connection, number, unacked_max)
+    return BrokerChannel(connection, number, unacked_max, tx_messages_max=100)
 
 
 @pytest.fixture
 def credit_checks(monkeypatch):
     """How many times dispatch asked a consumer whether it has credit."""
     counter = {"calls": 0}
-    has_credit = Consumer.has_credit
+    credit = Consumer.credit
 
-    def counting(consumer):
+    def counting(consumer, count_max):
         counter["calls"] += 1
-        return has_credit(consumer)
+        return credit(consumer, count_max)
 
-    monkeypatch.setattr(Consumer, "has_credit", counting)
+    monkeypatch.setattr(Consumer, "credit", counting)
     return counter
 
 

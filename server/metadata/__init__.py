@@ -39,9 +39,10 @@ from warrenmq.server.metadata.errors import (
 from warrenmq.server.metadata.permissions import Permission, is_loopback, loopback_refused
 from warrenmq.server.metadata.records import QueueRecord, User, Vhost
 from warrenmq.server.metadata.state import Limits, MetadataState, Outcome
-from warrenmq.server.metadata.store import MetadataStore, StoreFailed
+from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore, StoreFailed
 
 __all__ = [
+    "METADATA_FILE",
     "AccessRefused",
     "AddUser",
     "Bind",

@@ -51,6 +51,8 @@ from warrenmq.server.metadata.state import Limits, MetadataState, Outcome, Write
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
+# The store's file in a data directory (the broker and `warren admin` open the same one).
+METADATA_FILE = "metadata.sqlite3"
 BUSY_TIMEOUT_MS = 5_000
 # At most this many password verifications run at once: each scrypt holds 16 MiB.
 VERIFICATIONS_CONCURRENT_MAX = 2

@@ -8,7 +8,8 @@ the engine, its limits, TTL and overflow, its consumers and dispatch. `arguments
 queue and consumer arguments as RabbitMQ does.
 """
 
+from .engine import Message, QueueEngine
 from .errors import QueueError
-from .log_queue import LogQueue, Message, QueueConfig
+from .log_queue import LogQueue, QueueConfig
 
-__all__ = ["LogQueue", "Message", "QueueConfig", "QueueError"]
+__all__ = ["LogQueue", "Message", "QueueConfig", "QueueEngine", "QueueError"]

@@ -63,6 +63,7 @@ from typing import NamedTuple
 from warrenmq.log import DescriptorPool, LogConfig, PartitionLog, RawRecord, Record
 
 from . import ack_log
+from .engine import Message
 from .errors import QueueError
 from .ranges import AckedRanges, coalesce
 
@@ -136,20 +137,6 @@ class QueueConfig:
         for name in ("ack_log_compact_bytes", "read_ahead_records_max", "read_ahead_bytes_max"):
             if getattr(self, name) <= 0:
                 raise QueueError(f"{name} must be positive, got {getattr(self, name)}")
-
-
-class Message(NamedTuple):
-    offset: int
-    timestamp_ms: int
-    exchange: bytes
-    routing_key: bytes
-    properties: bytes
-    """The content-header property bytes exactly as the publisher sent them."""
-    body: bytes
-    redelivered: bool
-    delivery_count: int
-    """Deliveries including this one: 1 the first time. After a crash, a message that may
-    have been delivered counts as delivered once before."""
 
 
 class _Flush(NamedTuple):

@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from warrenmq.amqp import fastpath
 
+from .engine import Message, QueueEngine, Record
 from .log_queue import remove_directory
 
 LEVEL_BITS = 8
@@ -34,7 +34,7 @@ class PriorityQueue:
         directory: Path,
         max_priority: int,
         batch_bytes_max: int,
-        open_level: Callable[[Path], Any],
+        open_level: Callable[[Path], QueueEngine],
     ) -> None:
         assert 0 <= max_priority < LEVELS_MAX, max_priority
         self.directory = directory
@@ -42,7 +42,7 @@ class PriorityQueue:
         self.batch_bytes_max = batch_bytes_max
         self._open_level = open_level
         # Open levels, highest priority first.
-        self._levels: dict[int, Any] = {}
+        self._levels: dict[int, QueueEngine] = {}
         directory.mkdir(parents=True, exist_ok=True)
         try:
             for path in directory.glob(_LEVEL_PREFIX + "*"):
@@ -54,7 +54,7 @@ class PriorityQueue:
             self.close()
             raise
 
-    def _level(self, level: int) -> Any:
+    def _level(self, level: int) -> QueueEngine:
         engine = self._levels.get(level)
         if engine is None:
             engine = self._open_level(self.directory / f"{_LEVEL_PREFIX}{level}")
@@ -69,12 +69,8 @@ class PriorityQueue:
         return min(priority, self.max_priority)
 
     @staticmethod
-    def _tagged(message: Any, level: int) -> Any:
-        return (
-            None
-            if message is None
-            else message._replace(offset=(message.offset << LEVEL_BITS) | level)
-        )
+    def _tagged(message: Message, level: int) -> Message:
+        return message._replace(offset=(message.offset << LEVEL_BITS) | level)
 
     def _split(self, offsets: Iterable[int]) -> dict[int, list[int]]:
         by_level: dict[int, list[int]] = {}
@@ -99,25 +95,32 @@ class PriorityQueue:
                 return engine.held_until_commit
         return False
 
-    def append(self, records: Sequence[tuple[bytes, bytes, bytes, bytes]]) -> None:
-        by_level: dict[int, list[tuple[bytes, bytes, bytes, bytes]]] = {}
+    def append(self, records: Sequence[Record], timestamp_ms: int | None = None) -> None:
+        by_level: dict[int, list[Record]] = {}
         for record in records:
             by_level.setdefault(self.level_of(record[2]), []).append(record)
         for level, batch in by_level.items():
-            self._level(level).append(batch)
+            self._level(level).append(batch, timestamp_ms)
 
-    def take(self) -> Any:
-        # The highest level with messages ready serves, or nobody does: while it holds them
-        # until a commit (the delivered mark), a lower level serving would invert priorities.
+    def take_many(self, count_max: int) -> list[Message]:
+        # Highest level first. A level that keeps ready messages until a commit (the
+        # delivered mark) stops the take: a lower level serving would invert priorities.
+        taken: list[Message] = []
+        tagged = self._tagged
+        for level, engine in self._levels.items():
+            if len(taken) >= count_max:
+                break
+            if engine.ready_count:
+                taken += [tagged(m, level) for m in engine.take_many(count_max - len(taken))]
+                if engine.ready_count:
+                    break
+        return taken
+
+    def peek(self) -> Message | None:
         for level, engine in self._levels.items():
             if engine.ready_count:
-                return self._tagged(engine.take(), level)
-        return None
-
-    def peek(self) -> Any:
-        for level, engine in self._levels.items():
-            if engine.ready_count:
-                return self._tagged(engine.peek(), level)
+                head = engine.peek()
+                return None if head is None else self._tagged(head, level)
         return None
 
     def drop_head(self, count_max: int) -> int:
@@ -127,10 +130,6 @@ class PriorityQueue:
                 break
             dropped += engine.drop_head(count_max - dropped)
         return dropped
-
-    def ack(self, offset: int) -> bool:
-        engine = self._levels.get(offset & _LEVEL_MASK)
-        return engine is not None and engine.ack(offset >> LEVEL_BITS)
 
     def ack_many(self, offsets: Iterable[int]) -> int:
         return sum(

@@ -19,28 +19,34 @@ looking at any queue's other consumers. An unblocked consumer rejoins its level 
 
 Queue arguments enforced here, at the head as a RabbitMQ classic queue does: x-message-ttl
 and per-message expiration, x-max-length and x-max-length-bytes (drop-head, or refusal with
-x-overflow reject-publish), x-single-active-consumer; x-expires is the broker's timer.
-Dead-lettering (x-dead-letter-*) is accepted and stored but belongs to the DLQ work.
+x-overflow reject-publish), x-single-active-consumer, x-expires. Dead-lettering
+(x-dead-letter-*) is accepted and stored but belongs to the DLQ work.
+
+Time is passed in (epoch milliseconds), never read here. The queue says when it next wants
+to run (`run_timers` returns it) and what is due then (expired messages dropped, or the
+whole queue unused past x-expires: `unused_expired`); the broker process owns the event
+loop's timer that calls it back.
 """
 
 from __future__ import annotations
 
 import bisect
-import enum
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from warrenmq.amqp import fastpath
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX, batch_bounds
 
-from .log_queue import LogQueue
-
-if TYPE_CHECKING:
-    from warrenmq.server.session.channel import BrokerChannel
+from .consumer import (
+    BLOCKED_BY_CHANNEL,
+    BLOCKED_BY_PREFETCH,
+    CANCELLED,
+    ROTATING,
+    Consumer,
+)
+from .engine import Message, QueueEngine, Record
 
 log = logging.getLogger("warrenmq.server")
 
@@ -54,60 +60,8 @@ def _int_argument(arguments: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class ConsumerState(enum.Enum):
-    ROTATING = "in its priority level's round-robin"
-    BLOCKED_BY_PREFETCH = "out of its own prefetch; its acks unblock it"
-    BLOCKED_BY_CHANNEL = "its channel has no credit or may not deliver; the channel unblocks it"
-    CANCELLED = "gone from its queue"
-
-
-ROTATING = ConsumerState.ROTATING
-BLOCKED_BY_PREFETCH = ConsumerState.BLOCKED_BY_PREFETCH
-BLOCKED_BY_CHANNEL = ConsumerState.BLOCKED_BY_CHANNEL
-CANCELLED = ConsumerState.CANCELLED
-
-
 def _highest_first(priority: int) -> int:
     return -priority
-
-
-@dataclass(eq=False, slots=True)
-class Consumer:
-    tag: str
-    channel: BrokerChannel
-    queue: WorkQueue
-    no_ack: bool
-    exclusive: bool
-    priority: int
-    prefetch_count: int
-    """Per-consumer prefetch (basic.qos global=false at consume time); 0 is unlimited."""
-    unacked_count: int = 0
-    state: ConsumerState = ROTATING
-
-    def has_credit(self) -> bool:
-        channel = self.channel
-        if not channel.can_deliver():
-            return False
-        if self.no_ack:
-            return True
-        if self.prefetch_count and self.unacked_count >= self.prefetch_count:
-            return False
-        return channel.has_credit()
-
-    def credit(self, count_max: int) -> int:
-        """How many deliveries, at most `count_max`, `has_credit()` would allow in a row."""
-        channel = self.channel
-        if not channel.can_deliver():
-            return 0
-        if self.no_ack:
-            return count_max
-        if self.prefetch_count:
-            count_max = min(count_max, self.prefetch_count - self.unacked_count)
-        return max(0, min(count_max, channel.credit()))
 
 
 class WorkQueue:
@@ -117,7 +71,7 @@ class WorkQueue:
         self,
         vhost: str,
         name: str,
-        engine: Any,
+        engine: QueueEngine,
         *,
         durable: bool,
         auto_delete: bool,
@@ -157,8 +111,9 @@ class WorkQueue:
         # issue's part.
         self.reject_when_full = overflow in ("reject-publish", "reject-publish-dlx")
         # x-expires: the queue is deleted once unused (no consumers, no basic.get, no
-        # redeclare) for this long; `last_used_s` is the loop time of the last use.
+        # redeclare) for this long; `last_used_ms` is when it was last used.
         self.expires_ms = _int_argument(self.arguments, "x-expires")
+        self.last_used_ms = 0
         # Set once a message with its own expiration arrives; from then on take() reads
         # each message's properties (after a restart, until one such message comes again,
         # per-message expirations are not checked).
@@ -166,11 +121,7 @@ class WorkQueue:
         # x-single-active-consumer: only the longest-registered consumer gets messages; the
         # next one takes over when it goes (RabbitMQ 3.10, without priorities).
         self.single_active = self.arguments.get("x-single-active-consumer") is True
-        self.last_used_s = 0.0
-        self.expiry_timer: Any = None
-        # The timer that drops the head when it expires (x-message-ttl, expiration).
-        self.ttl_timer: Any = None
-        self._staged: list[tuple[bytes, bytes, bytes, bytes]] = []
+        self._staged: list[Record] = []
         self._staged_publishers: list[Any] = []
         self._staged_bytes = 0
         self.written_publishers: list[Any] = []
@@ -189,7 +140,7 @@ class WorkQueue:
 
     def stage(
         self,
-        record: tuple[bytes, bytes, bytes, bytes],
+        record: Record,
         persistent: bool,
         expiring: bool = False,
         publisher: Any = None,
@@ -222,9 +173,9 @@ class WorkQueue:
             return True
         return self.bytes_max is not None and self.ready_bytes + body_bytes > self.bytes_max
 
-    def flush(self) -> None:
-        """Write the records staged so far (the tick does; so does a method that must see
-        them, such as basic.get after publishes on the same channel).
+    def flush(self, now_ms: int) -> None:
+        """Write the records staged so far, stamped `now_ms` (the tick does; so does a method
+        that must see them, such as basic.get after publishes on the same channel).
 
         Records go in batches within the log's bounds, in order. When a write fails (a full
         disk), that batch and every later one are not stored: their publishers are kept for
@@ -240,7 +191,7 @@ class WorkQueue:
         count = written = len(staged)
         for start, end in self._batch_bounds(staged, staged_bytes):
             try:
-                self.engine.append(staged if end - start == count else staged[start:end])
+                self.engine.append(staged if end - start == count else staged[start:end], now_ms)
             except Exception as error:
                 written = start
                 self.failed_publishers += publishers[start:]
@@ -262,9 +213,7 @@ class WorkQueue:
         self.staged_persistent = False
         self.enforce_length()
 
-    def _batch_bounds(
-        self, staged: list[tuple[bytes, bytes, bytes, bytes]], staged_bytes: int
-    ) -> Any:
+    def _batch_bounds(self, staged: list[Record], staged_bytes: int) -> list[tuple[int, int]]:
         step = self._batch_records_max
         count = len(staged)
         # When everything staged would fit one batch, any run of `step` records fits too:
@@ -350,7 +299,7 @@ class WorkQueue:
         """Take a consumer found without credit out of rotation until its credit returns."""
         self._rotate_out(consumer)
         channel = consumer.channel
-        if channel.can_deliver() and (consumer.no_ack or channel.has_credit()):
+        if channel.can_deliver() and (consumer.no_ack or channel.credit() > 0):
             assert consumer.prefetch_count and consumer.unacked_count >= consumer.prefetch_count
             consumer.state = BLOCKED_BY_PREFETCH
         else:
@@ -391,7 +340,7 @@ class WorkQueue:
             active = next(iter(self.consumers.values()))
             if active.state is not ROTATING:
                 return None
-            if active.has_credit():
+            if active.credit(1):
                 return active
             self._block(active)
             return None
@@ -399,7 +348,7 @@ class WorkQueue:
         while priorities:
             rotation = self._rotations[priorities[0]]
             consumer = next(iter(rotation))
-            if consumer.has_credit():
+            if consumer.credit(1):
                 rotation.move_to_end(consumer)
                 return consumer
             self._block(consumer)
@@ -411,41 +360,29 @@ class WorkQueue:
     def ready_count(self) -> int:
         return self.engine.ready_count
 
-    def dispatch(self) -> bool:
-        """Deliver ready messages to consumers with credit; True if stopped by the bound."""
+    def dispatch(self, now_ms: int) -> bool:
+        """Deliver ready messages to consumers with credit; True if stopped by the bound.
+
+        Round-robin hands one message per turn; a consumer alone on the queue takes every
+        message it has credit for at once (the same messages, in the same order).
+        """
         if self.deleted or not self.consumers:
             return False
         engine = self.engine
-        if (
-            len(self.consumers) == 1
-            and self.bytes_max is None
-            and not self.expires_messages
-            and isinstance(engine, LogQueue)
-        ):
-            # One consumer takes every message it has credit for: hand them out a slice at
-            # a time (the same messages, in the same order, as one take() per message).
-            consumer = next(iter(self.consumers.values()))
-            if consumer.state is not ROTATING:
-                return False
-            credit = consumer.credit(DISPATCH_DELIVERIES_MAX)
-            if not credit:
-                self._block(consumer)
-                return False
-            messages = engine.take_many(credit)
-            if messages:
-                consumer.channel.deliver_many(consumer, messages)
-            return len(messages) >= DISPATCH_DELIVERIES_MAX
-        for _ in range(DISPATCH_DELIVERIES_MAX):
-            if not engine.ready_count:
-                return False
+        alone = len(self.consumers) == 1
+        budget = DISPATCH_DELIVERIES_MAX
+        while engine.ready_count:
             consumer = self._next_consumer()
             if consumer is None:
                 return False
-            message = self.take()
-            if message is None:
+            messages = self.take_many(consumer.credit(budget) if alone else 1, now_ms)
+            if not messages:
                 return False
-            consumer.channel.deliver(consumer, message)
-        return True
+            consumer.channel.deliver(consumer, messages)
+            budget -= len(messages)
+            if budget <= 0:
+                return True
+        return False
 
     @property
     def held_until_commit(self) -> bool:
@@ -453,7 +390,7 @@ class WorkQueue:
         delivered mark, or a quorum queue's fsync)."""
         return not self.deleted and self.engine.held_until_commit
 
-    async def take_after_commit(self) -> Any:
+    async def take_after_commit(self, now_ms: int) -> Message | None:
         """`take()` for basic.get once it found the engine holding messages until a commit:
         commit, then take. Consumers may meanwhile take what the commit let through, up to
         the new mark; each further round follows their progress, so this ends."""
@@ -465,21 +402,35 @@ class WorkQueue:
                     return None
                 raise
             if not self.deleted:
-                message = self.take()
+                message = self.take(now_ms)
                 if message is not None:
                     return message
         return None
 
-    def take(self) -> Any:
+    def take(self, now_ms: int) -> Message | None:
         """The next live ready message, marked in flight, or None; expired ones are dropped."""
-        if self.message_ttl_ms is not None or self.has_expiring:
-            self.expire_head(_now_ms())
-        message = self.engine.take()
-        if message is not None and self.bytes_max is not None:
-            size = len(message.body)
-            self.ready_bytes -= size
-            self._in_flight_bytes[message.offset] = size
-        return message
+        taken = self.take_many(1, now_ms)
+        return taken[0] if taken else None
+
+    def take_many(self, count_max: int, now_ms: int) -> list[Message]:
+        """Up to `count_max` live ready messages, marked in flight; expired ones are dropped."""
+        engine = self.engine
+        if not self.expires_messages and self.bytes_max is None:
+            return engine.take_many(count_max)
+        taken: list[Message] = []
+        while len(taken) < count_max:
+            if self.expires_messages:
+                self.expire_head(now_ms)
+            batch = engine.take_many(1)
+            if not batch:
+                break
+            message = batch[0]
+            if self.bytes_max is not None:
+                size = len(message.body)
+                self.ready_bytes -= size
+                self._in_flight_bytes[message.offset] = size
+            taken.append(message)
+        return taken
 
     def _drop_one(self) -> bool:
         """Drop the head message (expired, or beyond a length limit)."""
@@ -494,7 +445,7 @@ class WorkQueue:
     def expires_messages(self) -> bool:
         return self.message_ttl_ms is not None or self.has_expiring
 
-    def _expiry_ms(self, message: Any) -> int | None:
+    def _expiry_ms(self, message: Message) -> int | None:
         """When `message` expires (epoch ms), or None if it never does."""
         ttl_ms = self.message_ttl_ms
         if self.has_expiring:
@@ -545,10 +496,7 @@ class WorkQueue:
         if self.bytes_max is not None:
             for offset in offsets:
                 self._in_flight_bytes.pop(offset, None)
-        if len(offsets) == 1:
-            self.engine.ack(offsets[0])
-        else:
-            self.engine.ack_many(offsets)
+        self.engine.ack_many(offsets)
 
     def requeue(self, offsets: list[int]) -> None:
         if self.deleted:
@@ -561,3 +509,33 @@ class WorkQueue:
     def purge(self) -> int:
         self.ready_bytes = 0
         return self.engine.purge()
+
+    # -- timers ---------------------------------------------------------------------------
+
+    @property
+    def has_timers(self) -> bool:
+        return self.expires_messages or self.expires_ms is not None
+
+    def touch(self, now_ms: int) -> None:
+        """A use (declare, basic.get, the last consumer gone) renews x-expires."""
+        self.last_used_ms = now_ms
+
+    def unused_expired(self, now_ms: int) -> bool:
+        """x-expires: unused for that long with no consumer; the queue is to be deleted."""
+        due_ms = self._unused_due_ms()
+        return due_ms is not None and now_ms >= due_ms
+
+    def _unused_due_ms(self) -> int | None:
+        if self.expires_ms is None or self.consumers or self.deleted:
+            return None
+        return self.last_used_ms + self.expires_ms
+
+    def run_timers(self, now_ms: int) -> int | None:
+        """Drop the messages expired at the head by `now_ms`, so counts and depth follow TTL
+        as in RabbitMQ's classic queues; returns when the queue next wants this called
+        (epoch ms), or None for never."""
+        due_ms = self.expire_head(now_ms) if self.expires_messages else None
+        unused_ms = self._unused_due_ms()
+        if unused_ms is not None and (due_ms is None or unused_ms < due_ms):
+            return unused_ms
+        return due_ms

@@ -1,13 +1,17 @@
 """The broker's side of one channel: consumers, delivery tags, unacked messages, qos, tx.
 
-``amqp.channel.Channel`` owns the wire state (content assembly, confirm and tx flags);
-this class owns what the broker does with it. Delivery tags count up from 1 per channel;
-the unacked map is ordered by tag, so ``multiple`` acks pop from its front.
+``amqp.channel.Channel`` owns the wire state (content assembly, the confirm and tx modes);
+this class owns what the broker does with it, and is the consumer interface
+(``server.queue.consumer.ConsumerChannel``) its queues deliver through. Delivery tags count
+up from 1 per channel; the unacked map is ordered by tag, so ``multiple`` acks pop from its
+front.
 
 Prefetch follows RabbitMQ with per_consumer_qos: basic.qos global=false sets the limit of
 consumers created afterwards, global=true a limit shared by the channel's consumers.
 basic.get deliveries need acks but do not count against either limit (RabbitMQ's limiter
-counts consumer deliveries only).
+counts consumer deliveries only). An ack inside a transaction gives its credit back at
+tx.commit, as RabbitMQ's limiter learns of it only then: the acks a transaction holds are
+bounded by the deliveries the channel may have unacked.
 
 A queue blocks a consumer whose channel has no credit (or may not deliver) and leaves it with
 the channel (``block``); the channel unblocks them all once it has credit again, after acks,
@@ -16,15 +20,33 @@ basic.qos, channel.flow or a drained socket (``unblock_consumers``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from warrenmq.amqp import replies
+from pamqp import commands
+
+from warrenmq.amqp.connection import Connection
+from warrenmq.amqp.fastpath import Delivery
 from warrenmq.server.errors import precondition_failed
+from warrenmq.server.queue.consumer import ConsumedQueue, Consumer
+from warrenmq.server.queue.engine import Message
 
-if TYPE_CHECKING:
-    from warrenmq.server.queue.work_queue import Consumer, WorkQueue
 
-    from .connection import BrokerConnection
+class ChannelConnection(Protocol):
+    """What a channel needs of its connection (``connection.BrokerConnection``)."""
+
+    amqp: Connection
+    channels: Mapping[int, BrokerChannel]
+    writable: bool
+    """False while the socket's write buffer is full."""
+
+    def send_deliveries(
+        self, channel: int, consumer_tag: str, first_tag: int, messages: Sequence[Any]
+    ) -> None: ...
+
+    def output_ready(self) -> None:
+        """Have the tick write this connection's output."""
+        ...
 
 
 class Unacked:
@@ -32,7 +54,9 @@ class Unacked:
 
     __slots__ = ("tag", "queue", "offset", "consumer")
 
-    def __init__(self, tag: int, queue: WorkQueue, offset: int, consumer: Consumer | None) -> None:
+    def __init__(
+        self, tag: int, queue: ConsumedQueue, offset: int, consumer: Consumer | None
+    ) -> None:
         self.tag = tag
         self.queue = queue
         self.offset = offset
@@ -40,10 +64,13 @@ class Unacked:
 
 
 class BrokerChannel:
-    def __init__(self, connection: BrokerConnection, number: int, unacked_max: int) -> None:
-        assert unacked_max > 0
+    def __init__(
+        self, connection: ChannelConnection, number: int, unacked_max: int, tx_messages_max: int
+    ) -> None:
+        assert unacked_max > 0 and tx_messages_max > 0
         self.connection = connection
         self.number = number
+        self.wire = connection.amqp.channel(number)
         self.consumers: dict[str, Consumer] = {}
         self.unacked: dict[int, Unacked] = {}
         self.delivery_tag = 0
@@ -61,9 +88,11 @@ class BrokerChannel:
         self.failed_confirms: set[int] = set()
         # A message of the transaction being committed could not be stored.
         self.tx_failed = False
-        self.tx = False
+        self.tx_messages_max = tx_messages_max
         self.tx_publishes: list[Any] = []
         self.tx_settles: list[tuple[list[Unacked], bool | None]] = []
+        # Deliveries settled in the open transaction: still counted against the unacked limit.
+        self.tx_settled_count = 0
         # Exchanges this channel may write to (checked once, as permissions change rarely).
         self.writable_exchanges: set[str] = set()
         # Consumers their queues blocked for want of this channel's credit: no-ack ones wait
@@ -71,19 +100,22 @@ class BrokerChannel:
         self.blocked_no_ack: dict[Consumer, None] = {}
         self.blocked: dict[Consumer, None] = {}
 
-    # -- credit ---------------------------------------------------------------------------
+    @property
+    def tx(self) -> bool:
+        return self.wire.tx_mode
+
+    @property
+    def is_open(self) -> bool:
+        return self.connection.channels.get(self.number) is self
+
+    # -- credit (the consumer interface) ----------------------------------------------------
 
     def can_deliver(self) -> bool:
         return self.flow_active and self.connection.writable
 
-    def has_credit(self) -> bool:
-        if self.global_prefetch and self.consumer_unacked >= self.global_prefetch:
-            return False
-        return len(self.unacked) < self.unacked_max
-
     def credit(self) -> int:
-        """Consumer deliveries this channel may take now (`has_credit()` while positive)."""
-        room = self.unacked_max - len(self.unacked)
+        """Consumer deliveries this channel may take now."""
+        room = self.unacked_max - len(self.unacked) - self.tx_settled_count
         if self.global_prefetch:
             room = min(room, self.global_prefetch - self.consumer_unacked)
         return room
@@ -95,36 +127,24 @@ class BrokerChannel:
         self.blocked_no_ack.pop(consumer, None)
         self.blocked.pop(consumer, None)
 
-    def unblock_consumers(self) -> set[WorkQueue]:
+    def unblock_consumers(self) -> set[ConsumedQueue]:
         """Blocked consumers whose channel has credit again rejoin their queues' rotation;
         returns those queues (to dispatch)."""
         if not (self.blocked_no_ack or self.blocked) or not self.can_deliver():
             return set()
         unblocked = list(self.blocked_no_ack)
         self.blocked_no_ack = {}
-        if self.has_credit():
+        if self.credit() > 0:
             unblocked += self.blocked
             self.blocked = {}
         for consumer in unblocked:
             consumer.queue.unblock(consumer)
         return {consumer.queue for consumer in unblocked}
 
-    # -- delivering -----------------------------------------------------------------------
+    # -- delivering (the consumer interface) ------------------------------------------------
 
-    def deliver(self, consumer: Consumer, message: Any) -> None:
-        self.delivery_tag += 1
-        tag = self.delivery_tag
-        queue = consumer.queue
-        if consumer.no_ack:
-            queue.ack([message.offset])
-        else:
-            self.unacked[tag] = Unacked(tag, queue, message.offset, consumer)
-            consumer.unacked_count += 1
-            self.consumer_unacked += 1
-        self.connection.send_deliver(self.number, consumer.tag, tag, message)
-
-    def deliver_many(self, consumer: Consumer, messages: list[Any]) -> None:
-        """`deliver` each message in turn, with the per-message work hoisted out of the loop."""
+    def deliver(self, consumer: Consumer, messages: Sequence[Message]) -> None:
+        """basic.deliver each message, with delivery tags counting up."""
         queue = consumer.queue
         first = self.delivery_tag + 1
         self.delivery_tag += len(messages)
@@ -138,14 +158,42 @@ class BrokerChannel:
             self.consumer_unacked += len(messages)
         self.connection.send_deliveries(self.number, consumer.tag, first, messages)
 
-    def record_get(self, queue: WorkQueue, offset: int, no_ack: bool) -> int:
+    def cancel(self, consumer: Consumer, reason: str) -> None:
+        """The queue dropped the consumer: basic.cancel to a client that asked for it."""
+        if self.consumers.get(consumer.tag) is not consumer:
+            return
+        del self.consumers[consumer.tag]
+        connection = self.connection
+        if connection.amqp.capabilities.get("consumer_cancel_notify") is True:
+            connection.amqp.send_method(
+                self.number, commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True)
+            )
+            connection.output_ready()
+
+    def got(self, queue: ConsumedQueue, message: Message, no_ack: bool) -> int:
         """A basic.get delivery: its tag (and an unacked entry unless no_ack)."""
         self.delivery_tag += 1
-        if no_ack:
-            queue.ack([offset])
-        else:
-            self.unacked[self.delivery_tag] = Unacked(self.delivery_tag, queue, offset, None)
+        if not no_ack:
+            self.unacked[self.delivery_tag] = Unacked(
+                self.delivery_tag, queue, message.offset, None
+            )
         return self.delivery_tag
+
+    def deliver_reply(
+        self, exchange: bytes, routing_key: bytes, properties: bytes, body: bytes
+    ) -> bool:
+        """A direct reply-to message for this channel's reply consumer; False if it has none."""
+        consumer_tag = self.reply_consumer
+        if consumer_tag is None or not self.is_open:
+            return False
+        self.delivery_tag += 1
+        self.connection.send_deliveries(
+            self.number,
+            consumer_tag,
+            self.delivery_tag,
+            [Delivery(exchange, routing_key, properties, body)],
+        )
+        return True
 
     # -- settling -------------------------------------------------------------------------
 
@@ -167,30 +215,34 @@ class BrokerChannel:
             taken = [unacked.pop(tag) for tag in tags]
         else:
             taken = [unacked.pop(delivery_tag)]
-        for entry in taken:
-            consumer = entry.consumer
-            if consumer is not None:
-                consumer.unacked_count -= 1
-                self.consumer_unacked -= 1
         return taken
 
-    def restore(self, taken: list[Unacked]) -> None:
-        """tx.rollback: deliveries taken by acks in the transaction are unacked again."""
-        for entry in taken:
-            if entry.consumer is not None:
-                entry.consumer.unacked_count += 1
-                self.consumer_unacked += 1
-        merged = {**self.unacked, **{entry.tag: entry for entry in taken}}
+    def hold(self, taken: list[Unacked], requeue: bool | None) -> None:
+        """Keep a settle of the open transaction until tx.commit."""
+        self.tx_settles.append((taken, requeue))
+        self.tx_settled_count += len(taken)
+
+    def rollback(self) -> None:
+        """tx.rollback: the transaction's publishes are dropped and the deliveries its acks
+        took are unacked again."""
+        self.tx_publishes = []
+        settles, self.tx_settles = self.tx_settles, []
+        self.tx_settled_count = 0
+        merged = dict(self.unacked)
+        for taken, _ in settles:
+            merged.update((entry.tag, entry) for entry in taken)
         self.unacked = {tag: merged[tag] for tag in sorted(merged)}
 
-    def apply(self, taken: list[Unacked], requeue: bool | None) -> set[WorkQueue]:
+    def apply(self, taken: list[Unacked], requeue: bool | None) -> set[ConsumedQueue]:
         """ack (requeue None or False drops) or requeue: returns queues that may dispatch
         (those settled, and those of consumers the freed credit unblocked)."""
-        by_queue: dict[WorkQueue, list[int]] = {}
+        by_queue: dict[ConsumedQueue, list[int]] = {}
         for entry in taken:
             by_queue.setdefault(entry.queue, []).append(entry.offset)
             consumer = entry.consumer
             if consumer is not None:
+                consumer.unacked_count -= 1
+                self.consumer_unacked -= 1
                 consumer.queue.prefetch_freed(consumer)
         for queue, offsets in by_queue.items():
             if requeue:
@@ -202,16 +254,30 @@ class BrokerChannel:
         touched.update(self.unblock_consumers())
         return touched
 
-    def settle(self, delivery_tag: int, multiple: bool, requeue: bool | None) -> set[WorkQueue]:
-        return self.apply(self.take(delivery_tag, multiple), requeue)
+    def commit_settles(self) -> set[ConsumedQueue]:
+        """tx.commit: apply the transaction's acks, nacks and rejects in order."""
+        settles, self.tx_settles = self.tx_settles, []
+        self.tx_settled_count = 0
+        touched: set[ConsumedQueue] = set()
+        for taken, requeue in settles:
+            touched |= self.apply(taken, requeue)
+        return touched
 
-    def requeue_all(self) -> set[WorkQueue]:
+    def requeue_all(self) -> set[ConsumedQueue]:
         """basic.recover and channel close: every unacked message goes back, redelivered."""
         if not self.unacked:
             return set()
-        return self.settle(0, True, True)
+        return self.apply(self.take(0, True), True)
 
     # -- publishing -----------------------------------------------------------------------
+
+    def hold_publish(self, publish: Any) -> None:
+        """Keep a publish of the open transaction until tx.commit, up to the channel's limit."""
+        if len(self.tx_publishes) >= self.tx_messages_max:
+            raise precondition_failed(
+                f"reached maximum ({self.tx_messages_max}) of messages in a transaction"
+            )
+        self.tx_publishes.append(publish)
 
     def publisher(self, confirm_tag: int) -> tuple[BrokerChannel, int] | None:
         """Who waits for a message published on this channel to be stored: its confirm
@@ -226,7 +292,26 @@ class BrokerChannel:
         else:
             self.tx_failed = True
 
-    def take_failed_confirms(self, through_tag: int) -> list[int]:
+    def confirm(self, through_tag: int, refused: Sequence[int]) -> None:
+        """Answer publisher confirms up to `through_tag`: runs of acks with multiple=true, and
+        a single nack for each refused message (x-overflow reject-publish) or failed write."""
+        if not self.is_open:
+            return
+        amqp = self.connection.amqp
+        number = self.number
+        done = self.confirmed_through
+        failed = self._take_failed_confirms(through_tag)
+        for nack in sorted({*refused, *failed}) if failed else refused:
+            if nack - 1 > done:
+                amqp.confirm(number, nack - 1, multiple=True, nack=False)
+            amqp.confirm(number, nack, multiple=False, nack=True)
+            done = nack
+        if through_tag > done:
+            amqp.confirm(number, through_tag, multiple=True, nack=False)
+        self.confirmed_through = through_tag
+        self.connection.output_ready()
+
+    def _take_failed_confirms(self, through_tag: int) -> list[int]:
         """The failed confirm tags up to `through_tag`, forgotten as they are answered."""
         failed = self.failed_confirms
         if not failed:
@@ -234,7 +319,3 @@ class BrokerChannel:
         taken = [tag for tag in failed if tag <= through_tag]
         failed.difference_update(taken)
         return taken
-
-    def tx_check(self) -> None:
-        if not self.tx:
-            raise replies.ChannelError(replies.PRECONDITION_FAILED, "channel is not transactional")

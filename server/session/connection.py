@@ -16,15 +16,16 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pamqp import commands
 
 from warrenmq.amqp import events, frames, replies
-from warrenmq.amqp.connection import Connection
+from warrenmq.amqp.connection import Connection, ConnectionConfig
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.exchanges.router import EXCHANGE_TYPES
+from warrenmq.server.config import BrokerConfig
 from warrenmq.server.errors import (
     access_refused,
     command_invalid,
@@ -34,9 +35,10 @@ from warrenmq.server.errors import (
     not_implemented,
     precondition_failed,
 )
-from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.arguments import EXPIRY_MS_MAX
-from warrenmq.server.queue.work_queue import Consumer, WorkQueue
+from warrenmq.server.queue.consumer import ConsumedQueue
+from warrenmq.server.queue.engine import Message
+from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.vhost import (
     REPLY_TO_PREFIX,
     REPLY_TO_QUEUE,
@@ -48,9 +50,6 @@ from warrenmq.server.vhost import (
 
 from .channel import BrokerChannel
 
-if TYPE_CHECKING:
-    from warrenmq.server.broker import Broker
-
 log = logging.getLogger("warrenmq.server")
 
 _REPLY_TO_BYTES = REPLY_TO_QUEUE.encode()
@@ -60,8 +59,56 @@ _connection_ids = itertools.count(1)
 _ENCODED_NAMES_MAX = 1024
 
 
+class Host(Protocol):
+    """What the session needs of the broker process (``server/broker.py``, which creates
+    connections and implements this; the session never imports it). What a method does to
+    queues and exchanges goes through the core (``server/vhost.py``); this is the process
+    around it: admission, authentication, the tick that writes output and confirms, and the
+    direct reply-to registry."""
+
+    config: BrokerConfig
+    amqp_config: ConnectionConfig
+    vhosts: dict[str, VirtualHost]
+
+    def accept(self, connection: BrokerConnection) -> bool:
+        """Admit a new connection (False: refuse it, the broker is full or stopping)."""
+        ...
+
+    def forget(self, connection: BrokerConnection) -> None: ...
+
+    async def authenticate(self, username: str, password: str, address: str, mechanism: str) -> Any:
+        """The user, or None when the login is refused."""
+        ...
+
+    def may_use_vhost(self, username: str, vhost: str) -> bool: ...
+
+    def permitted(self, username: str, vhost: str, access: str, kind: str, name: str) -> bool: ...
+
+    def want_dispatch(self, queue: ConsumedQueue) -> None:
+        """Have the tick hand the queue's ready messages to its consumers."""
+        ...
+
+    def want_flush(self, connection: BrokerConnection) -> None:
+        """Have the tick write the connection's output."""
+        ...
+
+    def stage_confirm(self, channel: BrokerChannel, tag: int, refused: bool = False) -> None:
+        """Confirm `tag` on the channel once everything the tick staged is durable."""
+        ...
+
+    def after_commit(self) -> asyncio.Future[None]:
+        """Resolved once everything staged so far is written and fsynced."""
+        ...
+
+    def register_reply_channel(self, channel: BrokerChannel) -> str:
+        """A direct reply-to name routing to the channel's reply consumer."""
+        ...
+
+    def unregister_reply_channel(self, name: str) -> None: ...
+
+
 class BrokerConnection(asyncio.Protocol):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Host) -> None:
         self.broker = broker
         self.id = next(_connection_ids)
         self.loop = asyncio.get_running_loop()
@@ -254,7 +301,7 @@ class BrokerConnection(asyncio.Protocol):
         for number in list(self.channels):
             self._drop_channel(number)
         for queue in list(self.exclusive_queues.values()):
-            self.broker.drop_queue(queue)
+            self.vhost.drop_queue(queue)
         self.exclusive_queues.clear()
         self.broker.forget(self)
         if self._open_logged:
@@ -292,8 +339,9 @@ class BrokerConnection(asyncio.Protocol):
                 raise not_implemented(f"{type(event.method).__name__}")
             return handler(self, self.channels[event.channel], event.method)
         if kind is events.ChannelOpened:
+            config = self.broker.config
             self.channels[event.channel] = BrokerChannel(
-                self, event.channel, self.broker.config.unacked_per_channel_max
+                self, event.channel, config.unacked_per_channel_max, config.channel_tx_message_max
             )
             return None
         if kind is events.ChannelClosed:
@@ -405,7 +453,7 @@ class BrokerConnection(asyncio.Protocol):
             return
         route = vhost.route(exchange, routing_key, properties)
         if channel.tx:
-            channel.tx_publishes.append((event, route))
+            channel.hold_publish((event, route))
             return
         self._stage(channel, event, route)
 
@@ -460,35 +508,14 @@ class BrokerConnection(asyncio.Protocol):
         decoded.reply_to = channel.reply_to_name
         return frames.encode_properties(decoded)
 
-    def send_deliver(
-        self, channel: int, consumer_tag: str, delivery_tag: int, message: Any
-    ) -> None:
-        names = self.decoded_names
-        exchange = names.get(message.exchange)
-        if exchange is None:
-            exchange = names[message.exchange] = message.exchange.decode()
-        routing_key = names.get(message.routing_key)
-        if routing_key is None:
-            routing_key = names[message.routing_key] = message.routing_key.decode()
-        if len(names) > _ENCODED_NAMES_MAX:
-            names.clear()
-        self.amqp.deliver(
-            channel,
-            consumer_tag,
-            delivery_tag,
-            message.redelivered,
-            exchange,
-            routing_key,
-            message.properties,
-            message.body,
-        )
-        self.broker.want_flush(self)
-
     def send_deliveries(
         self, channel: int, consumer_tag: str, first_tag: int, messages: list[Any]
     ) -> None:
-        """`send_deliver` for messages with consecutive delivery tags from `first_tag`."""
+        """basic.deliver each message, delivery tags counting up from `first_tag`."""
         self.amqp.deliver_many(channel, consumer_tag, first_tag, messages)
+        self.broker.want_flush(self)
+
+    def output_ready(self) -> None:
         self.broker.want_flush(self)
 
     # -- acks --------------------------------------------------------------------------------
@@ -497,7 +524,7 @@ class BrokerConnection(asyncio.Protocol):
         channel = self.channels[number]
         taken = channel.take(delivery_tag, multiple)
         if channel.tx:
-            channel.tx_settles.append((taken, requeue))
+            channel.hold(taken, requeue)
             return
         for queue in channel.apply(taken, requeue):
             self.broker.want_dispatch(queue)
@@ -510,22 +537,15 @@ class BrokerConnection(asyncio.Protocol):
             return
         broker = self.broker
         for consumer in list(channel.consumers.values()):
-            self._remove_consumer(channel, consumer)
+            del channel.consumers[consumer.tag]
+            self.vhost.cancel(consumer)
         if channel.reply_consumer is not None:
-            broker.reply_channels.pop(channel.reply_to_name, None)
+            broker.unregister_reply_channel(channel.reply_to_name)
             channel.reply_consumer = None
+        # An open transaction's acks are discarded with it: those deliveries go back too.
+        channel.rollback()
         for queue in channel.requeue_all():
             broker.want_dispatch(queue)
-
-    def _remove_consumer(self, channel: BrokerChannel, consumer: Consumer) -> None:
-        channel.consumers.pop(consumer.tag, None)
-        queue = consumer.queue
-        if queue.remove_consumer(consumer):
-            self.broker.drop_queue(queue)
-            return
-        if not queue.consumers:
-            self.broker.touch(queue)
-        self.broker.want_dispatch(queue)
 
     # -- helpers for methods -------------------------------------------------------------------
 
@@ -662,7 +682,6 @@ async def _queue_declare_new(
     )
     if exclusive:
         conn.exclusive_queues[queue.name] = queue
-    conn.broker.touch(queue)
     channel.last_queue = queue.name
     if not method.nowait:
         conn.amqp.declare_ok(channel.number, queue.name, queue.ready_count, queue.consumer_count)
@@ -693,10 +712,7 @@ def _queue_purge(
 ) -> None:
     name = conn.queue_name(channel, method.queue)
     conn.check("read", QUEUE, name)
-    queue = conn.vhost.get_queue(name, conn.owner)
-    count = queue.purge()
-    # The purge acks every ready message: the tick commits that.
-    conn.broker.want_dispatch(queue)
+    count = conn.vhost.purge(name, conn.owner)
     if not method.nowait:
         conn.reply(channel, commands.Queue.PurgeOk(message_count=count))
 
@@ -750,39 +766,29 @@ def _basic_consume(
         return
     name = conn.queue_name(channel, name)
     conn.check("read", QUEUE, name)
-    queue = conn.vhost.get_queue(name, conn.owner)
-    arguments = method.arguments or {}
-    queue_arguments.check_consume(name, conn.vhost.name, arguments)
-    holder = queue.exclusive_consumer()
-    if holder is not None or (method.exclusive and queue.consumer_count):
-        raise access_refused(f"queue '{name}' in vhost '{conn.vhost.name}' in exclusive use")
-    priority = arguments.get("x-priority", 0)
-    consumer = Consumer(
-        tag,
+    channel.consumers[tag] = conn.vhost.consume(
+        name,
+        conn.owner,
         channel,
-        queue,
-        bool(method.no_ack),
-        bool(method.exclusive),
-        int(priority),
-        channel.consumer_prefetch,
+        tag,
+        no_ack=bool(method.no_ack),
+        exclusive=bool(method.exclusive),
+        arguments=method.arguments or {},
+        prefetch_count=channel.consumer_prefetch,
     )
-    channel.consumers[tag] = consumer
-    queue.add_consumer(consumer)
     if not method.nowait:
         conn.amqp.consume_ok(channel.number, tag)
-    conn.broker.want_dispatch(queue)
-    return
 
 
 def _basic_cancel(
     conn: BrokerConnection, channel: BrokerChannel, method: commands.Basic.Cancel
 ) -> None:
     tag = method.consumer_tag
-    consumer = channel.consumers.get(tag)
+    consumer = channel.consumers.pop(tag, None)
     if consumer is not None:
-        conn._remove_consumer(channel, consumer)
+        conn.vhost.cancel(consumer)
     elif tag is not None and tag == channel.reply_consumer:
-        conn.broker.reply_channels.pop(channel.reply_to_name, None)
+        conn.broker.unregister_reply_channel(channel.reply_to_name)
         channel.reply_consumer = None
     if not method.nowait:
         conn.amqp.cancel_ok(channel.number, tag)
@@ -793,12 +799,11 @@ def _basic_get(
 ) -> Awaitable[Any] | None:
     name = conn.queue_name(channel, method.queue)
     conn.check("read", QUEUE, name)
-    queue = conn.vhost.get_queue(name, conn.owner)
-    conn.broker.touch(queue)
-    message = queue.take()
+    no_ack = bool(method.no_ack)
+    queue, message = conn.vhost.get(name, conn.owner, no_ack=no_ack)
     if message is None and queue.held_until_commit:
-        return _basic_get_after_commit(conn, channel, queue, bool(method.no_ack))
-    _get_reply(conn, channel, queue, message, bool(method.no_ack))
+        return _basic_get_after_commit(conn, channel, queue, no_ack)
+    _get_reply(conn, channel, queue, message, no_ack)
     return None
 
 
@@ -807,32 +812,31 @@ async def _basic_get_after_commit(
 ) -> None:
     """basic.get never answers get-empty while messages are ready: when the engine holds
     them until a commit (the delivered mark, a quorum queue's fsync), wait for it."""
-    message = await queue.take_after_commit()
+    message = await conn.vhost.get_after_commit(queue, no_ack=no_ack)
     _get_reply(conn, channel, queue, message, no_ack)
 
 
 def _get_reply(
-    conn: BrokerConnection, channel: BrokerChannel, queue: WorkQueue, message: Any, no_ack: bool
+    conn: BrokerConnection,
+    channel: BrokerChannel,
+    queue: WorkQueue,
+    message: Message | None,
+    no_ack: bool,
 ) -> None:
     if message is None:
         conn.reply(channel, commands.Basic.GetEmpty())
         return
-    tag = channel.record_get(queue, message.offset, no_ack)
-    exchange, routing_key = message.exchange, message.routing_key
+    tag = channel.got(queue, message, no_ack)
     conn.amqp.get_ok(
         channel.number,
         tag,
         message.redelivered,
-        exchange.decode() if isinstance(exchange, bytes) else exchange,
-        routing_key.decode() if isinstance(routing_key, bytes) else routing_key,
+        message.exchange,
+        message.routing_key,
         queue.ready_count,
         message.properties,
         message.body,
     )
-    # The take moved the engine on (a no-ack get's ack, the delivered mark): the tick commits
-    # when the engine asks, as for consumers; the dispatch also serves consumers that a
-    # commit of this get let through.
-    conn.broker.want_dispatch(queue)
 
 
 def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
@@ -845,21 +849,17 @@ def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) 
 
 
 def _tx_select(conn: BrokerConnection, channel: BrokerChannel, method: commands.Tx.Select) -> None:
-    channel.tx = True
     conn.reply(channel, commands.Tx.SelectOk())
 
 
 def _tx_commit(
     conn: BrokerConnection, channel: BrokerChannel, method: commands.Tx.Commit
 ) -> Awaitable[Any]:
-    channel.tx_check()
     publishes, channel.tx_publishes = channel.tx_publishes, []
-    settles, channel.tx_settles = channel.tx_settles, []
     for event, route in publishes:
         conn._stage(channel, event, route)
-    for taken, requeue in settles:
-        for queue in channel.apply(taken, requeue):
-            conn.broker.want_dispatch(queue)
+    for queue in channel.commit_settles():
+        conn.broker.want_dispatch(queue)
     return _tx_commit_ok(conn, channel, conn.broker.after_commit())
 
 
@@ -877,10 +877,7 @@ async def _tx_commit_ok(
 def _tx_rollback(
     conn: BrokerConnection, channel: BrokerChannel, method: commands.Tx.Rollback
 ) -> None:
-    channel.tx_check()
-    channel.tx_publishes = []
-    settles, channel.tx_settles = channel.tx_settles, []
-    channel.restore([entry for taken, _ in settles for entry in taken])
+    channel.rollback()
     conn.reply(channel, commands.Tx.RollbackOk())
 
 

@@ -1,0 +1,94 @@
+"""What a queue engine is: the storage side of a work queue, behind `WorkQueue`.
+
+`LogQueue` (one partition log plus an ack log) is the engine of every queue; `PriorityQueue`
+is one `LogQueue` per priority level behind the same interface. `WorkQueue` holds a
+`QueueEngine` and never asks which one it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, Protocol
+
+Record = tuple[bytes, bytes, bytes, bytes]
+"""What a queue stores of a message: (exchange, routing key, property bytes, body)."""
+
+
+class Message(NamedTuple):
+    offset: int
+    timestamp_ms: int
+    exchange: bytes
+    routing_key: bytes
+    properties: bytes
+    """The content-header property bytes exactly as the publisher sent them."""
+    body: bytes
+    redelivered: bool
+    delivery_count: int
+    """Deliveries including this one: 1 the first time. After a crash, a message that may
+    have been delivered counts as delivered once before."""
+
+
+class QueueEngine(Protocol):
+    @property
+    def ready_count(self) -> int:
+        """Messages waiting to be delivered."""
+        ...
+
+    @property
+    def batch_bytes_max(self) -> int:
+        """The largest batch one `append` may write."""
+        ...
+
+    @property
+    def needs_commit(self) -> bool:
+        """Appends, acks or the delivered mark wait for a `commit`."""
+        ...
+
+    @property
+    def held_until_commit(self) -> bool:
+        """Messages are ready, but none is handed out before the next `commit`."""
+        ...
+
+    def append(self, records: Sequence[Record]) -> object:
+        """Write one batch (raises, having written nothing, when it cannot)."""
+        ...
+
+    def take_many(self, count_max: int) -> list[Message]:
+        """Up to `count_max` ready messages in delivery order, marked in flight."""
+        ...
+
+    def peek(self) -> Message | None:
+        """The message `take_many(1)` would hand out next, left in place."""
+        ...
+
+    def drop_head(self, count_max: int) -> int:
+        """Acknowledge up to `count_max` messages from the head; returns how many."""
+        ...
+
+    def ack_many(self, offsets: Iterable[int]) -> int:
+        """Acknowledge in-flight messages; returns how many were in flight."""
+        ...
+
+    def requeue(self, offsets: Iterable[int]) -> int:
+        """Return in-flight messages to be delivered again (redelivered)."""
+        ...
+
+    def purge(self) -> int:
+        """Acknowledge every ready message; returns how many."""
+        ...
+
+    async def commit(self) -> None:
+        """Make appends, acks and the delivered mark durable."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Commit everything and close, recording exactly what was delivered."""
+        ...
+
+    def close(self) -> None:
+        """Release files without writing."""
+        ...
+
+    def delete(self) -> None:
+        """Close and remove the queue's data."""
+        ...
