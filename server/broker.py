@@ -299,9 +299,9 @@ class Broker:
         state = self.store.state
         return vhost in state.vhosts and state.permission(username, vhost) is not None
 
-    def permitted(self, username: str, vhost: str, access: str, kind: str, name: str) -> bool:
+    def check_access(self, username: str, vhost: str, access: str, kind: str, name: str) -> None:
         assert self.store is not None
-        return self.store.state.can_access(username, vhost, access, kind, name)
+        self.store.state.check_resource_access(username, vhost, access, kind, name)
 
     # -- direct reply-to ------------------------------------------------------------------
 

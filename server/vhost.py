@@ -465,7 +465,8 @@ class VirtualHost:
         queue = self.get_queue(queue_name, owner)
         queue_arguments.check_consume(queue.name, self.name, arguments)
         if queue.exclusive_consumer() is not None or (exclusive and queue.consumer_count):
-            raise AccessRefused(f"queue '{queue.name}' in vhost '{self.name}' in exclusive use")
+            rs = queue_arguments.resource("queue", queue.name, self.name)
+            raise AccessRefused(f"{rs} in exclusive use")
         consumer = Consumer(
             tag,
             channel,

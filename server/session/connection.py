@@ -54,9 +54,6 @@ log = logging.getLogger("warrenmq.server")
 
 _REPLY_TO_BYTES = REPLY_TO_QUEUE.encode()
 _connection_ids = itertools.count(1)
-# Exchange names and routing keys keep their decoded (deliver) forms in a small
-# per-connection cache; a flood of distinct keys just clears it.
-_ENCODED_NAMES_MAX = 1024
 
 
 class Host(Protocol):
@@ -82,7 +79,9 @@ class Host(Protocol):
 
     def may_use_vhost(self, username: str, vhost: str) -> bool: ...
 
-    def permitted(self, username: str, vhost: str, access: str, kind: str, name: str) -> bool: ...
+    def check_access(self, username: str, vhost: str, access: str, kind: str, name: str) -> None:
+        """Raise 403 with RabbitMQ's text unless the user may do `access` on the resource."""
+        ...
 
     def want_dispatch(self, queue: ConsumedQueue) -> None:
         """Have the tick hand the queue's ready messages to its consumers."""
@@ -122,7 +121,6 @@ class BrokerConnection(asyncio.Protocol):
         self.exclusive_queues: dict[str, WorkQueue] = {}
         # The exclusive-owner identity the metadata state records for this connection.
         self.owner = f"connection-{self.id}"
-        self.decoded_names: dict[bytes, str] = {}
         self.closed = False
         self._busy: asyncio.Future[Any] | None = None
         self._reading_paused = False
@@ -418,13 +416,7 @@ class BrokerConnection(asyncio.Protocol):
     # -- permissions -------------------------------------------------------------------------
 
     def check(self, access: str, kind: str, name: str) -> None:
-        if not self.broker.permitted(self.username, self.vhost.name, access, kind, name):
-            # rabbit_access_control:check_resource_access names the resource, not the access.
-            shown = "amq.default" if kind == EXCHANGE and name == "" else name
-            raise access_refused(
-                f"access to {kind} '{shown}' in vhost '{self.vhost.name}' "
-                f"refused for user '{self.username}'"
-            )
+        self.broker.check_access(self.username, self.vhost.name, access, kind, name)
 
     # -- publishing --------------------------------------------------------------------------
 
