@@ -104,7 +104,7 @@ async def settle():
 
 def publish(broker, channel, queue, tag, persistent, body=b"body"):
     """What the AMQP session does for one confirmed publish routed to `queue`."""
-    queue.stage((b"", queue.name.encode(), b"", body), persistent, False, channel.publisher(tag))
+    queue.stage((b"", queue.name.encode(), b"", body), persistent, False, (channel, tag))
     broker.staged(queue)
     broker.stage_confirm(channel, tag)
 
@@ -209,7 +209,7 @@ def test_refused_messages_get_single_nacks_between_multiple_acks():
         broker, connection, channel = make_broker()
         queue, _ = gated_queue("q")
         for tag in range(1, 7):
-            queue.stage((b"", b"q", b"", b""), False, False, channel.publisher(tag))
+            queue.stage((b"", b"q", b"", b""), False, False, (channel, tag))
             broker.staged(queue)
             broker.stage_confirm(channel, tag, refused=tag in (1, 4))
         await settle()
@@ -246,7 +246,7 @@ def test_a_failed_write_fails_the_transaction_being_committed():
         channel.wire.tx_mode = True
         queue, engine = gated_queue("q")
         engine.commit_failure = OSError(5, "Input/output error")
-        queue.stage((b"", b"q", b"", b""), True, False, channel.publisher(0))
+        queue.stage((b"", b"q", b"", b""), True, False, (channel, 0))
         broker.staged(queue)
         waiter = broker.after_commit()
         await settle()

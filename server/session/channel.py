@@ -279,13 +279,6 @@ class BrokerChannel:
             )
         self.tx_publishes.append(publish)
 
-    def publisher(self, confirm_tag: int) -> tuple[BrokerChannel, int] | None:
-        """Who waits for a message published on this channel to be stored: its confirm
-        (tag > 0) or the transaction being committed (tag 0); None when nobody does."""
-        if confirm_tag or self.tx:
-            return (self, confirm_tag)
-        return None
-
     def publish_failed(self, confirm_tag: int) -> None:
         if confirm_tag:
             self.failed_confirms.add(confirm_tag)

@@ -447,9 +447,11 @@ class BrokerConnection(asyncio.Protocol):
         if channel.tx:
             channel.hold_publish((event, route))
             return
-        self._stage(channel, event, route)
+        self._stage(channel, event, route, False)
 
-    def _stage(self, channel: BrokerChannel, event: events.MessagePublished, route: Route) -> None:
+    def _stage(
+        self, channel: BrokerChannel, event: events.MessagePublished, route: Route, tx: bool
+    ) -> None:
         confirm_tag = event.confirm_tag
         outcome = self.vhost.stage(
             route,
@@ -458,9 +460,10 @@ class BrokerConnection(asyncio.Protocol):
             event.body,
             event.delivery_mode == 2,
             event.expiration is not None,
-            channel.publisher(confirm_tag),
+            # Who waits for it to be stored: its confirm, or the transaction being committed.
+            (channel, confirm_tag) if confirm_tag or tx else None,
         )
-        if outcome is Published.ROUTED and not channel.tx:
+        if outcome is Published.ROUTED and not tx:
             if confirm_tag:
                 self.broker.stage_confirm(channel, confirm_tag)
             return
@@ -849,7 +852,7 @@ def _tx_commit(
 ) -> Awaitable[Any]:
     publishes, channel.tx_publishes = channel.tx_publishes, []
     for event, route in publishes:
-        conn._stage(channel, event, route)
+        conn._stage(channel, event, route, True)
     for queue in channel.commit_settles():
         conn.broker.want_dispatch(queue)
     return _tx_commit_ok(conn, channel, conn.broker.after_commit())
