@@ -354,46 +354,9 @@ class LogQueue:
     # -- delivering ------------------------------------------------------------------------
 
     def take(self) -> Message | None:
-        """The next message to deliver, now in flight: redeliveries first, then new ones.
-
-        None when nothing is ready, or when the next new message lies beyond what may be
-        delivered until the next `commit()` (see `needs_commit`).
-        """
-        if self._closed:
-            raise QueueError(f"queue {self.directory} is closed")
-        if self._redeliver:
-            return self._take_redelivery()
-        offset = self._next
-        log = self._log
-        end = log.end_offset if self.config.deliver_uncommitted else log.durable_offset
-        if offset >= end:
-            return None
-        if offset >= self._mark_durable:
-            if self._lead_granted:
-                return None
-            self._grant_lead(clip=False)
-        ahead = self._ahead
-        position = self._ahead_position
-        if position >= len(ahead):
-            ahead = self._ahead = log.read(
-                offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max
-            )
-            position = 0
-        record = ahead[position]
-        assert record.offset == offset, (record.offset, offset)
-        self._ahead_position = position + 1
-        self._next = offset + 1
-        self._in_flight.add(offset)
-        return Message(
-            offset,
-            record.timestamp_ms,
-            record.exchange,
-            record.routing_key,
-            record.properties,
-            record.body,
-            False,
-            1,
-        )
+        """The next message to deliver, now in flight (`take_many(1)`), or None."""
+        taken = self.take_many(1)
+        return taken[0] if taken else None
 
     def _take_redelivery(self) -> Message:
         offset = heapq.heappop(self._redeliver)
@@ -414,14 +377,16 @@ class LogQueue:
         )
 
     def take_many(self, count_max: int) -> list[Message]:
-        """Up to `count_max` messages, as `take()` would return them one by one, but cheaper:
-        new messages are handed out a read-ahead slice at a time."""
+        """Up to `count_max` messages to deliver, now in flight: redeliveries first, then new
+        ones, a read-ahead slice at a time. Fewer (or none) when no more are ready, or when
+        the next new message lies beyond what may be delivered until the next `commit()`
+        (see `needs_commit`)."""
+        if self._closed:
+            raise QueueError(f"queue {self.directory} is closed")
         taken: list[Message] = []
         while self._redeliver and len(taken) < count_max:
-            message = self.take()
-            assert message is not None
-            taken.append(message)
-        if len(taken) == count_max or self._closed:
+            taken.append(self._take_redelivery())
+        if len(taken) == count_max:
             return taken
         log = self._log
         end = log.end_offset if self.config.deliver_uncommitted else log.durable_offset
