@@ -8,7 +8,8 @@ credit bookkeeping of the AMQP channel (server/session/channel.py) without the w
 The expected behaviour is RabbitMQ's (classic queues), from its documentation (rabbitmq.com
 docs: ttl, maxlength, priority, consumer-priority, consumers#single-active-consumer,
 consumer-prefetch) and, where the documentation is silent, from
-deps/rabbit/src/rabbit_amqqueue_process.erl.
+deps/rabbit/src/rabbit_amqqueue_process.erl. Tests marked xfail(strict) show where Warren
+differs today.
 """
 
 from __future__ import annotations
@@ -569,6 +570,30 @@ def test_a_consumer_taking_many_at_once_gets_no_expired_message(make_queue):
     assert queue.ready_count == 0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a TTL-0 message is dropped before dispatch; RabbitMQ hands it to a waiting "
+    "consumer (deliver_or_enqueue tries attempt_delivery before enqueueing)",
+)
+@pytest.mark.parametrize("ttl", ["queue", "message"])
+def test_a_message_with_ttl_0_goes_to_a_consumer_waiting_for_it(make_queue, ttl):
+    """rabbitmq.com/docs/ttl: "Setting the TTL to 0 causes messages to be expired upon
+    reaching a queue unless they can be delivered to a consumer immediately"; the same holds
+    for an expiration of "0" (rabbit_amqqueue_process:deliver_or_enqueue tries the consumers
+    before it enqueues, and expiry is looked at only for enqueued messages)."""
+    if ttl == "queue":
+        queue = make_queue(**{"x-message-ttl": 0})
+        props = NO_PROPERTIES
+    else:
+        queue = make_queue()
+        props = properties(expiration="0")
+    channel = FakeChannel()
+    consume(queue, channel, "c")
+    publish_with(queue, T0, (props, b"now"))
+    run(queue, T0)
+    assert channel.take_delivered() == [("c", b"now")]
+
+
 # -- 6. per-message expiration -------------------------------------------------------------------
 
 
@@ -631,6 +656,28 @@ def test_expiration_acts_only_at_the_head(make_queue):
     assert channel.take_delivered() == [("c", b"long-2")]
     settle(channel, T0 + 7000, b"long-2")
     assert channel.take_delivered() == [("c", b"plain-2")]
+    assert queue.ready_count == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="take() leaves an expired message that reaches the head counted until the next "
+    "take or run_timers; RabbitMQ's fetch drops it at once, so basic.get-ok's message_count "
+    "excludes it",
+)
+def test_a_take_drops_the_expired_messages_it_brings_to_the_head(make_queue):
+    """rabbit_amqqueue_process:fetch runs drop_expired_msgs right after BQ:fetch, and
+    basic_get answers BQ:len after that: an expired message the get uncovered is already
+    gone from basic.get-ok's message_count (which the session takes from ready_count)."""
+    queue = make_queue()
+    publish_with(
+        queue,
+        T0,
+        (properties(expiration="10000"), b"long"),
+        (properties(expiration="100"), b"short"),
+    )
+    message = queue.take(T0 + 5000)
+    assert message is not None and message.body == b"long"
     assert queue.ready_count == 0
 
 
@@ -712,6 +759,61 @@ def test_reject_publish_by_bytes(make_queue):
     assert queue.stage((b"", b"q", NO_PROPERTIES, b""), False)
     queue.flush(T0 + 1)
     assert drain(queue, T0 + 2) == [b"abc", b"de", b""]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="requeue does not apply x-max-length / x-max-length-bytes; RabbitMQ's "
+    "requeue_and_run runs maybe_drop_head after a requeue",
+)
+@pytest.mark.parametrize(
+    "limit", [{"x-max-length": 2}, {"x-max-length-bytes": 2}], ids=["length", "bytes"]
+)
+def test_a_requeue_beyond_the_length_limit_drops_the_head(make_queue, limit):
+    """rabbit_amqqueue_process:requeue_and_run requeues, then maybe_drop_head: the queue is
+    never over its limit, and the requeued message (the oldest, back at the head) goes."""
+    queue = make_queue(**limit)
+    publish(queue, T0, b"a", b"b")
+    taken = queue.take(T0)
+    publish(queue, T0 + 1, b"c")
+    assert queue.ready_count == 2
+    queue.requeue([taken.offset])
+    assert queue.ready_count == 2
+    assert drain(queue, T0 + 2) == [b"b", b"c"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="x-max-length drop-head is applied at flush, before dispatch: messages a waiting "
+    "consumer with credit would take are dropped; RabbitMQ delivers them",
+)
+@pytest.mark.parametrize("length_max", [0, 1])
+def test_drop_head_spares_messages_a_waiting_consumer_takes(make_queue, length_max):
+    """RabbitMQ (deliver_or_enqueue) hands an arriving message to a consumer with credit
+    before it is enqueued; maybe_drop_head runs only for enqueued ones. With a consumer
+    waiting (prefetch 10), three publishes all reach it, whatever x-max-length is."""
+    queue = make_queue(**{"x-max-length": length_max})
+    channel = FakeChannel()
+    consume(queue, channel, "c", prefetch=10)
+    publish(queue, T0, b"a", b"b", b"c")
+    run(queue, T0)
+    assert channel.take_delivered() == [("c", b"a"), ("c", b"b"), ("c", b"c")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="x-overflow reject-publish counts staged messages a waiting consumer with credit "
+    "would take at once; RabbitMQ accepts and delivers them",
+)
+def test_reject_publish_accepts_what_a_waiting_consumer_takes(make_queue):
+    """rabbit_amqqueue_process:will_overflow compares ready messages + 1 with the limit; a
+    message handed to a consumer on arrival never becomes ready, so with a consumer waiting
+    every publish to a queue with x-max-length 1 is accepted."""
+    queue = make_queue(**{"x-max-length": 1, "x-overflow": "reject-publish"})
+    channel = FakeChannel()
+    consume(queue, channel, "c", prefetch=10)
+    assert queue.stage((b"", b"q", NO_PROPERTIES, b"a"), False)
+    assert queue.stage((b"", b"q", NO_PROPERTIES, b"b"), False)
 
 
 # -- 8. x-expires -----------------------------------------------------------------------------
