@@ -659,12 +659,6 @@ def test_expiration_acts_only_at_the_head(make_queue):
     assert queue.ready_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="take() leaves an expired message that reaches the head counted until the next "
-    "take or run_timers; RabbitMQ's fetch drops it at once, so basic.get-ok's message_count "
-    "excludes it",
-)
 def test_a_take_drops_the_expired_messages_it_brings_to_the_head(make_queue):
     """rabbit_amqqueue_process:fetch runs drop_expired_msgs right after BQ:fetch, and
     basic_get answers BQ:len after that: an expired message the get uncovered is already
@@ -761,11 +755,6 @@ def test_reject_publish_by_bytes(make_queue):
     assert drain(queue, T0 + 2) == [b"abc", b"de", b""]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="requeue does not apply x-max-length / x-max-length-bytes; RabbitMQ's "
-    "requeue_and_run runs maybe_drop_head after a requeue",
-)
 @pytest.mark.parametrize(
     "limit", [{"x-max-length": 2}, {"x-max-length-bytes": 2}], ids=["length", "bytes"]
 )
@@ -782,11 +771,6 @@ def test_a_requeue_beyond_the_length_limit_drops_the_head(make_queue, limit):
     assert drain(queue, T0 + 2) == [b"b", b"c"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="x-max-length drop-head is applied at flush, before dispatch: messages a waiting "
-    "consumer with credit would take are dropped; RabbitMQ delivers them",
-)
 @pytest.mark.parametrize("length_max", [0, 1])
 def test_drop_head_spares_messages_a_waiting_consumer_takes(make_queue, length_max):
     """RabbitMQ (deliver_or_enqueue) hands an arriving message to a consumer with credit

@@ -211,7 +211,8 @@ class WorkQueue:
             self.written_publishers += publishers if written == count else publishers[:written]
             self.commit_wanted = True
         self.staged_persistent = False
-        self.enforce_length()
+        if not self.consumers:
+            self.enforce_length()
 
     def _batch_bounds(self, staged: list[Record], staged_bytes: int) -> list[tuple[int, int]]:
         step = self._batch_records_max
@@ -374,14 +375,17 @@ class WorkQueue:
         while engine.ready_count:
             consumer = self._next_consumer()
             if consumer is None:
-                return False
+                break
             messages = self.take_many(consumer.credit(budget) if alone else 1, now_ms)
             if not messages:
-                return False
+                break
             consumer.channel.deliver(consumer, messages)
             budget -= len(messages)
             if budget <= 0:
                 return True
+        # As RabbitMQ offers an arriving message to the consumers before it enqueues it, the
+        # length limits apply to what the consumers left.
+        self.enforce_length()
         return False
 
     @property
@@ -430,6 +434,10 @@ class WorkQueue:
                 self.ready_bytes -= size
                 self._in_flight_bytes[message.offset] = size
             taken.append(message)
+        if self.expires_messages:
+            # What the take brought to the head may have expired: gone before anyone counts
+            # the queue (basic.get-ok's message count), as RabbitMQ's fetch drops it.
+            self.expire_head(now_ms)
         return taken
 
     def _drop_one(self) -> bool:
@@ -505,6 +513,8 @@ class WorkQueue:
             sizes = self._in_flight_bytes
             self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)
         self.engine.requeue(offsets)
+        # RabbitMQ's requeue_and_run drops from the head beyond the limits.
+        self.enforce_length()
 
     def purge(self) -> int:
         self.ready_bytes = 0
