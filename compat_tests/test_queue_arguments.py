@@ -82,3 +82,32 @@ def test_priority_queue_delivers_highest_first(channel, uid):
     sync(channel)
     # Priorities above x-max-priority count as the maximum; no priority counts as 0.
     assert drain(channel, f"{uid}-q") == [b"high", b"over", b"mid", b"low", b"none"]
+
+
+def test_max_length_spares_what_a_waiting_consumer_takes(connection, uid):
+    """An arriving message goes to a consumer with credit before the length limit applies."""
+    ch = connection.channel()
+    ch.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-max-length": 1})
+    ch.basic_qos(prefetch_count=10)
+    received = []
+    ch.basic_consume(f"{uid}-q", lambda c, m, p, body: received.append(body))
+    for body in (b"a", b"b", b"c"):
+        ch.basic_publish("", f"{uid}-q", body)
+    deadline = time.monotonic() + 5
+    while len(received) < 3 and time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.1)
+    assert received == [b"a", b"b", b"c"]
+
+
+def test_a_requeue_beyond_max_length_drops_the_head(channel, uid):
+    channel.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-max-length": 2})
+    for body in (b"a", b"b"):
+        channel.basic_publish("", f"{uid}-q", body)
+    method, _, body = channel.basic_get(f"{uid}-q")
+    assert body == b"a"
+    channel.basic_publish("", f"{uid}-q", b"c")
+    sync(channel)
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    sync(channel)
+    assert channel.queue_declare(f"{uid}-q", passive=True).method.message_count == 2
+    assert drain(channel, f"{uid}-q") == [b"b", b"c"]
