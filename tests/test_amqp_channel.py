@@ -5,22 +5,9 @@ from hypothesis import strategies as st
 from pamqp import body as pamqp_body
 from pamqp import commands
 from pamqp import header as pamqp_header
+from protocol import connected, feed
 
-from warrenmq.amqp import ChannelError, Connection, ConnectionConfig, events, replies, testing
-
-
-def connected(channels=(1,), **kwargs):
-    conn = Connection(ConnectionConfig(**kwargs))
-    testing.open_connection(conn, frame_max=kwargs.get("frame_bytes_max", 131072))
-    for channel in channels:
-        testing.open_channel(conn, channel)
-    return conn
-
-
-def feed(conn, *chunks, now=1.0):
-    for chunk in chunks:
-        conn.receive_data(chunk, now)
-    return testing.drain(conn)
+from warrenmq.amqp import ChannelError, events, replies, testing
 
 
 def sent(conn):

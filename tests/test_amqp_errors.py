@@ -6,34 +6,18 @@ import pytest
 from pamqp import body as pamqp_body
 from pamqp import commands
 from pamqp import header as pamqp_header
+from protocol import connected, feed, raw_frame
 
 from warrenmq.amqp import (
     AMQPConnectionError,
     ChannelError,
     Connection,
-    ConnectionConfig,
     ConnectionState,
     events,
     frames,
     replies,
     testing,
 )
-
-
-def connected(channels=(1,), **kwargs):
-    conn = Connection(ConnectionConfig(**kwargs))
-    testing.open_connection(
-        conn,
-        frame_max=kwargs.get("frame_bytes_max", 131072),
-        channel_max=kwargs.get("channel_max", 2047),
-    )
-    for channel in channels:
-        testing.open_channel(conn, channel)
-    return conn
-
-
-def raw_frame(frame_type, channel, payload, end=b"\xce"):
-    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + end
 
 
 def connection_close(conn, data):
@@ -47,11 +31,6 @@ def connection_close(conn, data):
     close = closes[0]
     assert (got[0].reply_code, got[0].reply_text) == (close.reply_code, close.reply_text)
     return close.reply_code, close.reply_text, close.class_id, close.method_id
-
-
-def feed_events(conn, data):
-    conn.receive_data(data, 1.0)
-    return testing.drain(conn)
 
 
 def channel_close(conn, data, channel=1):
@@ -341,7 +320,7 @@ def test_malformed_table_in_method_arguments_drops_the_connection_unannounced(ta
 def test_method_arguments_must_end_with_their_last_field():
     good = declare_payload(b"\x01aS" + struct.pack(">I", 2) + b"hi")
     conn = connected()
-    [event] = feed_events(conn, raw_frame(1, 1, good))
+    [event] = feed(conn, raw_frame(1, 1, good))
     assert event.method.arguments == {"a": "hi"}
     conn = connected()
     code, text, class_id, method_id = connection_close(conn, raw_frame(1, 1, good + b"\x00"))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from ports import free_port
 
 from warrenmq.cluster.kv import (
     CasFailed,
@@ -33,7 +34,7 @@ from warrenmq.cluster.kv import (
     encode_not_leader,
     encode_put,
 )
-from warrenmq.cluster.local_cluster import LocalCluster, free_port
+from warrenmq.cluster.local_cluster import LocalCluster
 from warrenmq.cluster.node import RaftServer, ServerConfig, coalesce_appends
 from warrenmq.cluster.raft.core import RaftConfig
 from warrenmq.cluster.raft.linearizability import KvModel, Operation, check

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from ports import free_port
 
 from warrenmq.cluster.transport import (
     FrameDecoder,
@@ -15,12 +15,6 @@ from warrenmq.cluster.transport import (
     PeerTransport,
     encode_frame,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @given(
