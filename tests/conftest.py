@@ -4,10 +4,34 @@ sys.path here (the suite runs in importlib mode with the repository root off sys
 * ports.py: `free_port`, for the tests that must name a port before they listen;
 * protocol.py: `raw_frame` (an AMQP frame by hand), `connected` (a connection machine past its
   handshake) and `feed` (bytes in, events out), all without sockets;
+* loop_thread.py: `LoopThread`, an event loop on a thread that blocking clients talk to;
+* brokers.py: `ThreadBroker`, Warren in this process on a LoopThread, and `connect`;
 * doubles.py: `HeldExecutor`, a worker thread that runs its jobs only when told to.
+
+The fixtures below start brokers and stop them after the test, whatever it left running.
 """
 
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture
+def start_broker():
+    """start_broker(data_dir, **settings): a started ThreadBroker, stopped after the test."""
+    # Imported here, not at the top: tests of amqp/, log/ or cluster/ need nothing of server/.
+    from brokers import ThreadBroker
+
+    started = []
+
+    def start(data_dir, **settings):
+        running = ThreadBroker(data_dir, **settings).start()
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.stop()

@@ -6,10 +6,10 @@ handshake, multi-frame content, verbatim properties, confirms, and the error rep
 """
 
 import asyncio
-import threading
 
 import pika
 import pytest
+from loop_thread import LoopThread
 from pamqp import commands
 
 from warrenmq.amqp import Connection, ProtocolError, events, replies
@@ -163,20 +163,20 @@ class Shell(asyncio.Protocol):
 
 @pytest.fixture
 def broker_port():
-    loop = asyncio.new_event_loop()
+    runner = LoopThread(asyncio.new_event_loop).start()
     broker = ToyBroker()
-    server = loop.run_until_complete(
-        loop.create_server(lambda: Shell(broker, loop), "127.0.0.1", 0)
-    )
-    port = server.sockets[0].getsockname()[1]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield port
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    server.close()
-    loop.run_until_complete(server.wait_closed())
-    loop.close()
+
+    async def listen():
+        return await runner.loop.create_server(lambda: Shell(broker, runner.loop), "127.0.0.1", 0)
+
+    async def close(server):
+        server.close()
+        await server.wait_closed()
+
+    server = runner.call(listen())
+    yield server.sockets[0].getsockname()[1]
+    runner.call(close(server))
+    runner.stop()
 
 
 def params(port, password="guest", vhost="/"):

@@ -6,52 +6,13 @@ data directory; each test uses its own queue and exchange names.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 import uuid
 
 import pika
 import pika.exceptions
 import pytest
-import uvloop
-
-from warrenmq.server.broker import Broker
-from warrenmq.server.config import BrokerConfig
-
-
-class ThreadBroker:
-    """A Broker on a private uvloop thread; start() and stop() block until done."""
-
-    def __init__(self, data_dir, **settings):
-        self.config = BrokerConfig(port=0, bind="127.0.0.1", data_dir=data_dir, **settings)
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.broker = None
-
-    def start(self):
-        self.thread.start()
-        self.broker = Broker(self.config)
-        self.call(self.broker.start())
-        return self
-
-    def call(self, coroutine, timeout=10):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def stop(self):
-        self.call(self.broker.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-    @property
-    def port(self):
-        return self.broker.port
-
-    def connect(self, **kwargs):
-        return pika.BlockingConnection(
-            pika.ConnectionParameters("127.0.0.1", self.port, connection_attempts=1, **kwargs)
-        )
+from brokers import ThreadBroker
 
 
 @pytest.fixture(scope="module")
@@ -866,32 +827,27 @@ def test_guest_is_refused_from_a_non_loopback_address(broker):
     assert remote is None and local is not None
 
 
-def test_loopback_users_setting_is_who_may_log_in_from_loopback_only(tmp_path):
+def test_loopback_users_setting_is_who_may_log_in_from_loopback_only(tmp_path, start_broker):
     from warrenmq.server.metadata import commands as metadata_commands
     from warrenmq.server.metadata import passwords
 
-    running = ThreadBroker(tmp_path, loopback_users=("bob",)).start()
-    try:
-        broker = running.broker
-        running.call(
-            broker.store.apply(
-                metadata_commands.AddUser("bob", passwords.hash_password("pw", log2_n=2))
-            )
+    running = start_broker(tmp_path, loopback_users=("bob",))
+    broker = running.broker
+    running.call(
+        broker.store.apply(
+            metadata_commands.AddUser("bob", passwords.hash_password("pw", log2_n=2))
         )
-        running.call(
-            broker.store.apply(metadata_commands.SetPermissions("bob", "/", ".*", ".*", ".*"))
-        )
+    )
+    running.call(broker.store.apply(metadata_commands.SetPermissions("bob", "/", ".*", ".*", ".*")))
 
-        async def login(user, password, host):
-            return await broker.authenticate(user, password, host, "PLAIN") is not None
+    async def login(user, password, host):
+        return await broker.authenticate(user, password, host, "PLAIN") is not None
 
-        assert running.call(login("guest", "guest", "10.1.2.3"))
-        assert not running.call(login("bob", "pw", "10.1.2.3"))
-        assert running.call(login("bob", "pw", "127.0.0.1"))
-        local = running.connect(credentials=pika.PlainCredentials("bob", "pw"))
-        local.close()
-    finally:
-        running.stop()
+    assert running.call(login("guest", "guest", "10.1.2.3"))
+    assert not running.call(login("bob", "pw", "10.1.2.3"))
+    assert running.call(login("bob", "pw", "127.0.0.1"))
+    local = running.connect(credentials=pika.PlainCredentials("bob", "pw"))
+    local.close()
 
 
 def test_bad_protocol_header_gets_ours_and_a_close(broker):
@@ -948,8 +904,8 @@ def test_a_silent_client_is_dropped_after_two_heartbeat_intervals(broker):
     assert testing.heartbeat() in received
 
 
-def test_restart_keeps_durable_queues_with_their_levels_and_limits(tmp_path):
-    first = ThreadBroker(tmp_path).start()
+def test_restart_keeps_durable_queues_with_their_levels_and_limits(tmp_path, start_broker):
+    first = start_broker(tmp_path)
     connection = first.connect()
     ch = connection.channel()
     ch.confirm_delivery()
@@ -961,15 +917,12 @@ def test_restart_keeps_durable_queues_with_their_levels_and_limits(tmp_path):
         ch.basic_publish("", "plain", body, pika.BasicProperties(delivery_mode=2))
     connection.close()
     first.stop()
-    second = ThreadBroker(tmp_path).start()
-    try:
-        connection = second.connect()
-        ch = connection.channel()
-        assert [ch.basic_get("prio", auto_ack=True)[2] for _ in range(3)] == [b"b", b"c", b"a"]
-        assert [ch.basic_get("plain", auto_ack=True)[2] for _ in range(2)] == [b"2", b"3"]
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
-            ch.queue_declare("plain", durable=True, arguments={"x-max-length": 5})
-        assert excinfo.value.args[0] == 406
-        connection.close()
-    finally:
-        second.stop()
+    second = start_broker(tmp_path)
+    connection = second.connect()
+    ch = connection.channel()
+    assert [ch.basic_get("prio", auto_ack=True)[2] for _ in range(3)] == [b"b", b"c", b"a"]
+    assert [ch.basic_get("plain", auto_ack=True)[2] for _ in range(2)] == [b"2", b"3"]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+        ch.queue_declare("plain", durable=True, arguments={"x-max-length": 5})
+    assert excinfo.value.args[0] == 406
+    connection.close()

@@ -11,7 +11,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,39 +18,11 @@ from types import SimpleNamespace
 import pika
 import pika.exceptions
 import pytest
-import uvloop
 
 from warrenmq.server import broker as broker_module
-from warrenmq.server.broker import METADATA_FILE, Broker
-from warrenmq.server.config import BrokerConfig
+from warrenmq.server.broker import METADATA_FILE
 from warrenmq.server.metadata.state import Limits
 from warrenmq.server.vhost import SHUTDOWN_CONCURRENT_MAX, VirtualHost, directory_name
-
-
-class ThreadBroker:
-    """A Broker on a private uvloop thread; start() and stop() block until done."""
-
-    def __init__(self, data_dir):
-        self.data_dir = data_dir
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.broker = Broker(BrokerConfig(port=0, bind="127.0.0.1", data_dir=data_dir))
-
-    def start(self):
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.broker.start(), self.loop).result(20)
-        return self
-
-    def stop(self):
-        asyncio.run_coroutine_threadsafe(self.broker.stop(), self.loop).result(20)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-    def connect(self):
-        return pika.BlockingConnection(
-            pika.ConnectionParameters("127.0.0.1", self.broker.port, connection_attempts=1)
-        )
 
 
 def stored_queues(data_dir):
@@ -84,60 +55,53 @@ def failing_open(monkeypatch):
     monkeypatch.setattr(broker_module.LogQueue, "open", open_or_fail)
 
 
-def test_a_declare_whose_storage_cannot_open_leaves_no_record(tmp_path, failing_open):
+def test_a_declare_whose_storage_cannot_open_leaves_no_record(tmp_path, failing_open, start_broker):
     data_dir = tmp_path / "data"
-    running = ThreadBroker(data_dir).start()
-    try:
-        connection = running.connect()
-        channel = connection.channel()
-        channel.queue_declare("kept", durable=True)
-        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as excinfo:
-            channel.queue_declare("doomed", durable=True)
-        code, text = excinfo.value.args
-        assert code == 541
-        assert text == (
-            "INTERNAL_ERROR - cannot declare queue 'doomed' in vhost '/': "
-            "EMFILE (Too many open files)"
-        )
-        assert str(tmp_path) not in text, "no server path goes to the client"
-        connection = running.connect()
-        channel = connection.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
-            channel.queue_declare("doomed", passive=True)
-        assert excinfo.value.args[0] == 404
-        connection.close()
-        assert stored_queues(data_dir) == ["kept"]
-        wait_until(lambda: not queue_directory(data_dir, "doomed").exists())
-    finally:
-        running.stop()
-    running = ThreadBroker(data_dir).start()
-    try:
-        assert set(running.broker.vhosts["/"].queues) == {"kept"}
-        assert running.broker.vhosts["/"].failed == {}
-    finally:
-        running.stop()
+    running = start_broker(data_dir)
+    connection = running.connect()
+    channel = connection.channel()
+    channel.queue_declare("kept", durable=True)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as excinfo:
+        channel.queue_declare("doomed", durable=True)
+    code, text = excinfo.value.args
+    assert code == 541
+    assert text == (
+        "INTERNAL_ERROR - cannot declare queue 'doomed' in vhost '/': EMFILE (Too many open files)"
+    )
+    assert str(tmp_path) not in text, "no server path goes to the client"
+    connection = running.connect()
+    channel = connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+        channel.queue_declare("doomed", passive=True)
+    assert excinfo.value.args[0] == 404
+    connection.close()
+    assert stored_queues(data_dir) == ["kept"]
+    wait_until(lambda: not queue_directory(data_dir, "doomed").exists())
+    running.stop()
+    running = start_broker(data_dir)
+    assert set(running.broker.vhosts["/"].queues) == {"kept"}
+    assert running.broker.vhosts["/"].failed == {}
 
 
-def test_a_declare_refused_after_its_storage_opened_removes_the_storage(tmp_path):
+def test_a_declare_refused_after_its_storage_opened_removes_the_storage(tmp_path, start_broker):
     data_dir = tmp_path / "data"
-    running = ThreadBroker(data_dir).start()
-    try:
-        running.broker.store.state.limits = Limits(queues_per_vhost_max=1)
-        connection = running.connect()
-        channel = connection.channel()
-        channel.queue_declare("first", durable=True)
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
-            channel.queue_declare("second", durable=True)
-        assert excinfo.value.args[0] == 406
-        connection.close()
-        assert stored_queues(data_dir) == ["first"]
-        wait_until(lambda: not queue_directory(data_dir, "second").exists())
-        assert "second" not in running.broker.vhosts["/"].queues
-    finally:
-        running.stop()
+    running = start_broker(data_dir)
+    running.broker.store.state.limits = Limits(queues_per_vhost_max=1)
+    connection = running.connect()
+    channel = connection.channel()
+    channel.queue_declare("first", durable=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+        channel.queue_declare("second", durable=True)
+    assert excinfo.value.args[0] == 406
+    connection.close()
+    assert stored_queues(data_dir) == ["first"]
+    wait_until(lambda: not queue_directory(data_dir, "second").exists())
+    assert "second" not in running.broker.vhosts["/"].queues
 
 
-def test_concurrent_declares_of_one_new_queue_share_its_storage(tmp_path, monkeypatch):
+def test_concurrent_declares_of_one_new_queue_share_its_storage(
+    tmp_path, monkeypatch, start_broker
+):
     """A declare or a use racing another declare's metadata write finds the queue; its files
     are never opened twice."""
     opened = []
@@ -148,7 +112,7 @@ def test_concurrent_declares_of_one_new_queue_share_its_storage(tmp_path, monkey
         return real_open(directory, *args, **kwargs)
 
     monkeypatch.setattr(broker_module.LogQueue, "open", counting)
-    running = ThreadBroker(tmp_path / "data").start()
+    running = start_broker(tmp_path / "data")
     vhost = running.broker.vhosts["/"]
     flags = dict(
         durable=True,
@@ -168,17 +132,16 @@ def test_concurrent_declares_of_one_new_queue_share_its_storage(tmp_path, monkey
             vhost.declare_queue("shared", **flags), vhost.declare_queue("shared", **flags), use()
         )
 
-    try:
-        first, second, used = asyncio.run_coroutine_threadsafe(race(), running.loop).result(10)
-        assert first is second is used is vhost.queues["shared"]
-        assert len(opened) == 1
-    finally:
-        running.stop()
+    first, second, used = running.call(race())
+    assert first is second is used is vhost.queues["shared"]
+    assert len(opened) == 1
 
 
-def test_a_queue_whose_files_cannot_open_is_unavailable_and_the_others_recover(tmp_path):
+def test_a_queue_whose_files_cannot_open_is_unavailable_and_the_others_recover(
+    tmp_path, start_broker
+):
     data_dir = tmp_path / "data"
-    running = ThreadBroker(data_dir).start()
+    running = start_broker(data_dir)
     connection = running.connect()
     channel = connection.channel()
     channel.confirm_delivery()
@@ -193,37 +156,34 @@ def test_a_queue_whose_files_cannot_open_is_unavailable_and_the_others_recover(t
     acks.rename(moved)
     acks.write_bytes(b"not a directory")
 
-    running = ThreadBroker(data_dir).start()
-    try:
-        vhost = running.broker.vhosts["/"]
-        assert set(vhost.queues) == {"a", "c"} and set(vhost.failed) == {"b"}
-        connection = running.connect()
-        channel = connection.channel()
-        for name in ("a", "c"):
-            assert channel.basic_get(name, auto_ack=True)[2] == name.encode()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
-            channel.queue_declare("b", passive=True)
-        assert excinfo.value.args == (
-            404,
-            "NOT_FOUND - queue 'b' in vhost '/' has crashed and failed to restart",
-        )
-        channel = connection.channel()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
-            channel.basic_get("b")
-        assert excinfo.value.args[0] == 404
-        # Publishing to it drops the message for that queue only; the connection carries on.
-        channel = connection.channel()
-        channel.basic_publish("", "b", b"lost")
-        # Repaired, the next declare opens it again, with its message.
-        acks.unlink()
-        moved.rename(acks)
-        assert channel.queue_declare("b", durable=True).method.message_count == 1
-        assert channel.basic_get("b", auto_ack=True)[2] == b"b"
-        assert vhost.failed == {}
-        connection.close()
-        assert stored_queues(data_dir) == ["a", "b", "c"]
-    finally:
-        running.stop()
+    running = start_broker(data_dir)
+    vhost = running.broker.vhosts["/"]
+    assert set(vhost.queues) == {"a", "c"} and set(vhost.failed) == {"b"}
+    connection = running.connect()
+    channel = connection.channel()
+    for name in ("a", "c"):
+        assert channel.basic_get(name, auto_ack=True)[2] == name.encode()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+        channel.queue_declare("b", passive=True)
+    assert excinfo.value.args == (
+        404,
+        "NOT_FOUND - queue 'b' in vhost '/' has crashed and failed to restart",
+    )
+    channel = connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
+        channel.basic_get("b")
+    assert excinfo.value.args[0] == 404
+    # Publishing to it drops the message for that queue only; the connection carries on.
+    channel = connection.channel()
+    channel.basic_publish("", "b", b"lost")
+    # Repaired, the next declare opens it again, with its message.
+    acks.unlink()
+    moved.rename(acks)
+    assert channel.queue_declare("b", durable=True).method.message_count == 1
+    assert channel.basic_get("b", auto_ack=True)[2] == b"b"
+    assert vhost.failed == {}
+    connection.close()
+    assert stored_queues(data_dir) == ["a", "b", "c"]
 
 
 LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")

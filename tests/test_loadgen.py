@@ -16,13 +16,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_thread import LoopThread
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
@@ -668,22 +668,15 @@ def test_options_are_checked():
 
 
 def test_cli_prints_json(capsys):
-    async def serve():
-        broker = ToyBroker()
-        return broker, await broker.start()
-
-    loop = asyncio.new_event_loop()
-    broker, url = loop.run_until_complete(serve())
+    # The CLI runs its own loop, so the toy broker runs in a thread beside it.
+    runner = LoopThread(asyncio.new_event_loop).start()
+    broker = ToyBroker()
+    url = runner.call(broker.start())
     try:
-        # The CLI runs its own loop, so the toy broker runs in a thread beside it.
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
         status = loadgen.main(["publish", "--url", url, "--messages", "200", "--window", "50"])
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
     finally:
-        loop.run_until_complete(broker.stop())
-        loop.close()
+        runner.call(broker.stop())
+        runner.stop()
     report = json.loads(capsys.readouterr().out)
     assert status == 0 and report["confirmed"] == 200 and report["scenario"] == "publish"
 
