@@ -5,7 +5,8 @@ sys.path here (the suite runs in importlib mode with the repository root off sys
 * protocol.py: `raw_frame` (an AMQP frame by hand), `connected` (a connection machine past its
   handshake) and `feed` (bytes in, events out), all without sockets;
 * loop_thread.py: `LoopThread`, an event loop on a thread that blocking clients talk to;
-* brokers.py: `ThreadBroker`, Warren in this process on a LoopThread, and `connect`;
+* brokers.py: `ThreadBroker`, Warren in this process on a LoopThread; `WarrenProcess`, `warren
+  serve` as a subprocess; `connect`, a pika connection to either;
 * doubles.py: `HeldExecutor`, a worker thread that runs its jobs only when told to.
 
 The fixtures below start brokers and stop them after the test, whatever it left running.
@@ -35,3 +36,13 @@ def start_broker():
     yield start
     for running in started:
         running.stop()
+
+
+@pytest.fixture
+def warren_process(tmp_path):
+    """A WarrenProcess on a fresh data dir, not started yet; killed after the test."""
+    from brokers import WarrenProcess
+
+    process = WarrenProcess(tmp_path / "data")
+    yield process
+    process.kill()

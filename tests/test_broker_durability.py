@@ -9,84 +9,22 @@ durable topology (exchanges, queues, bindings) survives while transient topology
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import pika
 import pika.exceptions
 import pytest
+from brokers import WARREN_LISTENING, WarrenProcess, connect, warren_serve
 
 QUEUE = "durable-work"
-LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
-
-
-class BrokerProcess:
-    def __init__(self, data_dir):
-        self.data_dir = data_dir
-        self.process = None
-        self.port = None
-
-    def start(self, timeout_s=20.0):
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "warrenmq.server.cli",
-                "serve",
-                "--port",
-                "0",
-                "--bind",
-                "127.0.0.1",
-                "--data-dir",
-                str(self.data_dir),
-                "--log-level",
-                "warning",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            match = LISTENING.search(line)
-            if match:
-                self.port = int(match.group(1))
-                return self
-            if not line and self.process.poll() is not None:
-                break
-        self.kill()
-        raise RuntimeError("warren serve did not start")
-
-    def kill(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def connect(self):
-        return pika.BlockingConnection(
-            pika.ConnectionParameters(
-                "127.0.0.1", self.port, connection_attempts=1, blocked_connection_timeout=5
-            )
-        )
-
-
-@pytest.fixture
-def broker_process(tmp_path):
-    process = BrokerProcess(tmp_path / "data")
-    yield process
-    process.kill()
 
 
 def _publisher(port, prefix, confirmed, stop):
     try:
-        connection = pika.BlockingConnection(
-            pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1)
-        )
+        connection = connect(port)
         channel = connection.channel()
         channel.confirm_delivery()
         properties = pika.BasicProperties(delivery_mode=2)
@@ -104,9 +42,7 @@ def _publisher(port, prefix, confirmed, stop):
 def _consumer(port, acked, unacked, stop):
     """Acks every other message it gets; the rest stay unacked until the crash."""
     try:
-        connection = pika.BlockingConnection(
-            pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1)
-        )
+        connection = connect(port)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=50)
         for method, _, body in channel.consume(QUEUE, inactivity_timeout=0.05):
@@ -123,10 +59,10 @@ def _consumer(port, acked, unacked, stop):
         return
 
 
-def crash_cycle(broker_process, cycle, seconds=1.0):
+def crash_cycle(warren_process, cycle, seconds=1.0):
     """Publish and consume under load, SIGKILL the broker; returns what the clients saw."""
-    broker_process.start()
-    setup = broker_process.connect()
+    warren_process.start()
+    setup = warren_process.connect()
     setup.channel().queue_declare(QUEUE, durable=True)
     setup.close()
     confirmed_lists = [[], []]
@@ -134,17 +70,17 @@ def crash_cycle(broker_process, cycle, seconds=1.0):
     stop = threading.Event()
     threads = [
         threading.Thread(
-            target=_publisher, args=(broker_process.port, f"c{cycle}p{i}", confirmed_lists[i], stop)
+            target=_publisher, args=(warren_process.port, f"c{cycle}p{i}", confirmed_lists[i], stop)
         )
         for i in range(2)
     ]
     threads.append(
-        threading.Thread(target=_consumer, args=(broker_process.port, acked, unacked, stop))
+        threading.Thread(target=_consumer, args=(warren_process.port, acked, unacked, stop))
     )
     for thread in threads:
         thread.start()
     time.sleep(seconds)
-    broker_process.kill()
+    warren_process.kill()
     stop.set()
     for thread in threads:
         thread.join(10)
@@ -152,8 +88,8 @@ def crash_cycle(broker_process, cycle, seconds=1.0):
     return confirmed, acked, unacked
 
 
-def drain_all(broker_process):
-    connection = broker_process.connect()
+def drain_all(warren_process):
+    connection = warren_process.connect()
     channel = connection.channel()
     got = []
     while True:
@@ -178,28 +114,28 @@ def check_recovered(confirmed, acked, unacked, recovered):
     assert not not_flagged, f"unacked at the crash but not redelivered: {sorted(not_flagged)[:3]}"
 
 
-def test_sigkill_with_confirming_publishers_loses_no_confirmed_message(broker_process):
-    confirmed, acked, unacked = crash_cycle(broker_process, 0)
+def test_sigkill_with_confirming_publishers_loses_no_confirmed_message(warren_process):
+    confirmed, acked, unacked = crash_cycle(warren_process, 0)
     assert len(confirmed) > 50 and unacked
-    broker_process.start()
-    recovered = drain_all(broker_process)
+    warren_process.start()
+    recovered = drain_all(warren_process)
     check_recovered(confirmed, acked, unacked, recovered)
 
 
 @pytest.mark.slow
-def test_crash_loop(broker_process):
+def test_crash_loop(warren_process):
     """Several SIGKILLs in a row on the same data; each restart checks the previous run."""
     for cycle in range(6):
-        confirmed, acked, unacked = crash_cycle(broker_process, cycle, seconds=0.7)
-        broker_process.start()
-        recovered = drain_all(broker_process)
+        confirmed, acked, unacked = crash_cycle(warren_process, cycle, seconds=0.7)
+        warren_process.start()
+        recovered = drain_all(warren_process)
         check_recovered(confirmed, acked, unacked, recovered)
-        broker_process.kill()
+        warren_process.kill()
 
 
-def test_sigterm_closes_clients_with_320_and_keeps_everything(broker_process):
-    broker_process.start()
-    connection = broker_process.connect()
+def test_sigterm_closes_clients_with_320_and_keeps_everything(warren_process):
+    warren_process.start()
+    connection = warren_process.connect()
     channel = connection.channel()
     channel.confirm_delivery()
     channel.exchange_declare("keep-x", "topic", durable=True)
@@ -209,13 +145,13 @@ def test_sigterm_closes_clients_with_320_and_keeps_everything(broker_process):
     channel.queue_bind("keep-q", "keep-x", "a.#")
     for i in range(100):
         channel.basic_publish("keep-x", "a.b", b"%d" % i, pika.BasicProperties(delivery_mode=2))
-    broker_process.process.send_signal(signal.SIGTERM)
+    warren_process.process.send_signal(signal.SIGTERM)
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as excinfo:
         connection.process_data_events(time_limit=5)
     assert excinfo.value.args == (320, "CONNECTION_FORCED - broker forced connection closure")
-    assert broker_process.process.wait(15) == 0
-    broker_process.start()
-    connection = broker_process.connect()
+    assert warren_process.process.wait(15) == 0
+    warren_process.start()
+    connection = warren_process.connect()
     channel = connection.channel()
     assert channel.queue_declare("keep-q", passive=True).method.message_count == 100
     channel.exchange_declare("keep-x", passive=True)
@@ -236,18 +172,7 @@ def test_sigterm_closes_clients_with_320_and_keeps_everything(broker_process):
 def test_serve_reads_flags_over_environment(tmp_path):
     env = dict(os.environ, WARREN_PORT="1", WARREN_LOG_LEVEL="warning")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "warrenmq.server.cli",
-            "serve",
-            "--port",
-            "0",
-            "--bind",
-            "127.0.0.1",
-            "--data-dir",
-            str(tmp_path / "d"),
-        ],
+        warren_serve(tmp_path / "d"),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -255,7 +180,7 @@ def test_serve_reads_flags_over_environment(tmp_path):
     )
     try:
         line = process.stdout.readline()
-        assert LISTENING.search(line) and not line.strip().endswith(":1")
+        assert WARREN_LISTENING.search(line) and not line.strip().endswith(":1")
         assert (tmp_path / "d" / "metadata.sqlite3").exists()
         process.send_signal(signal.SIGTERM)
         assert process.wait(15) == 0
@@ -291,10 +216,10 @@ def _fill(path, leave_bytes):
 
 
 def test_a_full_disk_nacks_publishes_and_loses_no_confirmed_message(small_disk):
-    broker_process = BrokerProcess(small_disk / "data")
+    process = WarrenProcess(small_disk / "data")
     try:
-        broker_process.start()
-        connection = broker_process.connect()
+        process.start()
+        connection = process.connect()
         channel = connection.channel()
         channel.queue_declare(QUEUE, durable=True)
         channel.confirm_delivery()
@@ -315,13 +240,13 @@ def test_a_full_disk_nacks_publishes_and_loses_no_confirmed_message(small_disk):
             body = b"%06d" % n
             channel.basic_publish("", QUEUE, body, persistent)
             confirmed.append(body)
-        broker_process.kill()
-        broker_process.start()
-        recovered = [body for body, _ in drain_all(broker_process)]
+        process.kill()
+        process.start()
+        recovered = [body for body, _ in drain_all(process)]
         missing = [body[:6] for body in confirmed if body not in recovered]
         assert not missing, f"{len(missing)} confirmed messages lost, e.g. {missing[:3]}"
         assert len(recovered) == len(set(recovered)), "a message came back twice"
         # What was nacked was taken back out of the log: only confirmed messages, in order.
         assert recovered == confirmed
     finally:
-        broker_process.kill()
+        process.kill()

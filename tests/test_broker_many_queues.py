@@ -12,22 +12,19 @@ measured: declare and recovery times, peak open descriptors, the broker's RSS.
 from __future__ import annotations
 
 import os
-import queue
 import re
 import resource
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pika
 import pytest
+from brokers import WarrenProcess
 
 NOFILE = 4096
 CLIENTS = 8
 LEVELS = 255
-LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
 RECOVERED = re.compile(r"vhost '/': \d+ exchanges, (\d+) queues recovered, (\d+) unavailable")
 OUT_OF_DESCRIPTORS = ("Too many open files", "EMFILE", "ENFILE")
 
@@ -36,58 +33,19 @@ def _limit_descriptors():
     resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
 
-class LimitedBroker:
+class LimitedBroker(WarrenProcess):
     """`warren serve` with RLIMIT_NOFILE at NOFILE; its log goes to a file we can search."""
 
     def __init__(self, data_dir, log_path):
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.process = None
-        self.port = None
+        super().__init__(
+            data_dir, log_level="info", log_path=log_path, preexec_fn=_limit_descriptors
+        )
         self.fds_peak = 0
-        self._log_offset = 0
 
     def start(self, timeout_s):
-        """Start and wait for the listening line; returns the seconds that took."""
-        started = time.monotonic()
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "warrenmq.server.cli",
-                    "serve",
-                    "--port",
-                    "0",
-                    "--bind",
-                    "127.0.0.1",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--log-level",
-                    "info",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                preexec_fn=_limit_descriptors,
-            )
-        lines = queue.Queue()
-        threading.Thread(
-            target=lambda: lines.put(self.process.stdout.readline()), daemon=True
-        ).start()
-        try:
-            line = lines.get(timeout=timeout_s)
-        except queue.Empty:
-            self.process.kill()
-            raise AssertionError(f"warren serve did not listen within {timeout_s} s") from None
-        match = LISTENING.search(line)
-        assert match, (
-            f"warren serve exited ({self.process.poll()}): {self.log_since_start()[-2000:]}"
-        )
-        self.port = int(match.group(1))
+        super().start(timeout_s)
         threading.Thread(target=self._sample_descriptors, args=(self.process,), daemon=True).start()
-        return time.monotonic() - started
+        return self
 
     def _sample_descriptors(self, process):
         directory = f"/proc/{process.pid}/fd"
@@ -104,23 +62,6 @@ class LimitedBroker:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS")
-
-    def stop(self, signum, timeout_s):
-        """Send `signum`, wait for the exit; returns (exit status, seconds)."""
-        started = time.monotonic()
-        self.process.send_signal(signum)
-        status = self.process.wait(timeout_s)
-        return status, time.monotonic() - started
-
-    def kill(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(30)
-
-    def log_since_start(self):
-        with open(self.log_path, "rb") as log:
-            log.seek(self._log_offset)
-            return log.read().decode(errors="replace")
 
     def check_recovered(self, expected_queues):
         text = self.log_since_start()
@@ -161,6 +102,13 @@ def in_parallel(port, names, work, *, setup=None):
         thread.join()
     if errors:
         raise errors[0]
+
+
+def timed(call, *args):
+    """(what call(*args) returns, the seconds it took)."""
+    started = time.monotonic()
+    result = call(*args)
+    return result, time.monotonic() - started
 
 
 def persistent(priority=None):
@@ -227,9 +175,9 @@ def many_queues(tmp_path, plain_count, priority_count, sample_every, timeout_s):
         broker.check_never_out_of_descriptors()
 
         # SIGTERM: a clean stop, then everything comes back.
-        status, report["sigterm_stop_s"] = broker.stop(signal.SIGTERM, timeout_s)
+        status, report["sigterm_stop_s"] = timed(broker.stop, signal.SIGTERM, timeout_s)
         assert status == 0
-        report["recovery_after_sigterm_s"] = broker.start(timeout_s)
+        _, report["recovery_after_sigterm_s"] = timed(broker.start, timeout_s)
         report["rss_after_recovery_mb"] = broker.rss_bytes() / 2**20
         broker.check_recovered(plain_count + priority_count)
 
@@ -254,7 +202,7 @@ def many_queues(tmp_path, plain_count, priority_count, sample_every, timeout_s):
 
         # SIGKILL: whatever was confirmed or committed is there after the restart.
         broker.stop(signal.SIGKILL, timeout_s)
-        report["recovery_after_sigkill_s"] = broker.start(timeout_s)
+        _, report["recovery_after_sigkill_s"] = timed(broker.start, timeout_s)
         broker.check_recovered(plain_count + priority_count)
 
         def check_plain_after_kill(channel, name):
@@ -275,7 +223,7 @@ def many_queues(tmp_path, plain_count, priority_count, sample_every, timeout_s):
 
         in_parallel(broker.port, priority, check_priority_after_kill)
         broker.check_never_out_of_descriptors()
-        status, _ = broker.stop(signal.SIGTERM, timeout_s)
+        status = broker.stop(signal.SIGTERM, timeout_s)
         assert status == 0
         report["fds_peak"] = broker.fds_peak
         return report

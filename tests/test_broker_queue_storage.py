@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import re
 import socket
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +16,7 @@ from types import SimpleNamespace
 import pika
 import pika.exceptions
 import pytest
+from brokers import warren_serve
 
 from warrenmq.server import broker as broker_module
 from warrenmq.server.broker import METADATA_FILE
@@ -186,48 +185,27 @@ def test_a_queue_whose_files_cannot_open_is_unavailable_and_the_others_recover(
     assert stored_queues(data_dir) == ["a", "b", "c"]
 
 
-LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
-
-
-def serve(data_dir, port):
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "warrenmq.server.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--data-dir",
-            str(data_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def test_a_fatal_start_up_error_exits_non_zero_at_once(tmp_path):
-    data_dir = tmp_path / "data"
+def test_a_fatal_start_up_error_exits_non_zero_at_once(warren_process):
+    data_dir = warren_process.data_dir
     # A first run leaves recovered queues behind: their files are open when start fails.
-    process = serve(data_dir, 0)
-    port = int(LISTENING.search(process.stdout.readline()).group(1))
-    connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    connection = warren_process.start().connect()
     channel = connection.channel()
     for i in range(20):
         channel.queue_declare(f"q{i}", durable=True)
         channel.basic_publish("", f"q{i}", b"m")
     connection.close()
-    process.terminate()
-    assert process.wait(15) == 0
+    assert warren_process.stop() == 0
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     try:
         started = time.monotonic()
-        process = serve(data_dir, taken.getsockname()[1])
+        process = subprocess.Popen(
+            warren_serve(data_dir, taken.getsockname()[1]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             _, stderr = process.communicate(timeout=10)
         except subprocess.TimeoutExpired:

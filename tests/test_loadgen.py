@@ -13,11 +13,7 @@ import asyncio
 import json
 import math
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -681,41 +677,9 @@ def test_cli_prints_json(capsys):
     assert status == 0 and report["confirmed"] == 200 and report["scenario"] == "publish"
 
 
-WARREN_READY_LINE = "Warren listening on "
-WARREN_BOOT_S_MAX = 30.0
-
-
 @pytest.fixture
-def warren_url(tmp_path):
-    """A `warren serve` on a free port (port 0) and a fresh data dir, stopped with SIGTERM."""
-    script = Path(sys.executable).parent / "warren"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "warrenmq.server.cli"]
-    process = subprocess.Popen(
-        [*command, "serve", "--port", "0", "--bind", "127.0.0.1", "--data-dir", str(tmp_path)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + WARREN_BOOT_S_MAX
-        line = ""
-        while time.monotonic() < deadline and WARREN_READY_LINE not in line:
-            line = process.stdout.readline()
-            if not line and process.poll() is not None:
-                pytest.fail(f"warren serve exited with {process.returncode} before listening")
-        assert WARREN_READY_LINE in line, "warren serve printed no ready line"
-        address = line.split(WARREN_READY_LINE)[1].strip()
-        yield f"amqp://guest:guest@{address}/%2F"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        process.stdout.close()
+def warren_url(warren_process):
+    return warren_process.start().url
 
 
 def test_small_runs_against_warren(warren_url):
