@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -23,7 +24,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 
 from warrenmq.amqp import Connection, ConnectionConfig, events, fastpath, frames, testing
-from warrenmq.server.bench import loadgen, wire
+from warrenmq.server.bench import loadgen, roles, wire
 from warrenmq.server.bench import stats as loadgen_stats
 from warrenmq.server.bench.client import BenchError
 from warrenmq.server.bench.roles import Consumer, ConsumerTally, Publisher
@@ -341,7 +342,16 @@ def test_publisher_fails_on_a_confirm_beyond_what_it_sent():
     asyncio.run(scenario())
 
 
-def test_publisher_paces_itself_at_its_rate():
+def test_publisher_paces_itself_at_its_rate(monkeypatch):
+    # The publisher reads its clock, which the test moves: what is due is then exact, where
+    # a real sleep on a busy machine would let any number of timer ticks pass.
+    now_ns = [10**9]
+    monkeypatch.setattr(roles, "time", SimpleNamespace(monotonic_ns=lambda: now_ns[0]))
+
+    async def ticks():
+        """Let the publisher's 1 ms timer run a few times."""
+        await asyncio.sleep(0.01)
+
     async def scenario():
         connection = FakeConnection()
         template = wire.PublishTemplate(1, "", "q", 16, 4096)
@@ -349,10 +359,13 @@ def test_publisher_paces_itself_at_its_rate():
             connection, 1, template, messages=1000, window=1000, rate_per_s=2000, stamp=True
         )
         publisher.start()
-        await asyncio.sleep(0.1)
-        sent = publisher.published
-        # 2000/s for 0.1 s is 200 (timer slack on a busy machine allows some less).
-        assert 100 <= sent <= 260, sent
+        assert publisher.published == 1  # the schedule's first message is due at once
+        now_ns[0] += 100_000_000
+        await ticks()
+        # 2000/s for 0.1 s is 200 more, and no more however often the timer fires.
+        assert publisher.published == 201
+        await ticks()
+        assert publisher.published == 201
         stamps = [wire.body_timestamp_ns(bytes(chunk[-17:-1])) for chunk in connection.written]
         assert stamps == sorted(stamps) and stamps[0] > 0
         assert publisher.behind_max <= 1  # never held back: no window or paused writes here
@@ -363,8 +376,10 @@ def test_publisher_paces_itself_at_its_rate():
             FakeConnection(), 1, template, messages=1000, window=10, rate_per_s=10_000, stamp=True
         )
         held.start()
-        await asyncio.sleep(0.05)
-        assert held.published == 10 and held.behind_max >= 200, held.behind_max
+        now_ns[0] += 50_000_000
+        await ticks()
+        # 501 due by 50 ms at 10,000/s; the window let 10 go.
+        assert held.published == 10 and held.behind_max == 491, held.behind_max
         held.fail(BenchError("stop"))
 
     asyncio.run(scenario())
