@@ -60,7 +60,7 @@ def test_empty_body_needs_no_body_frame():
     assert event.body == b"" and event.properties == b"\x00\x00"
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(
     body=st.binary(max_size=20000),
     frame_max=st.integers(min_value=4096, max_value=9000),

@@ -71,7 +71,7 @@ def method_payload(method):
     return pamqp_frame.marshal(method, 1)[7:-1]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     exchange=exchange_name, routing_key=shortstr, mandatory=st.booleans(), immediate=st.booleans()
 )
@@ -89,7 +89,7 @@ def test_decode_publish_matches_pamqp(exchange, routing_key, mandatory, immediat
         fastpath.decode_publish(payload + b"\x00")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(tag=delivery_tag, multiple=st.booleans(), requeue=st.booleans())
 def test_ack_codecs_match_pamqp_both_ways(tag, multiple, requeue):
     ack = commands.Basic.Ack(delivery_tag=tag, multiple=multiple)
@@ -104,7 +104,7 @@ def test_ack_codecs_match_pamqp_both_ways(tag, multiple, requeue):
         fastpath.decode_ack(method_payload(ack)[:-1])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(props=properties(), body_size=st.integers(0, 2**40))
 def test_content_header_and_property_scan_match_pamqp(props, body_size):
     payload = pamqp_header.ContentHeader(body_size=body_size, properties=props).marshal()
@@ -132,7 +132,7 @@ def pamqp_content(channel, props, body, frame_max):
     return b"".join(pamqp_frame.marshal(f, channel) for f in frames_out)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     props=properties(),
     body=st.binary(max_size=20000),
@@ -171,7 +171,7 @@ def test_encode_deliver_is_byte_identical_to_pamqp(
     assert ours == theirs
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     props=properties(),
     body=st.binary(max_size=9000),
@@ -224,7 +224,7 @@ any_name = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     name=any_name,
     message_count=st.integers(0, 2**32 - 1),
@@ -260,7 +260,7 @@ def test_replies_that_carry_a_name_take_any_name_rabbitmq_accepts(
         assert tuple(getattr(method, field) for field in fields) == values
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     name=exchange_name,
     message_count=st.integers(0, 2**32 - 1),
@@ -307,7 +307,7 @@ class _Stored:
         self.redelivered = redelivered
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     deliveries=st.lists(
         st.tuples(
@@ -362,7 +362,7 @@ def test_oversized_shortstr_is_refused():
         fastpath.encode_deliver(1, "c" * 256, 1, False, "", "", b"\x00\x00", b"", 4096)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     props=properties(),
     damage=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=3),

@@ -118,7 +118,7 @@ def split(data, cuts):
     return [data[a:b] for a, b in zip([0] + points, points + [len(data)], strict=True)]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(min_size=1, max_size=3000), cuts=st.lists(st.integers(0, 3000), max_size=6))
 def test_random_bytes_after_handshake(data, cuts):
     conn = opened()
@@ -144,14 +144,14 @@ def mutated(draw):
     return bytes(data)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(data=mutated(), cuts=st.lists(st.integers(0, 20000), max_size=6))
 def test_mutated_sessions_after_handshake(data, cuts):
     conn = opened()
     check(*run(conn, split(data, cuts)))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(
     prefix=st.sampled_from([b"", b"AMQP\x00\x00\x09\x01"]),
     data=st.binary(max_size=600),

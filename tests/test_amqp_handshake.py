@@ -407,7 +407,7 @@ def test_update_secret_reaches_the_broker():
     assert conn.send_method(0, commands.Connection.UpdateSecretOk())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
     body=st.binary(max_size=300),

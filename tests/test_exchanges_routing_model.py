@@ -85,7 +85,7 @@ operation = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.lists(operation, max_size=60))
 def test_routes_equal_the_reference_after_any_operations(operations: list[tuple]) -> None:
     live_queues = set(QUEUES)

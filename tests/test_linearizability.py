@@ -132,7 +132,7 @@ def small_histories(draw):
     return ops
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(small_histories())
 def test_agrees_with_brute_force(history):
     assert check(history, KvModel()).ok is brute_force(history)

@@ -36,7 +36,7 @@ exchange_name = st.from_regex(r"[a-zA-Z0-9_.:-]{0,40}", fullmatch=True)
 # -- frames ------------------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     exchange=exchange_name,
     routing_key=shortstr,
@@ -98,7 +98,7 @@ def test_confirm_decoding_matches_the_broker_encoder(tag, multiple, nack):
     assert wire.decode_confirm(payload) == (tag, multiple)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     consumer_tag=shortstr,
     tag=st.integers(1, 2**63 - 1),
@@ -130,7 +130,7 @@ def test_deliver_decoding_matches_the_broker_encoder(
     assert b"".join(payload for _, _, payload in received[2:]) == body
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     bodies=st.lists(st.binary(max_size=5000), min_size=1, max_size=5),
     cuts=st.lists(st.integers(1, 400), max_size=30),

@@ -131,7 +131,7 @@ def test_the_tail_cache_keeps_no_collectable_object_per_batch(tmp_path):
         assert raw(log.read(4990, max_records=100)) == records(10, 4990)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     sizes=st.lists(st.integers(1, 12), min_size=1, max_size=160),
     cache_bytes=st.integers(0, 3000),

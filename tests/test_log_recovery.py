@@ -156,9 +156,7 @@ batch_strategy = st.lists(
 )
 
 
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     batches=st.lists(batch_strategy, min_size=1, max_size=30),
     crash=st.data(),
@@ -208,9 +206,7 @@ def test_after_any_crash_the_log_reads_back_a_prefix_of_what_was_appended(
             assert raw(read_all(log)) == appended[: len(got)] + [(b"", b"", b"", b"next")]
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     stamps=st.lists(st.integers(0, 5000), min_size=1, max_size=60),
     probes=st.lists(st.integers(-10, 5100), min_size=1, max_size=20),
@@ -226,9 +222,7 @@ def test_time_index_lookup_agrees_with_a_linear_scan(tmp_path_factory, stamps, p
             assert log.offset_for_timestamp(probe) == expected
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     stamps=st.lists(st.integers(0, 10_000), min_size=1, max_size=80),
     now_ms=st.integers(0, 20_000),

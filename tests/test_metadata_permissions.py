@@ -181,7 +181,7 @@ field_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(field_values)
 def test_encoding_round_trips_types_exactly(value):
     encoded = encoding.encode_value(value)
@@ -190,7 +190,7 @@ def test_encoding_round_trips_types_exactly(value):
     assert type(decoded) is type(value) or isinstance(value, tuple)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.dictionaries(st.text(max_size=5), field_values, max_size=5))
 def test_table_json_round_trip_keeps_order(table):
     text = encoding.table_to_json(table)

@@ -572,7 +572,7 @@ def apply_quietly(state: MetadataState, command) -> bool:
     return True
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(command_strategy, max_size=40))
 def test_random_commands_refusals_change_nothing_and_snapshots_round_trip(commands):
     state = fresh()

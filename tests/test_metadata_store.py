@@ -415,9 +415,7 @@ def durable_projection(snapshot: bytes) -> bytes:
     return MetadataState.from_snapshot(json.dumps(document).encode()).snapshot()
 
 
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(DURABLE_COMMANDS, max_size=25))
 def test_reopen_restores_exactly_the_durable_projection(commands):
     async def scenario(path):

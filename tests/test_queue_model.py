@@ -358,9 +358,7 @@ OPS = [
 ]
 
 
-SETTINGS = dict(
-    deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-)
+SETTINGS = dict(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @settings(max_examples=40, **SETTINGS)

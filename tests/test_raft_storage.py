@@ -262,9 +262,7 @@ operations = st.lists(
 )
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
 def test_storage_matches_a_model_across_crashes(tmp_path_factory, ops):
     """Random appends (with conflicts), compactions and crashes against a list model."""
