@@ -108,12 +108,22 @@ def test_reject_publish_overflow_nacks(channel, uid):
 def test_unused_queue_expires(connection, uid):
     ch = connection.channel()
     ch.queue_declare(f"{uid}-q", arguments={"x-expires": TTL_MS})
-    # There first. A passive declare may count as a use (RabbitMQ's renews the lease), so the
-    # wait starts after it.
+    # There first. A passive declare counts as a use (it renews the lease, as RabbitMQ's
+    # does), so the wait starts after it.
     ch.queue_declare(f"{uid}-q", passive=True)
     time.sleep(EXPIRED_AFTER_S)
     code, _ = channel_error(ch.queue_declare, f"{uid}-q", passive=True)
     assert code == 404
+
+
+def test_a_passive_declare_renews_x_expires(connection, uid):
+    ch = connection.channel()
+    ch.queue_declare(f"{uid}-q", arguments={"x-expires": 2000})
+    for _ in range(2):
+        # 1.2 s twice: gone without the renewal in between.
+        time.sleep(1.2)
+        ch.queue_declare(f"{uid}-q", passive=True)
+    ch.queue_delete(f"{uid}-q")
 
 
 def test_priority_queue_delivers_highest_first(channel, uid):

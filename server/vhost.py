@@ -267,6 +267,11 @@ class VirtualHost:
         queue.flush(self._clock())
         return queue
 
+    def check_queue(self, name: str, owner: str) -> WorkQueue:
+        """queue.declare passive: the queue (404, or 405 if locked). A use, as RabbitMQ
+        counts it: it renews x-expires."""
+        return self._used(self.get_queue(name, owner))
+
     async def declare_queue(
         self,
         name: str,

@@ -644,7 +644,7 @@ def _queue_declare(
         return None
     if method.passive:
         name = conn.queue_name(channel, name)
-        queue = vhost.get_queue(name, conn.owner)
+        queue = vhost.check_queue(name, conn.owner)
         channel.last_queue = name
         if not method.nowait:
             conn.amqp.declare_ok(channel.number, name, queue.ready_count, queue.consumer_count)
