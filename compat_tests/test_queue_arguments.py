@@ -51,14 +51,8 @@ def test_zero_ttl_drops_what_no_consumer_waits_for(channel, uid):
     assert drain(channel, f"{uid}-q") == []
 
 
-def test_zero_ttl_delivers_to_a_waiting_consumer(request, broker, connection, channel, uid):
+def test_zero_ttl_delivers_to_a_waiting_consumer(connection, channel, uid):
     """What a zero TTL keeps: a broker that drops every such message fails here."""
-    if broker.name == "warren":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True, reason="Warren expires a zero-TTL message before a consumer gets it"
-            )
-        )
     channel.queue_declare(f"{uid}-q", exclusive=True, arguments={"x-message-ttl": 0})
     got = []
     channel.basic_consume(

@@ -570,11 +570,6 @@ def test_a_consumer_taking_many_at_once_gets_no_expired_message(make_queue):
     assert queue.ready_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a TTL-0 message is dropped before dispatch; RabbitMQ hands it to a waiting "
-    "consumer (deliver_or_enqueue tries attempt_delivery before enqueueing)",
-)
 @pytest.mark.parametrize("ttl", ["queue", "message"])
 def test_a_message_with_ttl_0_goes_to_a_consumer_waiting_for_it(make_queue, ttl):
     """rabbitmq.com/docs/ttl: "Setting the TTL to 0 causes messages to be expired upon

@@ -376,7 +376,9 @@ class WorkQueue:
             consumer = self._next_consumer()
             if consumer is None:
                 break
-            messages = self.take_many(consumer.credit(budget) if alone else 1, now_ms)
+            messages = self._take_many(
+                consumer.credit(budget) if alone else 1, now_ms, arriving=True
+            )
             if not messages:
                 break
             consumer.channel.deliver(consumer, messages)
@@ -418,13 +420,19 @@ class WorkQueue:
 
     def take_many(self, count_max: int, now_ms: int) -> list[Message]:
         """Up to `count_max` live ready messages, marked in flight; expired ones are dropped."""
+        return self._take_many(count_max, now_ms, arriving=False)
+
+    def _take_many(self, count_max: int, now_ms: int, arriving: bool) -> list[Message]:
+        """`take_many`; for a consumer (`arriving`), a message with a TTL of 0 that arrived in
+        this millisecond is still alive: RabbitMQ offers an arriving message to the consumers
+        before it expires anything, so a TTL of 0 reaches a consumer waiting for it."""
         engine = self.engine
         if not self.expires_messages and self.bytes_max is None:
             return engine.take_many(count_max)
         taken: list[Message] = []
         while len(taken) < count_max:
             if self.expires_messages:
-                self.expire_head(now_ms)
+                self.expire_head(now_ms, arriving)
             batch = engine.take_many(1)
             if not batch:
                 break
@@ -437,7 +445,7 @@ class WorkQueue:
         if self.expires_messages:
             # What the take brought to the head may have expired: gone before anyone counts
             # the queue (basic.get-ok's message count), as RabbitMQ's fetch drops it.
-            self.expire_head(now_ms)
+            self.expire_head(now_ms, arriving)
         return taken
 
     def _drop_one(self) -> bool:
@@ -464,9 +472,10 @@ class WorkQueue:
                 ttl_ms = own_ms if ttl_ms is None else min(ttl_ms, own_ms)
         return None if ttl_ms is None else message.timestamp_ms + ttl_ms
 
-    def expire_head(self, now_ms: int) -> int | None:
+    def expire_head(self, now_ms: int, arriving: bool = False) -> int | None:
         """Drop expired messages at the head (RabbitMQ expires only there); returns when the
-        new head expires (epoch ms), or None when nothing ready will."""
+        new head expires (epoch ms), or None when nothing ready will. `arriving` spares a
+        TTL-0 message of this millisecond (see `_take_many`)."""
         if self.deleted:
             return None
         engine = self.engine
@@ -476,6 +485,8 @@ class WorkQueue:
                 return None
             expiry_ms = self._expiry_ms(head)
             if expiry_ms is None or expiry_ms > now_ms:
+                return expiry_ms
+            if arriving and expiry_ms == head.timestamp_ms == now_ms:
                 return expiry_ms
             self._drop_one()
 
