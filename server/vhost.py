@@ -90,6 +90,22 @@ def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
     return keys
 
 
+def _without_bcc(properties: bytes, decoded: Any) -> bytes:
+    """The properties as stored: RabbitMQ removes BCC before storing; CC stays visible."""
+    headers = decoded.headers
+    if not headers or "BCC" not in headers:
+        return properties
+    decoded.headers = {k: v for k, v in headers.items() if k != "BCC"}
+    return frames.encode_properties(decoded)
+
+
+def stored_properties(properties: bytes) -> bytes:
+    """A message's property bytes as the core stores (and returns) it: without BCC."""
+    if not (properties and properties[0] & _HEADERS_FLAG_BYTE0):
+        return properties
+    return _without_bcc(properties, frames.decode_properties(properties))
+
+
 def generated_name(prefix: str) -> str:
     """RabbitMQ's rabbit_guid style: a prefix + 22 url-safe base64 characters."""
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -169,7 +185,6 @@ class VirtualHost:
         routing_key: str,
         properties: bytes,
         body: bytes,
-        *,
         persistent: bool,
         expiring: bool = False,
         publisher: Any = None,
@@ -178,9 +193,24 @@ class VirtualHost:
 
         `publisher` is whoever waits for it to be stored (see `WorkQueue.stage`).
         """
-        if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
-            replied = self._deliver_reply(routing_key, exchange, properties, body)
-            return Published.REPLIED if replied else Published.UNROUTABLE
+        if exchange == "":
+            if routing_key.startswith(REPLY_TO_PREFIX):
+                replied = self._deliver_reply(routing_key, exchange, properties, body)
+                return Published.REPLIED if replied else Published.UNROUTABLE
+            if not (properties and properties[0] & _HEADERS_FLAG_BYTE0):
+                # The commonest publish: to the queue the key names, no CC/BCC possible. The
+                # same as `stage(route(...))`, without the intermediate tuples.
+                queue = self.queues.get(routing_key)
+                if queue is None:
+                    return Published.UNROUTABLE
+                routing_key_bytes = self._encoded_names.get(routing_key)
+                if routing_key_bytes is None:
+                    routing_key_bytes = self._encoded(routing_key)
+                record = (b"", routing_key_bytes, properties, body)
+                if not queue.stage(record, persistent, expiring, publisher):
+                    return Published.REFUSED
+                self._staged(queue)
+                return Published.ROUTED
         route = self.route(exchange, routing_key, properties)
         return self.stage(route, exchange, routing_key, body, persistent, expiring, publisher)
 
@@ -194,10 +224,7 @@ class VirtualHost:
             headers = decoded.headers
             if headers and ("CC" in headers or "BCC" in headers):
                 routing_keys = _sender_selected_keys(routing_key, headers)
-                if "BCC" in headers:
-                    # RabbitMQ removes BCC before storing; CC stays visible.
-                    decoded.headers = {k: v for k, v in headers.items() if k != "BCC"}
-                    properties = frames.encode_properties(decoded)
+                properties = _without_bcc(properties, decoded)
         if exchange == "" and routing_keys is None:
             # The default exchange routes to the queue named by the key: no Router call (and
             # no set built) on the commonest path.

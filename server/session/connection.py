@@ -46,6 +46,7 @@ from warrenmq.server.vhost import (
     Route,
     VirtualHost,
     generated_name,
+    stored_properties,
 )
 
 from .channel import BrokerChannel
@@ -438,21 +439,32 @@ class BrokerConnection(asyncio.Protocol):
             properties = self._rewrite_reply_to(channel, properties)
         routing_key = event.routing_key
         vhost = self.vhost
-        if exchange == "" and routing_key.startswith(REPLY_TO_PREFIX):
-            # Direct reply-to goes out at once, in a transaction too (RabbitMQ does the same).
-            outcome = vhost.publish(exchange, routing_key, properties, event.body, persistent=False)
-            self._published(channel, event, properties, outcome)
+        if channel.tx and not (exchange == "" and routing_key.startswith(REPLY_TO_PREFIX)):
+            # Routed now and staged at tx.commit, as RabbitMQ does; a direct reply-to message
+            # goes out at once, in a transaction too.
+            channel.hold_publish((event, vhost.route(exchange, routing_key, properties)))
             return
-        route = vhost.route(exchange, routing_key, properties)
-        if channel.tx:
-            channel.hold_publish((event, route))
-            return
-        self._stage(channel, event, route, False)
-
-    def _stage(
-        self, channel: BrokerChannel, event: events.MessagePublished, route: Route, tx: bool
-    ) -> None:
         confirm_tag = event.confirm_tag
+        outcome = vhost.publish(
+            exchange,
+            routing_key,
+            properties,
+            event.body,
+            event.delivery_mode == 2,
+            event.expiration is not None,
+            # Who waits for it to be stored: its confirm.
+            (channel, confirm_tag) if confirm_tag else None,
+        )
+        if outcome is Published.ROUTED:
+            if confirm_tag:
+                self.broker.stage_confirm(channel, confirm_tag)
+            return
+        self._published(channel, event, properties, outcome)
+
+    def commit_publish(
+        self, channel: BrokerChannel, event: events.MessagePublished, route: Route
+    ) -> None:
+        """Stage a publish of the transaction being committed (routed at its basic.publish)."""
         outcome = self.vhost.stage(
             route,
             event.exchange,
@@ -460,14 +472,10 @@ class BrokerConnection(asyncio.Protocol):
             event.body,
             event.delivery_mode == 2,
             event.expiration is not None,
-            # Who waits for it to be stored: its confirm, or the transaction being committed.
-            (channel, confirm_tag) if confirm_tag or tx else None,
+            (channel, 0),
         )
-        if outcome is Published.ROUTED and not tx:
-            if confirm_tag:
-                self.broker.stage_confirm(channel, confirm_tag)
-            return
-        self._published(channel, event, route[1], outcome)
+        if outcome is not Published.ROUTED:
+            self._published(channel, event, route[1], outcome)
 
     def _published(
         self,
@@ -488,7 +496,7 @@ class BrokerConnection(asyncio.Protocol):
                 "",
                 event.exchange,
                 event.routing_key,
-                properties,
+                stored_properties(properties),
                 event.body,
             )
         if event.confirm_tag:
@@ -852,7 +860,7 @@ def _tx_commit(
 ) -> Awaitable[Any]:
     publishes, channel.tx_publishes = channel.tx_publishes, []
     for event, route in publishes:
-        conn._stage(channel, event, route, True)
+        conn.commit_publish(channel, event, route)
     for queue in channel.commit_settles():
         conn.broker.want_dispatch(queue)
     return _tx_commit_ok(conn, channel, conn.broker.after_commit())
