@@ -116,7 +116,7 @@ def test_a_passive_declare_renews_x_expires(connection, uid):
     for _ in range(2):
         # 1.2 s twice: gone without the renewal in between.
         time.sleep(1.2)
-        ch.queue_declare(f"{uid}-q", passive=True)
+        assert ch.queue_declare(f"{uid}-q", passive=True).method.queue == f"{uid}-q"
     ch.queue_delete(f"{uid}-q")
 
 

@@ -6,6 +6,24 @@ from __future__ import annotations
 from concurrent.futures import Executor, Future
 
 
+def work_queue(engine, name: str = "q", **arguments):
+    """A durable classic WorkQueue named `name` in vhost "/" over `engine`."""
+    # Imported here: the log and amqp tests use this module without loading server/.
+    from warrenmq.server.queue.work_queue import WorkQueue
+
+    return WorkQueue(
+        "/",
+        name,
+        engine,
+        durable=True,
+        auto_delete=False,
+        exclusive_owner=None,
+        arguments=arguments,
+        queue_type="classic",
+        batch_records_max=64,
+    )
+
+
 class HeldExecutor(Executor):
     """A worker thread that has not got to its jobs yet: they run only when told to, and a
     crash (`drop_all`) means they never run."""

@@ -63,6 +63,7 @@ def test_list_settings_from_environment():
         ('port = "x"\n', "bad value for port"),
         ('log_level = "loud"\n', "log_level must be"),
         ("frame_bytes_max = 100\n", "frame_bytes_max must be"),
+        ("channel_tx_message_max = 0\n", "channel_tx_message_max must be positive"),
         ("port = [\n", "cannot read config file"),
     ],
 )
@@ -102,3 +103,7 @@ def test_log_open_files_max_sizes_the_brokers_descriptor_pool(tmp_path):
     assert Broker(BrokerConfig()).descriptors.capacity == default_capacity()
     with pytest.raises(ConfigError, match="log_open_files_max"):
         BrokerConfig(log_open_files_max=-1)
+
+
+def test_the_transaction_limit_is_a_setting():
+    assert load(environ={"WARREN_CHANNEL_TX_MESSAGE_MAX": "5"}).channel_tx_message_max == 5

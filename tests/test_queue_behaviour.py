@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
+from doubles import work_queue
 from pamqp import commands
 
 from warrenmq.amqp import frames
@@ -70,17 +71,7 @@ def make_queue(tmp_path):
         else:
             engine = LogQueue.open(directory, CONFIG)
         engines.append(engine)
-        return WorkQueue(
-            "/",
-            f"q{len(engines)}",
-            engine,
-            durable=True,
-            auto_delete=False,
-            exclusive_owner=None,
-            arguments=arguments,
-            queue_type="classic",
-            batch_records_max=64,
-        )
+        return work_queue(engine, f"q{len(engines)}", **arguments)
 
     yield make
     for engine in engines:

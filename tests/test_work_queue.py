@@ -7,6 +7,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from doubles import work_queue
 
 from warrenmq.server.queue import LogQueue, QueueConfig
 from warrenmq.server.queue.consumer import Consumer
@@ -16,20 +17,6 @@ from warrenmq.server.session.channel import BrokerChannel
 
 PERSISTENT = b"\x10\x00\x02"  # delivery-mode 2
 NOW_MS = 1_000_000  # no TTL here: any time serves
-
-
-def work_queue(engine, **arguments) -> WorkQueue:
-    return WorkQueue(
-        "/",
-        "q",
-        engine,
-        durable=True,
-        auto_delete=False,
-        exclusive_owner=None,
-        arguments=arguments,
-        queue_type="classic",
-        batch_records_max=64,
-    )
 
 
 def publish(queue: WorkQueue, count: int) -> None:

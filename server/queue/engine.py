@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
-Record = tuple[bytes, bytes, bytes, bytes]
-"""What a queue stores of a message: (exchange, routing key, property bytes, body)."""
+from warrenmq.log import RawRecord
 
 
 class Message(NamedTuple):
@@ -49,8 +48,9 @@ class QueueEngine(Protocol):
         """Messages are ready, but none is handed out before the next `commit`."""
         ...
 
-    def append(self, records: Sequence[Record]) -> object:
-        """Write one batch (raises, having written nothing, when it cannot)."""
+    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None) -> object:
+        """Write one batch of (exchange, routing key, property bytes, body), stamped
+        `timestamp_ms` (raises, having written nothing, when it cannot)."""
         ...
 
     def take_many(self, count_max: int) -> list[Message]:

@@ -95,6 +95,19 @@ def remove_directory(directory: Path) -> None:
     _REMOVE_EXECUTOR.submit(shutil.rmtree, removed, ignore_errors=True)
 
 
+def _message(record: Record, redelivered: bool, delivery_count: int) -> Message:
+    return Message(
+        record.offset,
+        record.timestamp_ms,
+        record.exchange,
+        record.routing_key,
+        record.properties,
+        record.body,
+        redelivered,
+        delivery_count,
+    )
+
+
 def _default_message_log() -> LogConfig:
     # Smaller segments than a stream's: a queue frees disk a whole segment at a time once its
     # messages are acknowledged. A modest tail cache serves consumers that keep up.
@@ -365,16 +378,7 @@ class LogQueue:
         self._in_flight.add(offset)
         record = self._log.read(offset, 1)[0]
         assert record.offset == offset, (record.offset, offset)
-        return Message(
-            offset,
-            record.timestamp_ms,
-            record.exchange,
-            record.routing_key,
-            record.properties,
-            record.body,
-            True,
-            count,
-        )
+        return _message(record, True, count)
 
     def take_many(self, count_max: int) -> list[Message]:
         """Up to `count_max` messages to deliver, now in flight: redeliveries first, then new
@@ -498,16 +502,7 @@ class LogQueue:
         if self._redeliver:
             offset = self._redeliver[0]
             record = self._log.read(offset, 1)[0]
-            return Message(
-                offset,
-                record.timestamp_ms,
-                record.exchange,
-                record.routing_key,
-                record.properties,
-                record.body,
-                True,
-                self._counts.get(offset, 1) + 1,
-            )
+            return _message(record, True, self._counts.get(offset, 1) + 1)
         offset = self._next
         if offset >= self._log.end_offset:
             return None
@@ -518,16 +513,7 @@ class LogQueue:
             self._ahead_position = 0
         record = self._ahead[self._ahead_position]
         assert record.offset == offset, (record.offset, offset)
-        return Message(
-            offset,
-            record.timestamp_ms,
-            record.exchange,
-            record.routing_key,
-            record.properties,
-            record.body,
-            False,
-            1,
-        )
+        return _message(record, False, 1)
 
     def drop_head(self, count_max: int) -> int:
         """Acknowledge up to `count_max` ready messages from the head without delivering them

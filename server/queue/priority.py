@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from warrenmq.amqp import fastpath
+from warrenmq.log import RawRecord
 
-from .engine import Message, QueueEngine, Record
+from .engine import Message, QueueEngine
 from .log_queue import remove_directory
 
 LEVEL_BITS = 8
@@ -95,8 +96,8 @@ class PriorityQueue:
                 return engine.held_until_commit
         return False
 
-    def append(self, records: Sequence[Record], timestamp_ms: int | None = None) -> None:
-        by_level: dict[int, list[Record]] = {}
+    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None) -> None:
+        by_level: dict[int, list[RawRecord]] = {}
         for record in records:
             by_level.setdefault(self.level_of(record[2]), []).append(record)
         for level, batch in by_level.items():

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from warrenmq.amqp import fastpath
+from warrenmq.log import RawRecord
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX, batch_bounds
 
 from .consumer import (
@@ -46,7 +47,7 @@ from .consumer import (
     ROTATING,
     Consumer,
 )
-from .engine import Message, QueueEngine, Record
+from .engine import Message, QueueEngine
 
 log = logging.getLogger("warrenmq.server")
 
@@ -121,7 +122,7 @@ class WorkQueue:
         # x-single-active-consumer: only the longest-registered consumer gets messages; the
         # next one takes over when it goes (RabbitMQ 3.10, without priorities).
         self.single_active = self.arguments.get("x-single-active-consumer") is True
-        self._staged: list[Record] = []
+        self._staged: list[RawRecord] = []
         self._staged_publishers: list[Any] = []
         self._staged_bytes = 0
         self.written_publishers: list[Any] = []
@@ -140,7 +141,7 @@ class WorkQueue:
 
     def stage(
         self,
-        record: Record,
+        record: RawRecord,
         persistent: bool,
         expiring: bool = False,
         publisher: Any = None,
@@ -214,7 +215,7 @@ class WorkQueue:
         if not self.consumers:
             self.enforce_length()
 
-    def _batch_bounds(self, staged: list[Record], staged_bytes: int) -> list[tuple[int, int]]:
+    def _batch_bounds(self, staged: list[RawRecord], staged_bytes: int) -> list[tuple[int, int]]:
         step = self._batch_records_max
         count = len(staged)
         # When everything staged would fit one batch, any run of `step` records fits too:
