@@ -296,16 +296,25 @@ class Router:
         exchange: str,
         routing_keys: Collection[str],
         headers: Mapping[str, Any] | None = None,
+        *,
+        internal_allowed: bool = False,
     ) -> frozenset[str]:
         """Route with several keys at once (the routing key plus CC/BCC), as RabbitMQ does:
-        an exchange falls back to its alternate only if no key matched any of its bindings."""
+        an exchange falls back to its alternate only if no key matched any of its bindings.
+
+        `internal_allowed`: the broker itself publishes (dead-lettering), which RabbitMQ lets
+        reach an internal exchange."""
         assert routing_keys
-        if len(routing_keys) == 1:
+        if len(routing_keys) == 1 and not internal_allowed:
             return self.route(exchange, next(iter(routing_keys)), headers)
-        return self._route_uncached(exchange, tuple(routing_keys), headers)
+        return self._route_uncached(exchange, tuple(routing_keys), headers, internal_allowed)
 
     def _route_uncached(
-        self, name: str, routing_keys: tuple[str, ...], headers: Mapping[str, Any] | None
+        self,
+        name: str,
+        routing_keys: tuple[str, ...],
+        headers: Mapping[str, Any] | None,
+        internal_allowed: bool = False,
     ) -> frozenset[str]:
         if name == DEFAULT_EXCHANGE:
             queue_exists = self._queue_exists
@@ -315,7 +324,7 @@ class Router:
         exchange = self._exchanges.get(name)
         if exchange is None:
             raise NotFound(f"no {self._rs(EXCHANGE, name)}")
-        if exchange.internal:
+        if exchange.internal and not internal_allowed:
             raise AccessRefused(f"cannot publish to internal {self._rs(EXCHANGE, name)}")
         table = exchange.table
         matched = _match(table, routing_keys, headers)
@@ -326,7 +335,8 @@ class Router:
         else:
             queues, by_key_only = self._traverse(exchange, matched, routing_keys, headers)
             routed = frozenset(queues)
-        if by_key_only and len(routing_keys) == 1:
+        # An internal exchange is never cached: the cache serves clients' publishes unchecked.
+        if by_key_only and len(routing_keys) == 1 and not exchange.internal:
             cache = self._route_cache
             if len(cache) >= self._route_cache_entries_max:
                 cache.clear()

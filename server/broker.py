@@ -35,7 +35,7 @@ from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
 from .session.channel import BrokerChannel
 from .session.connection import BrokerConnection
-from .vhost import REPLY_TO_PREFIX, VirtualHost, generated_name
+from .vhost import REPLY_TO_PREFIX, DeadLetterHandoff, VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
 
@@ -58,6 +58,11 @@ def message_log_config(config: BrokerConfig) -> LogConfig:
     )
 
 
+Confirmed = BrokerChannel | DeadLetterHandoff
+"""What the tick confirms once its writes are durable: a publishing channel, or the dead
+letters a queue published."""
+
+
 class _Tick:
     """The confirms and tx waiters of one tick, released once its commit is done."""
 
@@ -65,8 +70,8 @@ class _Tick:
 
     def __init__(
         self,
-        confirms: dict[BrokerChannel, int],
-        nacks: dict[BrokerChannel, list[int]],
+        confirms: dict[Confirmed, int],
+        nacks: dict[Confirmed, list[int]],
         waiters: list[asyncio.Future[None]],
     ) -> None:
         self.confirms = confirms
@@ -106,8 +111,10 @@ class Broker:
         self._staged: dict[WorkQueue, None] = {}
         self._dispatch: dict[WorkQueue, None] = {}
         self._output: dict[BrokerConnection, None] = {}
-        self._confirms: dict[BrokerChannel, int] = {}
-        self._nacks: dict[BrokerChannel, list[int]] = {}
+        self._confirms: dict[Confirmed, int] = {}
+        self._nacks: dict[Confirmed, list[int]] = {}
+        # Queues with dead letters to publish, at the start of the next tick.
+        self._dead_letters: dict[WorkQueue, None] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._ticks: collections.deque[_Tick] = collections.deque()
         # The queues' timers: when each is due (epoch ms) and the loop's handle.
@@ -165,6 +172,7 @@ class Broker:
             deliver_reply=self.deliver_reply,
             background=self.background,
             clock=now_ms,
+            confirm=self.stage_confirm,
         )
         self.vhosts[name] = vhost
         return vhost
@@ -336,7 +344,7 @@ class Broker:
             staged[queue] = None
             self._schedule()
 
-    def stage_confirm(self, channel: BrokerChannel, tag: int, refused: bool = False) -> None:
+    def stage_confirm(self, channel: Confirmed, tag: int, refused: bool = False) -> None:
         self._confirms[channel] = tag
         if refused:
             self._nacks.setdefault(channel, []).append(tag)
@@ -403,12 +411,21 @@ class Broker:
     def _tick(self) -> None:
         self._tick_scheduled = False
         now = now_ms()
+        # Dead letters first: staged on their targets, they are written and confirmed (and
+        # so leave their queue) in this tick.
+        dead, self._dead_letters = self._dead_letters, {}
+        for queue in dead:
+            vhost = self.vhosts.get(queue.vhost)
+            if vhost is not None and not queue.deleted:
+                vhost.dead_letter(queue)
         to_commit: list[tuple[WorkQueue, list[Any]]] = []
         staged, self._staged = self._staged, {}
         for queue in staged:
             if queue.deleted:
                 continue
             queue.flush(now)
+            if queue.dead_letters:
+                self._dead_letters[queue] = None
             written, failed, commit_wanted = queue.take_written()
             for publisher in failed:
                 _publish_failed(publisher)
@@ -425,12 +442,14 @@ class Broker:
                     self._dispatch[queue] = None
                 if queue.has_timers:
                     self._arm(queue, queue.run_timers(now))
+                if queue.dead_letters:
+                    self._dead_letters[queue] = None
             except Exception as error:
                 # A queue whose log cannot be read stops delivering; the others carry on.
                 log.error(
                     "queue '%s' in vhost '%s': delivery failed: %r", queue.name, queue.vhost, error
                 )
-        if self._dispatch:
+        if self._dispatch or self._dead_letters:
             self._schedule()
         confirms, self._confirms = self._confirms, {}
         nacks, self._nacks = self._nacks, {}
@@ -503,7 +522,7 @@ class Broker:
                     waiter.set_result(None)
 
 
-def _publish_failed(publisher: tuple[BrokerChannel, int] | None) -> None:
+def _publish_failed(publisher: tuple[Confirmed, int] | None) -> None:
     if publisher is not None:
         channel, tag = publisher
         channel.publish_failed(tag)

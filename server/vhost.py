@@ -30,7 +30,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from warrenmq.amqp import frames
+from warrenmq.amqp import fastpath, frames
+from warrenmq.dlq.dead_letter import cycling, dead_letter
 from warrenmq.exchanges.binding import Destination
 from warrenmq.exchanges.errors import AccessRefused, NotFound, PreconditionFailed
 from warrenmq.exchanges.router import Router
@@ -106,6 +107,35 @@ def stored_properties(properties: bytes) -> bytes:
     return _without_bcc(properties, frames.decode_properties(properties))
 
 
+class DeadLetterHandoff:
+    """The dead letters one queue published in one tick, waiting until their targets hold
+    them. The tick confirms it as it confirms a publishing channel (`publish_failed` for a
+    dead letter a target could not store, then `confirm`), and only then do the dead letters
+    leave their queue: a crash before that brings them back, never loses them. One whose
+    write failed goes back to its queue, to die again."""
+
+    def __init__(self, queue: WorkQueue, offsets: list[int], wake: Callable[[WorkQueue], None]):
+        self.queue = queue
+        self.offsets = offsets
+        """The dead letters' offsets in their queue, by tag - 1 (-1: a refused publish)."""
+        self._failed: set[int] = set()
+        self._wake = wake
+
+    def publish_failed(self, tag: int) -> None:
+        self._failed.add(tag)
+
+    def confirm(self, _through_tag: int, _refused: object) -> None:
+        settled: list[int] = []
+        retried: list[int] = []
+        for tag, offset in enumerate(self.offsets, 1):
+            if offset >= 0:
+                (retried if tag in self._failed else settled).append(offset)
+        self.queue.dead_lettered(settled)
+        if retried:
+            self.queue.requeue(retried)
+        self._wake(self.queue)
+
+
 def generated_name(prefix: str) -> str:
     """RabbitMQ's rabbit_guid style: a prefix + 22 url-safe base64 characters."""
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -135,7 +165,8 @@ class VirtualHost:
     its timers run; `deliver_reply(routing_key, exchange, properties, body)` hands a direct
     reply-to message to its waiting consumer, False if there is none; `background(work)`
     runs a metadata write nobody waits for; `clock()` is the time (epoch ms) the core passes
-    to its queues.
+    to its queues; `confirm(handoff, tag)` has the tick confirm dead letters staged so far
+    once they are stored (see `DeadLetterHandoff`).
     """
 
     def __init__(
@@ -151,6 +182,7 @@ class VirtualHost:
         deliver_reply: Callable[[str, str, bytes, bytes], bool],
         background: Callable[[Awaitable[Any]], None],
         clock: Callable[[], int],
+        confirm: Callable[[DeadLetterHandoff, int], None],
     ) -> None:
         self.name = name
         self.store = store
@@ -160,6 +192,7 @@ class VirtualHost:
         self._deliver_reply = deliver_reply
         self._background = background
         self._clock = clock
+        self._confirm = confirm
         self._encoded_names: dict[str, bytes] = {}
         self.directory = data_dir / "queues" / directory_name(name)
         self._open_engine = open_engine
@@ -208,6 +241,7 @@ class VirtualHost:
                     routing_key_bytes = self._encoded(routing_key)
                 record = (b"", routing_key_bytes, properties, body)
                 if not queue.stage(record, persistent, expiring, publisher):
+                    self._refused(queue)
                     return Published.REFUSED
                 self._staged(queue)
                 return Published.ROUTED
@@ -265,8 +299,55 @@ class VirtualHost:
                 if queue.stage(record, persistent, expiring, publisher):
                     staged(queue)
                 else:
+                    self._refused(queue)
                     refused = True
         return Published.REFUSED if refused else Published.ROUTED
+
+    def _refused(self, queue: WorkQueue) -> None:
+        """x-overflow reject-publish-dlx dead-letters what it refuses: the tick publishes it."""
+        if queue.dead_letters:
+            self._wake(queue)
+
+    def dead_letter(self, queue: WorkQueue) -> None:
+        """Publish a queue's dead letters to its dead-letter exchange, as RabbitMQ routes
+        them (`dlq.dead_letter`); each leaves the queue once every target holds it. With no
+        such exchange, no route, or only targets that would cycle, a dead letter is dropped."""
+        dead_letters = queue.take_dead_letters()
+        if not dead_letters:
+            return
+        handoff = DeadLetterHandoff(queue, [m.offset for m, _ in dead_letters], self._wake)
+        exchange = queue.dead_letter_exchange
+        router = self.router
+        if exchange is not None and (exchange == "" or router.get(exchange) is not None):
+            now_s = self._clock() // 1000
+            exchange_bytes = self._encoded(exchange)
+            for tag, (message, reason) in enumerate(dead_letters, 1):
+                properties, keys = dead_letter(
+                    message.properties,
+                    queue=queue.name,
+                    reason=reason,
+                    exchange=message.exchange.decode("utf-8", "replace"),
+                    routing_key=message.routing_key.decode("utf-8", "replace"),
+                    dead_letter_routing_key=queue.dead_letter_routing_key,
+                    now_s=now_s,
+                )
+                headers = (
+                    frames.decode_properties(properties).headers
+                    if properties[0] & _HEADERS_FLAG_BYTE0
+                    else None
+                )
+                targets = router.route_keys(exchange, keys, headers, internal_allowed=True)
+                record = (exchange_bytes, self._encoded(keys[0]), properties, message.body)
+                persistent = fastpath.scan_properties(properties)[0] == 2
+                for name in targets:
+                    target = self.queues.get(name)
+                    if (
+                        target is not None
+                        and not cycling(reason, properties, name)
+                        and target.stage(record, persistent, False, (handoff, tag))
+                    ):
+                        self._staged(target)
+        self._confirm(handoff, len(dead_letters))
 
     def _encoded(self, name: str) -> bytes:
         names = self._encoded_names
@@ -531,6 +612,9 @@ class VirtualHost:
         message = queue.take(self._clock())
         if message is not None and no_ack:
             queue.ack([message.offset])
+        if queue.dead_letters:
+            # The take met expired messages: the tick dead-letters them.
+            self._wake(queue)
         return queue, message
 
     async def get_after_commit(self, queue: WorkQueue, *, no_ack: bool) -> Message | None:

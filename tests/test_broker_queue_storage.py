@@ -253,6 +253,7 @@ def test_clean_shutdown_runs_queues_side_by_side_and_one_failure_closes_only_its
         deliver_reply=None,
         background=None,
         clock=lambda: 0,
+        confirm=lambda handoff, tag: None,
     )
     names = ["bad"] + [f"q{i}" for i in range(500)]
     vhost.queues = {

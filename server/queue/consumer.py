@@ -58,6 +58,10 @@ class ConsumedQueue(Protocol):
         """The deliveries at `offsets` are done with (acked, or rejected without requeue)."""
         ...
 
+    def reject(self, offsets: list[int]) -> None:
+        """The deliveries at `offsets` were rejected without requeue (dead-lettered)."""
+        ...
+
     def requeue(self, offsets: list[int]) -> None:
         """The deliveries at `offsets` go back to be delivered again."""
         ...

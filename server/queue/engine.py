@@ -73,6 +73,14 @@ class QueueEngine(Protocol):
         """Return in-flight messages to be delivered again (redelivered)."""
         ...
 
+    def deliveries(self, offset: int) -> int:
+        """How many times the in-flight message at `offset` has been delivered."""
+        ...
+
+    def in_flight(self, offsets: Iterable[int]) -> list[Message]:
+        """The in-flight messages at `offsets`, read back (they stay in flight)."""
+        ...
+
     def purge(self) -> int:
         """Acknowledge every ready message; returns how many."""
         ...

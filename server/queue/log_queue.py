@@ -470,6 +470,19 @@ class LogQueue:
                 returned += 1
         return returned
 
+    def deliveries(self, offset: int) -> int:
+        """How many times the in-flight message at `offset` has been delivered."""
+        return self._counts.get(offset, 1)
+
+    def in_flight(self, offsets: Iterable[int]) -> list[Message]:
+        """The messages at those offsets that are in flight, read back; they stay in flight."""
+        messages = []
+        for offset in offsets:
+            if offset in self._in_flight:
+                record = self._log.read(offset, 1)[0]
+                messages.append(_message(record, True, self._counts.get(offset, 1)))
+        return messages
+
     def purge(self) -> int:
         """Acknowledge every ready message; returns how many. In-flight ones stay, as in
         RabbitMQ.

@@ -146,6 +146,19 @@ class PriorityQueue:
             if level in self._levels
         )
 
+    def deliveries(self, offset: int) -> int:
+        engine = self._levels.get(offset & _LEVEL_MASK)
+        return 0 if engine is None else engine.deliveries(offset >> LEVEL_BITS)
+
+    def in_flight(self, offsets: Iterable[int]) -> list[Message]:
+        tagged = self._tagged
+        return [
+            tagged(message, level)
+            for level, level_offsets in self._split(offsets).items()
+            if level in self._levels
+            for message in self._levels[level].in_flight(level_offsets)
+        ]
+
     def purge(self) -> int:
         return sum(engine.purge() for engine in self._levels.values())
 

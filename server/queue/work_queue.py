@@ -19,8 +19,13 @@ looking at any queue's other consumers. An unblocked consumer rejoins its level 
 
 Queue arguments enforced here, at the head as a RabbitMQ classic queue does: x-message-ttl
 and per-message expiration, x-max-length and x-max-length-bytes (drop-head, or refusal with
-x-overflow reject-publish), x-single-active-consumer, x-expires. Dead-lettering
-(x-dead-letter-*) is accepted and stored but belongs to the DLQ work.
+x-overflow reject-publish), x-single-active-consumer, x-expires, x-delivery-limit.
+
+Dead-lettering (x-dead-letter-exchange): a message that dies here (rejected without requeue,
+expired, dropped beyond a length limit, past its delivery limit) stays in flight and goes to
+`dead_letters` with its reason. The core publishes it to the dead-letter exchange and
+settles it here (`dead_lettered`) once every target holds it, so a crash in between brings
+it back rather than losing it. Without a dead-letter exchange such a message is dropped.
 
 Time is passed in (epoch milliseconds), never read here. The queue says when it next wants
 to run (`run_timers` returns it) and what is due then (expired messages dropped, or the
@@ -37,6 +42,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from warrenmq.amqp import fastpath
+from warrenmq.amqp import properties as props
+from warrenmq.dlq.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED
 from warrenmq.log import RawRecord
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX, batch_bounds
 
@@ -63,6 +70,20 @@ def _int_argument(arguments: Mapping[str, Any], key: str) -> int | None:
 
 def _highest_first(priority: int) -> int:
     return -priority
+
+
+# RabbitMQ 4's delivery limit for quorum queues declared without one.
+QUORUM_DELIVERY_LIMIT_DEFAULT = 20
+DELIVERY_COUNT_HEADER = "x-delivery-count"
+
+
+def _with_delivery_count(message: Message) -> Message:
+    """A redelivery as a quorum queue sends it: with x-delivery-count, the times it came
+    back before (RabbitMQ sets it in a headers table it leaves sorted by key)."""
+    headers = dict(props.headers(message.properties))
+    headers[DELIVERY_COUNT_HEADER] = props.long(message.delivery_count - 1)
+    entries = sorted(headers.items(), key=lambda entry: entry[0].encode("utf-8"))
+    return message._replace(properties=props.with_headers(message.properties, entries))
 
 
 class WorkQueue:
@@ -122,6 +143,34 @@ class WorkQueue:
         # x-single-active-consumer: only the longest-registered consumer gets messages; the
         # next one takes over when it goes (RabbitMQ 3.10, without priorities).
         self.single_active = self.arguments.get("x-single-active-consumer") is True
+        dead_letter_exchange = self.arguments.get("x-dead-letter-exchange")
+        self.dead_letter_exchange: str | None = (
+            dead_letter_exchange.decode()
+            if isinstance(dead_letter_exchange, bytes)
+            else dead_letter_exchange
+        )
+        dead_letter_routing_key = self.arguments.get("x-dead-letter-routing-key")
+        self.dead_letter_routing_key: str | None = (
+            dead_letter_routing_key.decode()
+            if isinstance(dead_letter_routing_key, bytes)
+            else dead_letter_routing_key
+        )
+        # x-overflow reject-publish-dlx: a refused publish is dead-lettered (reason maxlen).
+        self.dead_letter_refused = overflow == "reject-publish-dlx"
+        # x-delivery-limit: a message delivered more than this many times is dead-lettered
+        # instead of requeued; quorum queues have RabbitMQ 4's default, -1 disables it.
+        delivery_limit = _int_argument(self.arguments, "x-delivery-limit")
+        if delivery_limit is None and queue_type == "quorum":
+            delivery_limit = QUORUM_DELIVERY_LIMIT_DEFAULT
+        if delivery_limit is not None and delivery_limit < 0:
+            delivery_limit = None
+        self.delivery_limit = delivery_limit
+        # Redeliveries carry x-delivery-count where RabbitMQ counts them (quorum queues), and
+        # wherever a delivery limit makes the count matter.
+        self.counts_deliveries = queue_type == "quorum" or self.delivery_limit is not None
+        self.dead_letters: list[tuple[Message, str]] = []
+        """Messages that died here, in flight until `dead_lettered` settles them (a refused
+        publish, never stored here, has offset -1)."""
         self._staged: list[RawRecord] = []
         self._staged_publishers: list[Any] = []
         self._staged_bytes = 0
@@ -154,6 +203,8 @@ class WorkQueue:
         `take_written()` reports publishers as given, None included.
         """
         if self.reject_when_full and self._full(len(record[3])):
+            if self.dead_letter_refused and self.dead_letter_exchange is not None:
+                self.dead_letters.append((Message(-1, 0, *record, False, 0), MAXLEN))
             return False
         self._staged.append(record)
         self._staged_publishers.append(publisher)
@@ -429,8 +480,9 @@ class WorkQueue:
         before it expires anything, so a TTL of 0 reaches a consumer waiting for it."""
         engine = self.engine
         if not self.expires_messages and self.bytes_max is None:
-            return engine.take_many(count_max)
-        taken: list[Message] = []
+            taken = engine.take_many(count_max)
+            return self._counted(taken) if self.counts_deliveries else taken
+        taken = []
         while len(taken) < count_max:
             if self.expires_messages:
                 self.expire_head(now_ms, arriving)
@@ -447,7 +499,25 @@ class WorkQueue:
             # What the take brought to the head may have expired: gone before anyone counts
             # the queue (basic.get-ok's message count), as RabbitMQ's fetch drops it.
             self.expire_head(now_ms, arriving)
-        return taken
+        return self._counted(taken) if self.counts_deliveries else taken
+
+    @staticmethod
+    def _counted(taken: list[Message]) -> list[Message]:
+        return [_with_delivery_count(m) if m.delivery_count > 1 else m for m in taken]
+
+    def _remove_head(self, reason: str) -> bool:
+        """Drop the head message (expired, or beyond a length limit), or dead-letter it;
+        False when there is none to take now."""
+        if self.dead_letter_exchange is None:
+            return self._drop_one()
+        taken = self.engine.take_many(1)
+        if not taken:
+            return False
+        message = taken[0]
+        if self.bytes_max is not None:
+            self.ready_bytes -= len(message.body)
+        self.dead_letters.append((message, reason))
+        return True
 
     def _drop_one(self) -> bool:
         """Drop the head message (expired, or beyond a length limit)."""
@@ -489,7 +559,8 @@ class WorkQueue:
                 return expiry_ms
             if arriving and expiry_ms == head.timestamp_ms == now_ms:
                 return expiry_ms
-            self._drop_one()
+            if not self._remove_head(EXPIRED):
+                return expiry_ms
 
     def enforce_length(self) -> int:
         """Drop from the head beyond x-max-length; returns how many went."""
@@ -500,13 +571,13 @@ class WorkQueue:
         if length_max is not None:
             excess = self.engine.ready_count - length_max
             if excess > 0:
-                if self.bytes_max is None:
+                if self.bytes_max is None and self.dead_letter_exchange is None:
                     dropped = self.engine.drop_head(excess)
                 else:
-                    while dropped < excess and self._drop_one():
+                    while dropped < excess and self._remove_head(MAXLEN):
                         dropped += 1
         if self.bytes_max is not None:
-            while self.ready_bytes > self.bytes_max and self._drop_one():
+            while self.ready_bytes > self.bytes_max and self._remove_head(MAXLEN):
                 dropped += 1
         return dropped
 
@@ -518,9 +589,40 @@ class WorkQueue:
                 self._in_flight_bytes.pop(offset, None)
         self.engine.ack_many(offsets)
 
+    def reject(self, offsets: list[int]) -> None:
+        """Deliveries rejected without requeue: dead-lettered, or dropped without a DLX."""
+        if self.deleted:
+            return
+        self._die(offsets, REJECTED)
+
+    def _die(self, offsets: list[int], reason: str) -> None:
+        if self.dead_letter_exchange is None:
+            self.ack(offsets)
+            return
+        if self.bytes_max is not None:
+            for offset in offsets:
+                self._in_flight_bytes.pop(offset, None)
+        self.dead_letters += [(message, reason) for message in self.engine.in_flight(offsets)]
+
+    def take_dead_letters(self) -> list[tuple[Message, str]]:
+        dead_letters, self.dead_letters = self.dead_letters, []
+        return dead_letters
+
+    def dead_lettered(self, offsets: list[int]) -> None:
+        """Dead letters every target now holds: they leave this queue."""
+        self.ack(offsets)
+
     def requeue(self, offsets: list[int]) -> None:
         if self.deleted:
             return
+        limit = self.delivery_limit
+        if limit is not None:
+            deliveries = self.engine.deliveries
+            spent = [offset for offset in offsets if deliveries(offset) > limit]
+            if spent:
+                self._die(spent, DELIVERY_LIMIT)
+                spent_set = set(spent)
+                offsets = [offset for offset in offsets if offset not in spent_set]
         if self.bytes_max is not None:
             sizes = self._in_flight_bytes
             self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)

@@ -234,8 +234,9 @@ class BrokerChannel:
         self.unacked = {tag: merged[tag] for tag in sorted(merged)}
 
     def apply(self, taken: list[Unacked], requeue: bool | None) -> set[ConsumedQueue]:
-        """ack (requeue None or False drops) or requeue: returns queues that may dispatch
-        (those settled, and those of consumers the freed credit unblocked)."""
+        """ack (requeue None), reject without requeue (False) or requeue (True): returns the
+        queues that may dispatch (those settled, and those of consumers the freed credit
+        unblocked)."""
         by_queue: dict[ConsumedQueue, list[int]] = {}
         for entry in taken:
             by_queue.setdefault(entry.queue, []).append(entry.offset)
@@ -247,8 +248,9 @@ class BrokerChannel:
         for queue, offsets in by_queue.items():
             if requeue:
                 queue.requeue(offsets)
+            elif requeue is False:
+                queue.reject(offsets)
             else:
-                # Without requeue a nacked message is dropped (dead-lettering is its own issue).
                 queue.ack(offsets)
         touched = set(by_queue)
         touched.update(self.unblock_consumers())
