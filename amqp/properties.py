@@ -130,12 +130,11 @@ def headers(property_bytes: bytes) -> list[tuple[str, bytes]]:
 
 
 def with_headers(property_bytes: bytes, entries: list[tuple[str, bytes]]) -> bytes:
-    """The properties with the headers table replaced by `entries` (none: no table)."""
+    """The properties with the headers table's entries replaced by `entries` (a table is
+    added if there was none and `entries` is not empty)."""
     fields = split(property_bytes)
-    if entries:
+    if entries or HEADERS_FLAG in fields:
         fields[HEADERS_FLAG] = table(entries)[1:]
-    else:
-        fields.pop(HEADERS_FLAG, None)
     return join(fields)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from concurrent.futures import Executor, Future
 
 
-def work_queue(engine, name: str = "q", **arguments):
-    """A durable classic WorkQueue named `name` in vhost "/" over `engine`."""
+def work_queue(engine, name: str = "q", queue_type: str = "classic", **arguments):
+    """A durable WorkQueue (classic unless told) named `name` in vhost "/" over `engine`."""
     # Imported here: the log and amqp tests use this module without loading server/.
     from warrenmq.server.queue.work_queue import WorkQueue
 
@@ -19,7 +19,7 @@ def work_queue(engine, name: str = "q", **arguments):
         auto_delete=False,
         exclusive_owner=None,
         arguments=arguments,
-        queue_type="classic",
+        queue_type=queue_type,
         batch_records_max=64,
     )
 

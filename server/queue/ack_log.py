@@ -5,11 +5,12 @@ crash recovery that keeps a prefix of what was written, group-commit fsync in a 
 and whole-segment deletion, all tested; an ack record is just one more record. Each record's
 body is (little-endian):
 
-    kind    u8                        DELTA (1) or CLIP (2)
+    kind    u8                        DELTA (1), CLIP (2) or COUNTS (3)
     floor   u64                       DELTA: every offset below is acked; CLIP: the limit
     mark    u64                       DELTA: offsets below may have been delivered; CLIP: 0
-    count   u32                       acked ranges that follow
+    count   u32                       acked ranges (or COUNTS pairs) that follow
     ranges  count x (start u64, end u64)   acked half-open ranges, sorted, disjoint
+            COUNTS: count x (offset u64, deliveries u64)
 
 Replay applies the records in log order. A DELTA is a union (floor and mark take the maximum,
 ranges are added): acknowledgements only ever grow, so replaying a DELTA twice, or an old
@@ -19,10 +20,15 @@ below it may go, and a snapshot spread over several records is as good as one. A
 forgets everything at or above its limit; the queue writes one when it opens, so that a
 delivered mark written ahead of messages lost in a crash cannot mark the new messages that
 take their offsets as delivered.
+
+A COUNTS record holds how many times messages have been delivered (written when a message is
+delivered again), so x-delivery-count and x-delivery-limit survive a restart and a crash.
+Counts only grow, so replay keeps the largest; a count of an acked offset is forgotten.
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +40,7 @@ from .ranges import coalesce
 
 DELTA = 1
 CLIP = 2
+COUNTS = 3
 HEAD = struct.Struct("<BQQI")
 RANGE_BYTES = 16
 # 16,384 ranges make a 256 KiB record: a snapshot of many holes spans several records.
@@ -80,6 +87,19 @@ def encode_clip(limit: int) -> RawRecord:
     return _record(HEAD.pack(CLIP, limit, 0, 0))
 
 
+def encode_counts(
+    counts: Sequence[tuple[int, int]], per_record: int = RANGES_PER_RECORD_MAX
+) -> list[RawRecord]:
+    """COUNTS records of (offset, deliveries) pairs, at most `per_record` each."""
+    return [
+        _record(
+            HEAD.pack(COUNTS, 0, 0, len(chunk))
+            + struct.pack(f"<{2 * len(chunk)}Q", *(n for pair in chunk for n in pair))
+        )
+        for chunk in (counts[i : i + per_record] for i in range(0, len(counts), per_record))
+    ]
+
+
 @dataclass
 class AckState:
     """The durable acknowledgement state, as replay rebuilds it."""
@@ -87,6 +107,8 @@ class AckState:
     floor: int = 0
     mark: int = 0
     ranges: list[tuple[int, int]] = field(default_factory=list)
+    counts: dict[int, int] = field(default_factory=dict)
+    """Deliveries of messages delivered more than once, by offset."""
 
     def apply(self, body: bytes) -> None:
         if len(body) < HEAD.size:
@@ -99,6 +121,12 @@ class AckState:
             self.mark = max(self.mark, mark)
             flat = struct.unpack_from(f"<{2 * count}Q", body, HEAD.size)
             self.ranges += zip(flat[0::2], flat[1::2], strict=True)
+        elif kind == COUNTS:
+            counts = self.counts
+            flat = struct.unpack_from(f"<{2 * count}Q", body, HEAD.size)
+            for offset, deliveries in zip(flat[0::2], flat[1::2], strict=True):
+                if deliveries > counts.get(offset, 0):
+                    counts[offset] = deliveries
         elif kind == CLIP:
             self.clip(value)
         else:
@@ -111,6 +139,7 @@ class AckState:
         self.ranges = [
             (start, min(end, limit)) for start, end in coalesce(self.ranges) if start < limit
         ]
+        self.counts = {offset: n for offset, n in self.counts.items() if offset < limit}
 
     def normalise(self) -> None:
         """Merge the ranges, drop what the floor covers, and lift the floor over touching ranges."""
@@ -126,6 +155,14 @@ class AckState:
                 kept.append((start, end))
         self.floor = floor
         self.ranges = kept
+        if self.counts:
+            starts = [start for start, _ in kept]
+
+            def acked(offset: int) -> bool:
+                at = bisect.bisect_right(starts, offset) - 1
+                return offset < floor or (at >= 0 and offset < kept[at][1])
+
+            self.counts = {o: n for o, n in self.counts.items() if not acked(o)}
 
 
 def replay(log: PartitionLog) -> AckState:

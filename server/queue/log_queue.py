@@ -39,7 +39,8 @@ Guarantees after a crash (anything written after the last fsync lost, or any pre
   the message is not delivered again;
 * any other ack may be undone and its message delivered again (at least once);
 * a message that had been delivered and not durably acknowledged comes back with
-  redelivered=True (its delivery count restarts at "delivered once before").
+  redelivered=True; its delivery count is the last one a commit made durable (redeliveries
+  write theirs to the ack log), or "delivered once before" for a message delivered once.
 
 Extension points for what this issue leaves out: message TTL and length limits act at the
 head of the ready sequence (`take()` and `append()` would ack expired or overflowing offsets
@@ -198,7 +199,9 @@ class LogQueue:
         # after the restart) in flight comes back as a redelivery. Sorted, so already a heap.
         self._redeliver: list[int] = list(self._acked.gaps(self._next))
         self._in_flight: set[int] = set()
-        self._counts: dict[int, int] = {}
+        self._counts: dict[int, int] = state.counts
+        # Redeliveries' counts not yet in the ack log.
+        self._pending_counts: list[tuple[int, int]] = []
         self._run_start = self._run_end = -1
         self._pending: list[tuple[int, int]] = []
         self._ahead: list[Record] = []
@@ -332,6 +335,7 @@ class LogQueue:
             self._log.durable_offset < self._log.end_offset
             or self._run_end >= 0
             or bool(self._pending)
+            or bool(self._pending_counts)
             or (
                 self._lead_granted
                 and self._next + self.config.delivered_mark_lead // 2 >= self._mark_written
@@ -375,6 +379,7 @@ class LogQueue:
         offset = heapq.heappop(self._redeliver)
         count = self._counts.get(offset, 1) + 1
         self._counts[offset] = count
+        self._pending_counts.append((offset, count))
         self._in_flight.add(offset)
         record = self._log.read(offset, 1)[0]
         assert record.offset == offset, (record.offset, offset)
@@ -592,18 +597,25 @@ class LogQueue:
         snapshot = self._bytes_since_snapshot >= max(
             self.config.ack_log_compact_bytes, 4 * self._snapshot_bytes
         )
+        counts, self._pending_counts = self._pending_counts, []
         if snapshot:
             records = ack_log.encode_delta(floor, mark, list(self._acked), self._ranges_per_record)
+            counts = list(self._counts.items())
         elif writable or mark != self._mark_written or floor != self._floor_written:
             records = ack_log.encode_delta(floor, mark, writable, self._ranges_per_record)
+        elif counts:
+            records = []
         else:
             return
+        if counts:
+            records += ack_log.encode_counts(counts, self._ranges_per_record)
         size = sum(len(record[3]) for record in records)
         try:
             first = self._append_acks(records)
         except Exception:
             # Not written (a full disk): the acks stay pending for the next commit.
             self._pending = pending
+            self._pending_counts = counts + self._pending_counts
             raise
         self._mark_written = mark
         self._floor_written = floor

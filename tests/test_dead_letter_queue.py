@@ -1,0 +1,207 @@
+"""What a work queue hands to dead-lettering, on a fake clock (no socket, no broker): which
+messages die, for which reason, and that each stays in flight until `dead_lettered`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from doubles import work_queue
+from test_queue_behaviour import NO_PROPERTIES, T0, drain, make_queue, properties, publish
+
+from warrenmq.amqp import frames
+from warrenmq.log import LogConfig
+from warrenmq.server.queue import LogQueue, QueueConfig
+from warrenmq.server.queue.work_queue import WorkQueue
+
+__all__ = ["make_queue"]  # the fixture, shared with the behaviour tests
+
+DLX = {"x-dead-letter-exchange": "dlx"}
+
+
+def dead(queue: WorkQueue) -> list[tuple[bytes, str]]:
+    return [(message.body, reason) for message, reason in queue.take_dead_letters()]
+
+
+def test_a_rejected_delivery_dies_and_stays_in_flight_until_dead_lettered(make_queue):
+    queue = make_queue(**DLX)
+    publish(queue, T0, b"a", b"b")
+    message = queue.take(T0)
+    queue.reject([message.offset])
+    pending = queue.take_dead_letters()
+    assert [(m.body, reason) for m, reason in pending] == [(b"a", "rejected")]
+    # Neither ready nor gone: a crash now would bring it back.
+    assert queue.ready_count == 1
+    assert queue.engine.unacked_count == 1
+    queue.dead_lettered([m.offset for m, _ in pending])
+    assert queue.engine.unacked_count == 0
+    assert drain(queue, T0) == [b"b"]
+
+
+def test_without_a_dead_letter_exchange_a_rejected_delivery_is_dropped(make_queue):
+    queue = make_queue()
+    publish(queue, T0, b"a")
+    queue.reject([queue.take(T0).offset])
+    assert queue.dead_letters == []
+    assert queue.engine.unacked_count == 0
+    assert queue.ready_count == 0
+
+
+def test_expired_messages_die_at_the_head_in_order(make_queue):
+    queue = make_queue(**DLX, **{"x-message-ttl": 100})
+    publish(queue, T0, b"a", b"b")
+    publish(queue, T0 + 50, b"c")
+    queue.run_timers(T0 + 100)
+    assert dead(queue) == [(b"a", "expired"), (b"b", "expired")]
+    assert queue.ready_count == 1
+    queue.run_timers(T0 + 150)
+    assert dead(queue) == [(b"c", "expired")]
+
+
+def test_per_message_expiration_dies_with_reason_expired(make_queue):
+    queue = make_queue(**DLX)
+    publish(queue, T0, b"a", props=properties(expiration="10"))
+    assert queue.take(T0 + 10) is None
+    assert dead(queue) == [(b"a", "expired")]
+
+
+def test_drop_head_overflow_dead_letters_the_head(make_queue):
+    queue = make_queue(**DLX, **{"x-max-length": 2})
+    publish(queue, T0, b"a", b"b", b"c")
+    assert dead(queue) == [(b"a", "maxlen")]
+    assert drain(queue, T0) == [b"b", b"c"]
+
+
+def test_max_length_bytes_overflow_dead_letters_the_head(make_queue):
+    queue = make_queue(**DLX, **{"x-max-length-bytes": 4})
+    publish(queue, T0, b"aa", b"bb", b"cc")
+    assert dead(queue) == [(b"aa", "maxlen")]
+    assert drain(queue, T0) == [b"bb", b"cc"]
+
+
+def test_reject_publish_dlx_dead_letters_the_refused_message(make_queue):
+    queue = make_queue(**DLX, **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    assert queue.stage((b"", b"q", NO_PROPERTIES, b"a"), False)
+    assert not queue.stage((b"", b"q", NO_PROPERTIES, b"b"), False)
+    pending = queue.take_dead_letters()
+    # Never stored here: nothing to settle in this queue.
+    assert [(m.offset, m.body, reason) for m, reason in pending] == [(-1, b"b", "maxlen")]
+
+
+def test_reject_publish_without_dlx_dead_letters_nothing(make_queue):
+    queue = make_queue(**DLX, **{"x-max-length": 1, "x-overflow": "reject-publish"})
+    assert queue.stage((b"", b"q", NO_PROPERTIES, b"a"), False)
+    assert not queue.stage((b"", b"q", NO_PROPERTIES, b"b"), False)
+    assert queue.dead_letters == []
+
+
+def test_a_message_past_its_delivery_limit_dies_instead_of_coming_back(make_queue):
+    queue = make_queue(**DLX, **{"x-delivery-limit": 2})
+    publish(queue, T0, b"a")
+    for delivery in (1, 2):
+        message = queue.take(T0)
+        assert message.delivery_count == delivery
+        queue.requeue([message.offset])
+        assert queue.dead_letters == []
+    message = queue.take(T0)
+    queue.requeue([message.offset])
+    assert dead(queue) == [(b"a", "delivery_limit")]
+    assert queue.ready_count == 0
+
+
+def test_past_its_delivery_limit_without_dlx_a_message_is_dropped(make_queue):
+    queue = make_queue(**{"x-delivery-limit": 0})
+    publish(queue, T0, b"a")
+    queue.requeue([queue.take(T0).offset])
+    assert queue.ready_count == 0
+    assert queue.engine.unacked_count == 0
+
+
+def redelivery_headers(queue: WorkQueue) -> list[dict | None]:
+    counts = []
+    for _ in range(3):
+        message = queue.take(T0)
+        counts.append(frames.decode_properties(message.properties).headers)
+        queue.requeue([message.offset])
+    return counts
+
+
+def test_redeliveries_carry_x_delivery_count_where_there_is_a_delivery_limit(make_queue):
+    queue = make_queue(**{"x-delivery-limit": 10})
+    publish(queue, T0, b"a", props=properties(headers={"h": "v"}))
+    assert redelivery_headers(queue) == [
+        {"h": "v"},
+        {"h": "v", "x-delivery-count": 1},
+        {"h": "v", "x-delivery-count": 2},
+    ]
+
+
+def test_a_classic_queue_without_a_delivery_limit_adds_no_header(make_queue):
+    queue = make_queue()
+    publish(queue, T0, b"a")
+    assert redelivery_headers(queue) == [None, None, None]
+
+
+def test_a_quorum_queue_has_rabbitmq_4s_delivery_limit_of_20_and_minus_1_disables_it(tmp_path):
+    def quorum(name: str, **arguments) -> WorkQueue:
+        engine = LogQueue.open(tmp_path / name)
+        engine.close()
+        return work_queue(engine, name, "quorum", **arguments)
+
+    assert quorum("default").delivery_limit == 20
+    assert quorum("unlimited", **{"x-delivery-limit": -1}).delivery_limit is None
+    assert quorum("five", **{"x-delivery-limit": 5}).delivery_limit == 5
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_delivery_counts_survive_a_restart_and_a_crash(tmp_path, crash):
+    async def scenario() -> int:
+        engine = LogQueue.open(tmp_path)
+        engine.append([(b"", b"q", NO_PROPERTIES, b"a")])
+        for _ in range(3):
+            engine.requeue([engine.take_many(1)[0].offset])
+        if crash:
+            await engine.commit()
+            engine.close()
+        else:
+            await engine.shutdown()
+        reopened = LogQueue.open(tmp_path)
+        try:
+            return reopened.take_many(1)[0].delivery_count
+        finally:
+            reopened.close()
+
+    assert asyncio.run(scenario()) == 4
+
+
+def test_delivery_counts_survive_ack_log_compaction(tmp_path):
+    # Tiny segments and a snapshot at every commit: the records written before a snapshot
+    # are deleted, so only the snapshot can carry the counts over.
+    config = QueueConfig(
+        ack_log=LogConfig(segment_bytes_max=128, tail_cache_bytes_max=0),
+        ack_log_compact_bytes=1,
+    )
+
+    async def scenario() -> list[int]:
+        engine = LogQueue.open(tmp_path, config)
+        engine.append([(b"", b"q", NO_PROPERTIES, body) for body in (b"a", b"b")])
+        for _ in range(2):
+            taken = engine.take_many(2)
+            engine.requeue([m.offset for m in taken])
+            await engine.commit()
+        # Acks after the counts: more snapshots, each of which must carry the counts.
+        first = engine.take_many(1)[0]
+        engine.ack_many([first.offset])
+        for _ in range(4):
+            await engine.commit()
+            engine.ack_many([])
+        assert engine._acks.start_offset > 0
+        engine.close()
+        reopened = LogQueue.open(tmp_path, config)
+        try:
+            return [m.delivery_count for m in reopened.take_many(2)]
+        finally:
+            reopened.close()
+
+    # b: delivered twice before, once more now; a: acked, gone.
+    assert asyncio.run(scenario()) == [3]
