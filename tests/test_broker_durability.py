@@ -250,3 +250,47 @@ def test_a_full_disk_nacks_publishes_and_loses_no_confirmed_message(small_disk):
         assert recovered == confirmed
     finally:
         process.kill()
+
+
+def test_sigkill_while_dead_lettering_loses_no_message(warren_process):
+    """Every message rejected to a dead-letter queue is, after a SIGKILL and a restart, in
+    the dead-letter queue or back in its source (at least once: never lost)."""
+    source, target = "dl-source", "dl-target"
+    warren_process.start()
+    connection = warren_process.connect()
+    channel = connection.channel()
+    channel.queue_declare(target, durable=True)
+    channel.queue_declare(
+        source,
+        durable=True,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target},
+    )
+    channel.confirm_delivery()
+    sent = [f"m{i}".encode() for i in range(3000)]
+    for body in sent:
+        channel.basic_publish("", source, body, pika.BasicProperties(delivery_mode=2))
+    channel.basic_qos(prefetch_count=100)
+    rejected = 0
+    for method, _, _ in channel.consume(source, inactivity_timeout=1):
+        if method is None:
+            break
+        channel.basic_reject(method.delivery_tag, requeue=False)
+        rejected += 1
+        if rejected == 1500:
+            warren_process.kill()
+            break
+    warren_process.start()
+    connection = warren_process.connect()
+    channel = connection.channel()
+    found: list[bytes] = []
+    for queue in (source, target):
+        while True:
+            method, properties, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            found.append(body)
+            if queue == target:
+                assert properties.headers["x-death"][0]["reason"] == "rejected"
+    connection.close()
+    missing = set(sent) - set(found)
+    assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:3]}"
