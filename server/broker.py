@@ -33,11 +33,14 @@ from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 from .config import BrokerConfig
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
-from .session.channel import BrokerChannel
+from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
 from .vhost import REPLY_TO_PREFIX, DeadLetterHandoff, VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
+# How often channels look for deliveries past their consumer timeout: a timeout fires at most
+# this late.
+CONSUMER_TIMEOUT_CHECK_S = 0.25
 
 
 def now_ms() -> int:
@@ -121,6 +124,7 @@ class Broker:
         self._timers: dict[WorkQueue, tuple[int, asyncio.TimerHandle]] = {}
         self._background: set[asyncio.Future[Any]] = set()
         self._stopping = False
+        self._timeout_check: asyncio.TimerHandle | None = None
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -151,6 +155,9 @@ class Broker:
             await self._abandon_start()
             raise
         self.port = self.server.sockets[0].getsockname()[1]
+        self._timeout_check = self._loop.call_later(
+            CONSUMER_TIMEOUT_CHECK_S, self._check_consumer_timeouts
+        )
 
     async def _abandon_start(self) -> None:
         """Close what a failed start opened, writing nothing: the next start recovers."""
@@ -244,6 +251,8 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        if self._timeout_check is not None:
+            self._timeout_check.cancel()
         if self.server is not None:
             self.server.close()
         for connection in list(self.connections):
@@ -376,6 +385,15 @@ class Broker:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("background metadata write failed: %r", task.exception())
+
+    def _check_consumer_timeouts(self) -> None:
+        now = monotonic_ms()
+        for connection in list(self.connections):
+            connection.check_consumer_timeouts(now)
+        assert self._loop is not None
+        self._timeout_check = self._loop.call_later(
+            CONSUMER_TIMEOUT_CHECK_S, self._check_consumer_timeouts
+        )
 
     def _arm(self, queue: WorkQueue, due_ms: int | None) -> None:
         """Have the queue's timers run at `due_ms` (epoch ms; None: never)."""

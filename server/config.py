@@ -68,6 +68,11 @@ class BrokerConfig:
     """Users that may log in only from a loopback address, everyone else from anywhere
     (RabbitMQ's loopback_users, and as there the one place this is set): empty lets guest
     log in remotely."""
+    consumer_timeout_ms: int = 1_800_000
+    """How long a delivery may stay unacknowledged before its consumer is cancelled (its
+    deliveries requeued) or, for a client without consumer_cancel_notify or a basic.get, its
+    channel closed with 406: RabbitMQ's consumer_timeout and its default, 30 minutes. A
+    queue's x-consumer-timeout overrides it; 0 disables it."""
     shutdown_timeout_s: float = 5.0
     """How long SIGTERM waits for clients to answer connection.close."""
 
@@ -109,6 +114,10 @@ class BrokerConfig:
             raise ConfigError(
                 "log_open_files_max must not be negative (0 is "
                 f"automatic), got {self.log_open_files_max}"
+            )
+        if self.consumer_timeout_ms < 0:
+            raise ConfigError(
+                f"consumer_timeout_ms must not be negative, got {self.consumer_timeout_ms}"
             )
         if self.shutdown_timeout_s < 0:
             raise ConfigError(

@@ -349,3 +349,64 @@ def test_the_exclusive_consumer_is_the_only_one(queue, connection):
     assert queue.exclusive_consumer() is alone
     queue.remove_consumer(alone)
     assert queue.exclusive_consumer() is None
+
+
+# -- the consumer timeout (the channel's side) ------------------------------------------------
+
+
+def test_timed_out_finds_deliveries_past_their_queues_timeout_oldest_first(tmp_path, connection):
+    short = work_queue(LogQueue.open(tmp_path / "short", NO_MARK), "short")
+    long = work_queue(LogQueue.open(tmp_path / "long", NO_MARK), "long")
+    short.consumer_timeout_ms = 100
+    channel = BrokerChannel(connection, 1, 1000, tx_messages_max=100, consumer_timeout_ms=10_000)
+    try:
+        for queue in (long, short):
+            consume(queue, channel, f"c-{queue.name}")
+            publish_one(queue, b"m")
+        delivered_ms = {entry.queue: entry.delivered_ms for entry in channel.unacked.values()}
+        assert channel.shortest_timeout_ms == 100
+        # The long queue's delivery is older but within the broker's 10 s default.
+        assert channel.timed_out(delivered_ms[short] + 99) == []
+        assert [e.queue for e in channel.timed_out(delivered_ms[short] + 100)] == [short]
+        assert len(channel.timed_out(delivered_ms[long] + 10_000)) == 2
+    finally:
+        short.engine.close()
+        long.engine.close()
+
+
+def test_a_timeout_of_0_disables_it(queue, connection):
+    channel = BrokerChannel(connection, 1, 1000, tx_messages_max=100, consumer_timeout_ms=0)
+    consume(queue, channel, "c")
+    publish_one(queue, b"m")
+    assert channel.timed_out(1 << 62) == []
+
+
+def test_late_settles_of_reclaimed_deliveries_are_ignored(queue, connection):
+    channel = channel_of(connection, 1)
+    consumer = consume(queue, channel, "c")
+    for body in (b"a", b"b", b"c"):
+        publish_one(queue, body)
+    reclaimed = channel.reclaim(consumer)
+    assert [entry.tag for entry in reclaimed] == [1, 2, 3]
+    channel.apply(reclaimed, True)
+    assert channel.unacked == {}
+    # A late ack of a reclaimed tag is no error and settles nothing...
+    assert channel.take(2, False) == []
+    # ... but only once: the tag is forgotten afterwards, as any settled tag.
+    with pytest.raises(Exception, match="unknown delivery tag 2"):
+        channel.take(2, False)
+    assert queue.ready_count == 3
+
+
+def test_a_multiple_ack_through_a_reclaimed_tag_settles_the_deliveries_below_it(queue, connection):
+    channel = channel_of(connection, 1)
+    first = consume(queue, channel, "first")
+    publish_one(queue, b"a")
+    queue.remove_consumer(first)
+    consume(queue, channel, "second")
+    publish_one(queue, b"b")
+    late = consume(queue, channel, "late")
+    queue.remove_consumer(channel.consumers["second"])
+    publish_one(queue, b"c")
+    channel.apply(channel.reclaim(late), True)
+    assert [entry.tag for entry in channel.take(3, True)] == [1, 2]

@@ -159,6 +159,9 @@ DECLARE_CHECKS: tuple[tuple[str, Check], ...] = (
     ("x-stream-max-segment-size-bytes", _check_non_negative_int),
     ("x-initial-cluster-size", _check_positive_int),
     ("x-queue-leader-locator", _one_of(_LEADER_LOCATORS, lambda text: "invalid_queue_locator_arg")),
+    # RabbitMQ 3.12+ and 4.x check these; 3.10 accepted any value.
+    ("x-consumer-timeout", _check_non_negative_int),
+    ("x-delivery-limit", _check_int),
 )
 CONSUME_CHECKS: tuple[tuple[str, Check], ...] = (
     ("x-priority", _check_int),

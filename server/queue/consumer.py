@@ -54,6 +54,9 @@ class ConsumerChannel(Protocol):
 class ConsumedQueue(Protocol):
     """What a consumer's channel may do to the queue it consumes from."""
 
+    consumer_timeout_ms: int | None
+    """x-consumer-timeout: how long its deliveries may stay unacked (None: the broker's)."""
+
     def ack(self, offsets: list[int]) -> None:
         """The deliveries at `offsets` are done with (acked, or rejected without requeue)."""
         ...

@@ -168,6 +168,8 @@ class WorkQueue:
         # Redeliveries carry x-delivery-count where RabbitMQ counts them (quorum queues), and
         # wherever a delivery limit makes the count matter.
         self.counts_deliveries = queue_type == "quorum" or self.delivery_limit is not None
+        # x-consumer-timeout (ms; 0 disables): the channel holding the deliveries enforces it.
+        self.consumer_timeout_ms = _int_argument(self.arguments, "x-consumer-timeout")
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
         publish, never stored here, has offset -1)."""

@@ -20,6 +20,7 @@ basic.qos, channel.flow or a drained socket (``unblock_consumers``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -49,25 +50,41 @@ class ChannelConnection(Protocol):
         ...
 
 
-class Unacked:
-    """One delivery awaiting basic.ack: where it came from and who got it."""
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
-    __slots__ = ("tag", "queue", "offset", "consumer")
+
+class Unacked:
+    """One delivery awaiting basic.ack: where it came from, who got it, and when (monotonic
+    ms, for the consumer timeout)."""
+
+    __slots__ = ("tag", "queue", "offset", "consumer", "delivered_ms")
 
     def __init__(
-        self, tag: int, queue: ConsumedQueue, offset: int, consumer: Consumer | None
+        self,
+        tag: int,
+        queue: ConsumedQueue,
+        offset: int,
+        consumer: Consumer | None,
+        delivered_ms: int,
     ) -> None:
         self.tag = tag
         self.queue = queue
         self.offset = offset
         self.consumer = consumer
+        self.delivered_ms = delivered_ms
 
 
 class BrokerChannel:
     def __init__(
-        self, connection: ChannelConnection, number: int, unacked_max: int, tx_messages_max: int
+        self,
+        connection: ChannelConnection,
+        number: int,
+        unacked_max: int,
+        tx_messages_max: int,
+        consumer_timeout_ms: int = 0,
     ) -> None:
-        assert unacked_max > 0 and tx_messages_max > 0
+        assert unacked_max > 0 and tx_messages_max > 0 and consumer_timeout_ms >= 0
         self.connection = connection
         self.number = number
         self.wire = connection.amqp.channel(number)
@@ -99,6 +116,12 @@ class BrokerChannel:
         # only for the channel to deliver again (flow, socket), the others for credit too.
         self.blocked_no_ack: dict[Consumer, None] = {}
         self.blocked: dict[Consumer, None] = {}
+        # The consumer timeout: the broker's default, the shortest timeout of the queues this
+        # channel has had deliveries from (0: none has one), and the tags of deliveries taken
+        # back from a timed-out consumer, whose late acks are ignored (RabbitMQ 4.3).
+        self.consumer_timeout_ms = consumer_timeout_ms
+        self.shortest_timeout_ms = 0
+        self.reclaimed: set[int] = set()
 
     @property
     def tx(self) -> bool:
@@ -152,8 +175,10 @@ class BrokerChannel:
             queue.ack([message.offset for message in messages])
         else:
             unacked = self.unacked
+            now = monotonic_ms()
+            self._time_out(queue)
             for tag, message in enumerate(messages, first):
-                unacked[tag] = Unacked(tag, queue, message.offset, consumer)
+                unacked[tag] = Unacked(tag, queue, message.offset, consumer, now)
             consumer.unacked_count += len(messages)
             self.consumer_unacked += len(messages)
         self.connection.send_deliveries(self.number, consumer.tag, first, messages)
@@ -174,10 +199,48 @@ class BrokerChannel:
         """A basic.get delivery: its tag (and an unacked entry unless no_ack)."""
         self.delivery_tag += 1
         if not no_ack:
+            self._time_out(queue)
             self.unacked[self.delivery_tag] = Unacked(
-                self.delivery_tag, queue, message.offset, None
+                self.delivery_tag, queue, message.offset, None, monotonic_ms()
             )
         return self.delivery_tag
+
+    # -- the consumer timeout -----------------------------------------------------------
+
+    def timeout_of(self, queue: ConsumedQueue) -> int:
+        timeout = queue.consumer_timeout_ms
+        return self.consumer_timeout_ms if timeout is None else timeout
+
+    def _time_out(self, queue: ConsumedQueue) -> None:
+        timeout = self.timeout_of(queue)
+        if timeout and (not self.shortest_timeout_ms or timeout < self.shortest_timeout_ms):
+            self.shortest_timeout_ms = timeout
+
+    def timed_out(self, now_ms: int) -> list[Unacked]:
+        """The deliveries unacked for longer than their queue's consumer timeout. Oldest
+        first, and only as far as the shortest timeout reaches: a check costs nothing while
+        nothing is near its timeout."""
+        shortest = self.shortest_timeout_ms
+        if not shortest:
+            return []
+        expired = []
+        for entry in self.unacked.values():
+            age = now_ms - entry.delivered_ms
+            if age < shortest:
+                break
+            timeout = self.timeout_of(entry.queue)
+            if timeout and age >= timeout:
+                expired.append(entry)
+        return expired
+
+    def reclaim(self, consumer: Consumer) -> list[Unacked]:
+        """Take back every unacked delivery of a timed-out consumer (to requeue); a later ack
+        of one of them is ignored, not an unknown delivery tag."""
+        taken = [entry for entry in self.unacked.values() if entry.consumer is consumer]
+        for entry in taken:
+            del self.unacked[entry.tag]
+            self.reclaimed.add(entry.tag)
+        return taken
 
     def deliver_reply(
         self, exchange: bytes, routing_key: bytes, properties: bytes, body: bytes
@@ -199,23 +262,28 @@ class BrokerChannel:
 
     def take(self, delivery_tag: int, multiple: bool) -> list[Unacked]:
         """Remove and return the deliveries an ack/nack/reject names (rabbit_channel's
-        collect_acks: the tag itself must be unacked, except for multiple with tag 0)."""
+        collect_acks: the tag itself must be unacked, except for multiple with tag 0).
+
+        A tag a consumer timeout took back (`reclaim`) is settled too late: ignored, as
+        RabbitMQ 4.3 ignores it, while the unacked deliveries below it still settle."""
         unacked = self.unacked
         if multiple and delivery_tag == 0:
             taken = list(unacked.values())
             unacked.clear()
+            return taken
+        reclaimed = delivery_tag in self.reclaimed
+        if reclaimed:
+            self.reclaimed.discard(delivery_tag)
         elif delivery_tag not in unacked:
             raise precondition_failed(f"unknown delivery tag {delivery_tag}")
-        elif multiple:
+        if multiple:
             tags = []
             for tag in unacked:
                 if tag > delivery_tag:
                     break
                 tags.append(tag)
-            taken = [unacked.pop(tag) for tag in tags]
-        else:
-            taken = [unacked.pop(delivery_tag)]
-        return taken
+            return [unacked.pop(tag) for tag in tags]
+        return [] if reclaimed else [unacked.pop(delivery_tag)]
 
     def hold(self, taken: list[Unacked], requeue: bool | None) -> None:
         """Keep a settle of the open transaction until tx.commit."""

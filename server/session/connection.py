@@ -340,7 +340,11 @@ class BrokerConnection(asyncio.Protocol):
         if kind is events.ChannelOpened:
             config = self.broker.config
             self.channels[event.channel] = BrokerChannel(
-                self, event.channel, config.unacked_per_channel_max, config.channel_tx_message_max
+                self,
+                event.channel,
+                config.unacked_per_channel_max,
+                config.channel_tx_message_max,
+                config.consumer_timeout_ms,
             )
             return None
         if kind is events.ChannelClosed:
@@ -531,6 +535,47 @@ class BrokerConnection(asyncio.Protocol):
             return
         for queue in channel.apply(taken, requeue):
             self.broker.want_dispatch(queue)
+
+    # -- the consumer timeout ----------------------------------------------------------------
+
+    def check_consumer_timeouts(self, now_ms: int) -> None:
+        """Deliveries unacked past their queue's consumer timeout, RabbitMQ 4.3's way: the
+        consumer is cancelled (basic.cancel) and its deliveries requeued, the channel stays
+        open; a client that did not announce consumer_cancel_notify, or a basic.get
+        delivery, gets its channel closed with 406 instead."""
+        if self.closed:
+            return
+        notify = self.amqp.capabilities.get("consumer_cancel_notify") is True
+        for channel in list(self.channels.values()):
+            expired = channel.timed_out(now_ms)
+            if not expired:
+                continue
+            if not notify or any(entry.consumer is None for entry in expired):
+                timeout = channel.timeout_of(expired[0].queue)
+                self._fail(
+                    replies.ChannelError(
+                        replies.PRECONDITION_FAILED,
+                        f"delivery acknowledgement on channel {channel.number} timed out. "
+                        f"Timeout value used: {timeout} ms. This timeout value can be "
+                        "configured, see consumers doc guide to learn more",
+                    ),
+                    channel.number,
+                )
+                continue
+            for consumer in {entry.consumer: None for entry in expired}:
+                assert consumer is not None
+                log.warning(
+                    "connection %s, channel %s: consumer '%s' timed out; its deliveries go "
+                    "back to its queue",
+                    self.name,
+                    channel.number,
+                    consumer.tag,
+                )
+                channel.cancel(consumer, "consumer timeout")
+                self.vhost.cancel(consumer)
+                for queue in channel.apply(channel.reclaim(consumer), True):
+                    self.broker.want_dispatch(queue)
+        self._process()
 
     # -- channel teardown --------------------------------------------------------------------
 
