@@ -78,6 +78,20 @@ class RawClient:
                 continue
             return channel, value
 
+    def recv_raw(self, timeout_s: float | None = None) -> tuple[int, int, bytes]:
+        """The next frame undecoded, as (frame type, channel, payload): for the bytes on the
+        wire that a decoder would normalise (a header table's field types, say)."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while (
+            len(self.buffer) < 7
+            or len(self.buffer) < struct.unpack_from(">I", self.buffer, 3)[0] + 8
+        ):
+            self._fill(deadline)
+        frame_type, channel, size = struct.unpack_from(">BHI", self.buffer)
+        payload = self.buffer[7 : 7 + size]
+        self.buffer = self.buffer[size + 8 :]
+        return frame_type, channel, payload
+
     def expect(self, kind, timeout_s: float | None = None):
         channel, value = self.recv(timeout_s)
         assert isinstance(value, kind), (
