@@ -112,3 +112,16 @@ def test_read_permission_on_get_consume_and_purge(limited, guest_channel, uid):
             ), call
     finally:
         guest_channel.queue_delete(f"other.{uid}")
+
+
+def test_a_dead_letter_exchange_needs_write_on_it_and_read_on_the_queue(limited, uid):
+    # cfg.* is configurable and readable but not writable; limited.* is all three.
+    assert channel_error(
+        limited.channel().queue_declare,
+        f"cfg.{uid}",
+        arguments={"x-dead-letter-exchange": f"cfg.{uid}-dlx"},
+    ) == _refused("exchange", f"cfg.{uid}-dlx")
+    ch = limited.channel()
+    ch.queue_declare(
+        f"cfg.{uid}", exclusive=True, arguments={"x-dead-letter-exchange": f"limited.{uid}"}
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
 from pamqp import commands
@@ -24,6 +24,7 @@ from warrenmq.amqp import events, frames, replies
 from warrenmq.amqp.connection import Connection, ConnectionConfig
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
+from warrenmq.exchanges.field_values import amqp_type_name
 from warrenmq.exchanges.router import EXCHANGE_TYPES
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.errors import (
@@ -50,6 +51,8 @@ from warrenmq.server.vhost import (
 )
 
 from .channel import BrokerChannel
+
+DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
 
 log = logging.getLogger("warrenmq.server")
 
@@ -708,7 +711,27 @@ def _queue_declare(
     elif name.startswith("amq."):
         raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
     conn.check("configure", QUEUE, name)
+    if name not in vhost.queues:
+        _check_dead_letter_exchange(conn, name, method.arguments or {})
     return _queue_declare_new(conn, channel, method, name, server_named)
+
+
+def _check_dead_letter_exchange(
+    conn: BrokerConnection, queue: str, arguments: Mapping[str, Any]
+) -> None:
+    """rabbit_channel's check for a new queue with a dead-letter exchange: its name must be
+    a string, and the user needs read access to the queue and write access to the exchange
+    (the queue will publish there on the user's behalf)."""
+    exchange = arguments.get(DEAD_LETTER_EXCHANGE)
+    if exchange is None:
+        return
+    if not isinstance(exchange, (str, bytes)):
+        raise precondition_failed(
+            f"invalid type '{amqp_type_name(exchange)}' for arg '{DEAD_LETTER_EXCHANGE}' in "
+            f"queue '{queue}' in vhost '{conn.vhost.name}'"
+        )
+    conn.check("read", QUEUE, queue)
+    conn.check("write", EXCHANGE, exchange.decode() if isinstance(exchange, bytes) else exchange)
 
 
 async def _queue_declare_new(
