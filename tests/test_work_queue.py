@@ -366,9 +366,9 @@ def test_timed_out_finds_deliveries_past_their_queues_timeout_oldest_first(tmp_p
         delivered_ms = {entry.queue: entry.delivered_ms for entry in channel.unacked.values()}
         assert channel.shortest_timeout_ms == 100
         # The long queue's delivery is older but within the broker's 10 s default.
-        assert channel.timed_out(delivered_ms[short] + 99) == []
-        assert [e.queue for e in channel.timed_out(delivered_ms[short] + 100)] == [short]
-        assert len(channel.timed_out(delivered_ms[long] + 10_000)) == 2
+        assert channel.timed_out(delivered_ms[short] + 99) == ([], [])
+        assert [e.queue for e in channel.timed_out(delivered_ms[short] + 100)[0]] == [short]
+        assert len(channel.timed_out(delivered_ms[long] + 10_000)[0]) == 2
     finally:
         short.engine.close()
         long.engine.close()
@@ -378,7 +378,7 @@ def test_a_timeout_of_0_disables_it(queue, connection):
     channel = BrokerChannel(connection, 1, 1000, tx_messages_max=100, consumer_timeout_ms=0)
     consume(queue, channel, "c")
     publish_one(queue, b"m")
-    assert channel.timed_out(1 << 62) == []
+    assert channel.timed_out(1 << 62) == ([], [])
 
 
 def test_late_settles_of_reclaimed_deliveries_are_ignored(queue, connection):
@@ -410,3 +410,40 @@ def test_a_multiple_ack_through_a_reclaimed_tag_settles_the_deliveries_below_it(
     publish_one(queue, b"c")
     channel.apply(channel.reclaim(late), True)
     assert [entry.tag for entry in channel.take(3, True)] == [1, 2]
+
+
+def test_past_its_visibility_timeout_a_delivery_gives_its_message_back_and_goes_stale(
+    queue, connection
+):
+    queue.visibility_timeout_ms = 100
+    channel = channel_of(connection, 1)
+    consume(queue, channel, "c", prefetch=1)
+    publish_one(queue, b"m")
+    entry = channel.unacked[1]
+    assert channel.timed_out(entry.delivered_ms + 99) == ([], [])
+    expired, visible = channel.timed_out(entry.delivered_ms + 100)
+    assert expired == [] and visible == [entry]
+    assert channel.reveal(visible) == {queue}
+    assert entry.stale and queue.ready_count == 1
+    # Still held by its consumer (its prefetch of 1 is used): not delivered again to it yet.
+    dispatch(queue)
+    assert list(channel.unacked) == [1]
+    # Its ack counts as stale and leaves the message, now ready again, alone.
+    ack(channel, 1)
+    assert queue.stale_settles == 1
+    assert queue.ready_count == 0 and list(channel.unacked) == [2]
+    assert channel.unacked[2].queue is queue
+
+
+def test_an_extended_delivery_stays_invisible_and_a_stale_one_cannot_be_extended(queue, connection):
+    queue.visibility_timeout_ms = 100
+    channel = channel_of(connection, 1)
+    consume(queue, channel, "c")
+    publish_one(queue, b"m")
+    entry = channel.unacked[1]
+    assert channel.extend([1], 1000, entry.delivered_ms)
+    assert channel.timed_out(entry.delivered_ms + 999) == ([], [])
+    assert channel.timed_out(entry.delivered_ms + 1000)[1] == [entry]
+    channel.reveal([entry])
+    assert not channel.extend([1], 1000, entry.delivered_ms)
+    assert not channel.extend([99], None, entry.delivered_ms)

@@ -162,6 +162,7 @@ DECLARE_CHECKS: tuple[tuple[str, Check], ...] = (
     # RabbitMQ 3.12+ and 4.x check these; 3.10 accepted any value.
     ("x-consumer-timeout", _check_non_negative_int),
     ("x-delivery-limit", _check_int),
+    ("x-visibility-timeout", _check_non_negative_int),
 )
 CONSUME_CHECKS: tuple[tuple[str, Check], ...] = (
     ("x-priority", _check_int),

@@ -56,6 +56,13 @@ class ConsumedQueue(Protocol):
 
     consumer_timeout_ms: int | None
     """x-consumer-timeout: how long its deliveries may stay unacked (None: the broker's)."""
+    visibility_timeout_ms: int | None
+    """x-visibility-timeout: how long a delivery's message stays with its consumer before it
+    goes back to the queue alone (None: until it is settled)."""
+
+    def stale_settled(self) -> None:
+        """A delivery was settled after its visibility timeout had given its message back."""
+        ...
 
     def ack(self, offsets: list[int]) -> None:
         """The deliveries at `offsets` are done with (acked, or rejected without requeue)."""

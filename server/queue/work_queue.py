@@ -170,6 +170,10 @@ class WorkQueue:
         self.counts_deliveries = queue_type == "quorum" or self.delivery_limit is not None
         # x-consumer-timeout (ms; 0 disables): the channel holding the deliveries enforces it.
         self.consumer_timeout_ms = _int_argument(self.arguments, "x-consumer-timeout")
+        # x-visibility-timeout (ms, a Warren extension like SQS's): a delivery unacked this
+        # long goes back alone; the channel holding it enforces it and reports stale settles.
+        self.visibility_timeout_ms = _int_argument(self.arguments, "x-visibility-timeout") or None
+        self.stale_settles = 0
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
         publish, never stored here, has offset -1)."""
@@ -605,6 +609,9 @@ class WorkQueue:
             for offset in offsets:
                 self._in_flight_bytes.pop(offset, None)
         self.dead_letters += [(message, reason) for message in self.engine.in_flight(offsets)]
+
+    def stale_settled(self) -> None:
+        self.stale_settles += 1
 
     def take_dead_letters(self) -> list[tuple[Message, str]]:
         dead_letters, self.dead_letters = self.dead_letters, []

@@ -55,10 +55,12 @@ def monotonic_ms() -> int:
 
 
 class Unacked:
-    """One delivery awaiting basic.ack: where it came from, who got it, and when (monotonic
-    ms, for the consumer timeout)."""
+    """One delivery awaiting basic.ack: where it came from, who got it, when (monotonic ms,
+    for the consumer timeout), until when its message stays invisible to other consumers
+    (x-visibility-timeout; 0: for as long as it is unacked), and whether that time passed
+    (`stale`: its message went back to the queue, and a settle of it changes nothing there)."""
 
-    __slots__ = ("tag", "queue", "offset", "consumer", "delivered_ms")
+    __slots__ = ("tag", "queue", "offset", "consumer", "delivered_ms", "hidden_until_ms", "stale")
 
     def __init__(
         self,
@@ -67,12 +69,15 @@ class Unacked:
         offset: int,
         consumer: Consumer | None,
         delivered_ms: int,
+        hidden_until_ms: int = 0,
     ) -> None:
         self.tag = tag
         self.queue = queue
         self.offset = offset
         self.consumer = consumer
         self.delivered_ms = delivered_ms
+        self.hidden_until_ms = hidden_until_ms
+        self.stale = False
 
 
 class BrokerChannel:
@@ -176,9 +181,9 @@ class BrokerChannel:
         else:
             unacked = self.unacked
             now = monotonic_ms()
-            self._time_out(queue)
+            hidden_until = self._time_out(queue, now)
             for tag, message in enumerate(messages, first):
-                unacked[tag] = Unacked(tag, queue, message.offset, consumer, now)
+                unacked[tag] = Unacked(tag, queue, message.offset, consumer, now, hidden_until)
             consumer.unacked_count += len(messages)
             self.consumer_unacked += len(messages)
         self.connection.send_deliveries(self.number, consumer.tag, first, messages)
@@ -199,9 +204,10 @@ class BrokerChannel:
         """A basic.get delivery: its tag (and an unacked entry unless no_ack)."""
         self.delivery_tag += 1
         if not no_ack:
-            self._time_out(queue)
+            now = monotonic_ms()
+            hidden_until = self._time_out(queue, now)
             self.unacked[self.delivery_tag] = Unacked(
-                self.delivery_tag, queue, message.offset, None, monotonic_ms()
+                self.delivery_tag, queue, message.offset, None, now, hidden_until
             )
         return self.delivery_tag
 
@@ -211,27 +217,63 @@ class BrokerChannel:
         timeout = queue.consumer_timeout_ms
         return self.consumer_timeout_ms if timeout is None else timeout
 
-    def _time_out(self, queue: ConsumedQueue) -> None:
-        timeout = self.timeout_of(queue)
-        if timeout and (not self.shortest_timeout_ms or timeout < self.shortest_timeout_ms):
-            self.shortest_timeout_ms = timeout
+    def _time_out(self, queue: ConsumedQueue, now_ms: int) -> int:
+        """Note the timeouts of a queue this channel gets deliveries from; returns until when
+        a delivery made now stays invisible (0: no visibility timeout)."""
+        visibility = queue.visibility_timeout_ms
+        for timeout in (self.timeout_of(queue), visibility):
+            if timeout and (not self.shortest_timeout_ms or timeout < self.shortest_timeout_ms):
+                self.shortest_timeout_ms = timeout
+        return now_ms + visibility if visibility else 0
 
-    def timed_out(self, now_ms: int) -> list[Unacked]:
-        """The deliveries unacked for longer than their queue's consumer timeout. Oldest
-        first, and only as far as the shortest timeout reaches: a check costs nothing while
-        nothing is near its timeout."""
+    def timed_out(self, now_ms: int) -> tuple[list[Unacked], list[Unacked]]:
+        """(deliveries unacked past their queue's consumer timeout, deliveries past their
+        visibility timeout). Oldest first, and only as far as the shortest timeout reaches: a
+        check costs nothing while nothing is near a timeout. A stale delivery is in neither:
+        its message is back in the queue already."""
         shortest = self.shortest_timeout_ms
         if not shortest:
-            return []
-        expired = []
+            return [], []
+        expired: list[Unacked] = []
+        visible: list[Unacked] = []
         for entry in self.unacked.values():
             age = now_ms - entry.delivered_ms
             if age < shortest:
                 break
+            if entry.stale:
+                continue
+            if entry.hidden_until_ms and now_ms >= entry.hidden_until_ms:
+                visible.append(entry)
+                continue
             timeout = self.timeout_of(entry.queue)
             if timeout and age >= timeout:
                 expired.append(entry)
-        return expired
+        return expired, visible
+
+    def reveal(self, visible: list[Unacked]) -> set[ConsumedQueue]:
+        """Past its visibility timeout a delivery's message goes back to its queue (to be
+        redelivered, counted) while the delivery stays with its consumer, stale."""
+        by_queue: dict[ConsumedQueue, list[int]] = {}
+        for entry in visible:
+            entry.stale = True
+            by_queue.setdefault(entry.queue, []).append(entry.offset)
+        for queue, offsets in by_queue.items():
+            queue.requeue(offsets)
+        return set(by_queue)
+
+    def extend(self, tags: Sequence[int], extension_ms: int | None, now_ms: int) -> bool:
+        """Keep these deliveries invisible for `extension_ms` more from now (None: their
+        queue's visibility timeout); False, changing nothing, unless every tag is an unacked,
+        not stale delivery from a queue with a visibility timeout."""
+        entries = [self.unacked.get(tag) for tag in tags]
+        if not entries or any(e is None or e.stale or not e.hidden_until_ms for e in entries):
+            return False
+        for entry in entries:
+            assert entry is not None
+            visibility = entry.queue.visibility_timeout_ms
+            extension = visibility if extension_ms is None else extension_ms
+            entry.hidden_until_ms = now_ms + (extension or 0)
+        return True
 
     def reclaim(self, consumer: Consumer) -> list[Unacked]:
         """Take back every unacked delivery of a timed-out consumer (to requeue); a later ack
@@ -306,8 +348,15 @@ class BrokerChannel:
         queues that may dispatch (those settled, and those of consumers the freed credit
         unblocked)."""
         by_queue: dict[ConsumedQueue, list[int]] = {}
+        touched: set[ConsumedQueue] = set()
         for entry in taken:
-            by_queue.setdefault(entry.queue, []).append(entry.offset)
+            if entry.stale:
+                # Its message went back to the queue at its visibility timeout: counted, and
+                # nothing else (the message may be with another consumer by now).
+                entry.queue.stale_settled()
+                touched.add(entry.queue)
+            else:
+                by_queue.setdefault(entry.queue, []).append(entry.offset)
             consumer = entry.consumer
             if consumer is not None:
                 consumer.unacked_count -= 1
@@ -320,7 +369,7 @@ class BrokerChannel:
                 queue.reject(offsets)
             else:
                 queue.ack(offsets)
-        touched = set(by_queue)
+        touched.update(by_queue)
         touched.update(self.unblock_consumers())
         return touched
 

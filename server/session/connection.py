@@ -50,9 +50,14 @@ from warrenmq.server.vhost import (
     stored_properties,
 )
 
-from .channel import BrokerChannel
+from .channel import BrokerChannel, monotonic_ms
 
 DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
+# The pseudo-queue a consumer publishes to (default exchange, on the channel holding the
+# deliveries) to keep deliveries invisible longer: header x-delivery-tag (a tag or an array of
+# tags), optionally x-visibility-timeout (ms from now; default: the queue's). Never stored;
+# in confirm mode an ack means extended, a nack that some tag was not an invisible delivery.
+VISIBILITY_QUEUE = "amq.warren.visibility"
 
 log = logging.getLogger("warrenmq.server")
 
@@ -445,6 +450,11 @@ class BrokerConnection(asyncio.Protocol):
         if _REPLY_TO_BYTES in properties:
             properties = self._rewrite_reply_to(channel, properties)
         routing_key = event.routing_key
+        if routing_key == VISIBILITY_QUEUE and exchange == "":
+            extended = self._extend_visibility(channel, properties)
+            if event.confirm_tag:
+                self.broker.stage_confirm(channel, event.confirm_tag, not extended)
+            return
         vhost = self.vhost
         if channel.tx and not (exchange == "" and routing_key.startswith(REPLY_TO_PREFIX)):
             # Routed now and staged at tx.commit, as RabbitMQ does; a direct reply-to message
@@ -509,6 +519,20 @@ class BrokerConnection(asyncio.Protocol):
         if event.confirm_tag:
             self.broker.stage_confirm(channel, event.confirm_tag, refused)
 
+    def _extend_visibility(self, channel: BrokerChannel, properties: bytes) -> bool:
+        headers = frames.decode_properties(properties).headers or {}
+        tags = headers.get("x-delivery-tag")
+        if isinstance(tags, int) and not isinstance(tags, bool):
+            tags = [tags]
+        extension = headers.get("x-visibility-timeout")
+        if (
+            not isinstance(tags, list)
+            or not all(isinstance(t, int) and not isinstance(t, bool) for t in tags)
+            or not (extension is None or (isinstance(extension, int) and extension >= 0))
+        ):
+            return False
+        return channel.extend(tags, extension, monotonic_ms())
+
     def _rewrite_reply_to(self, channel: BrokerChannel, properties: bytes) -> bytes:
         decoded = frames.decode_properties(properties)
         if decoded.reply_to != REPLY_TO_QUEUE:
@@ -542,7 +566,9 @@ class BrokerConnection(asyncio.Protocol):
     # -- the consumer timeout ----------------------------------------------------------------
 
     def check_consumer_timeouts(self, now_ms: int) -> None:
-        """Deliveries unacked past their queue's consumer timeout, RabbitMQ 4.3's way: the
+        """Deliveries past their visibility timeout: their messages go back to their queues,
+        the deliveries stay, stale. Deliveries unacked past their queue's consumer timeout,
+        RabbitMQ 4.3's way: the
         consumer is cancelled (basic.cancel) and its deliveries requeued, the channel stays
         open; a client that did not announce consumer_cancel_notify, or a basic.get
         delivery, gets its channel closed with 406 instead."""
@@ -550,7 +576,10 @@ class BrokerConnection(asyncio.Protocol):
             return
         notify = self.amqp.capabilities.get("consumer_cancel_notify") is True
         for channel in list(self.channels.values()):
-            expired = channel.timed_out(now_ms)
+            expired, visible = channel.timed_out(now_ms)
+            if visible:
+                for queue in channel.reveal(visible):
+                    self.broker.want_dispatch(queue)
             if not expired:
                 continue
             if not notify or any(entry.consumer is None for entry in expired):
