@@ -205,3 +205,34 @@ def test_delivery_counts_survive_ack_log_compaction(tmp_path):
 
     # b: delivered twice before, once more now; a: acked, gone.
     assert asyncio.run(scenario()) == [3]
+
+
+def test_a_requeued_message_waits_its_exponential_delay_while_others_flow_past(make_queue):
+    queue = make_queue(**{"x-requeue-delay": 100, "x-requeue-delay-max": 300})
+    publish(queue, T0, b"a", b"b")
+    waits = []
+    now = T0
+    for _ in range(4):
+        message = queue.take(now)
+        assert message.body == b"a"
+        queue.requeue([message.offset])
+        ready_at = queue.run_timers(now)
+        waits.append(ready_at - now)
+        # Meanwhile "a" is not ready; "b" is the only ready message.
+        assert queue.ready_count == 1
+        now = ready_at
+    assert waits == [100, 200, 300, 300]
+    assert queue.take(now).body == b"a"
+    assert drain(queue, now) == [b"b"]
+
+
+def test_the_requeue_delay_counts_deliveries_and_the_delivery_limit_still_applies(make_queue):
+    queue = make_queue(**DLX, **{"x-requeue-delay": 10, "x-delivery-limit": 1})
+    publish(queue, T0, b"a")
+    queue.requeue([queue.take(T0).offset])
+    ready_at = queue.run_timers(T0)
+    assert queue.take(ready_at - 1) is None
+    message = queue.take(ready_at)
+    assert message.delivery_count == 2
+    queue.requeue([message.offset])
+    assert dead(queue) == [(b"a", "delivery_limit")]

@@ -163,6 +163,8 @@ DECLARE_CHECKS: tuple[tuple[str, Check], ...] = (
     ("x-consumer-timeout", _check_non_negative_int),
     ("x-delivery-limit", _check_int),
     ("x-visibility-timeout", _check_non_negative_int),
+    ("x-requeue-delay", _check_non_negative_int),
+    ("x-requeue-delay-max", _check_non_negative_int),
 )
 CONSUME_CHECKS: tuple[tuple[str, Check], ...] = (
     ("x-priority", _check_int),

@@ -36,6 +36,7 @@ loop's timer that calls it back.
 from __future__ import annotations
 
 import bisect
+import heapq
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ from warrenmq.dlq.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED
 from warrenmq.log import RawRecord
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX, batch_bounds
 
+from .arguments import EXPIRY_MS_MAX
 from .consumer import (
     BLOCKED_BY_CHANNEL,
     BLOCKED_BY_PREFETCH,
@@ -174,6 +176,17 @@ class WorkQueue:
         # long goes back alone; the channel holding it enforces it and reports stale settles.
         self.visibility_timeout_ms = _int_argument(self.arguments, "x-visibility-timeout") or None
         self.stale_settles = 0
+        # x-requeue-delay / x-requeue-delay-max (ms, a Warren extension): a requeued message
+        # waits base * 2^(deliveries - 1), at most the max, before it is ready again; others
+        # flow past it meanwhile. It stays in flight in the engine until then (a crash makes
+        # it ready at once, redelivered). Requeues are stamped by the next `run_timers`.
+        self.requeue_delay_ms = _int_argument(self.arguments, "x-requeue-delay") or None
+        self.requeue_delay_max_ms = (
+            _int_argument(self.arguments, "x-requeue-delay-max") or EXPIRY_MS_MAX
+        )
+        self._requeued: list[int] = []
+        self._backing_off: list[tuple[int, int]] = []
+        """(when ready again, offset): a heap."""
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
         publish, never stored here, has offset -1)."""
@@ -425,7 +438,13 @@ class WorkQueue:
         Round-robin hands one message per turn; a consumer alone on the queue takes every
         message it has credit for at once (the same messages, in the same order).
         """
-        if self.deleted or not self.consumers:
+        if self.deleted:
+            return False
+        if self._backing_off:
+            # Requeued messages whose delay is over are ready again (the queue's timer woke
+            # the tick for them).
+            self._back_off(now_ms)
+        if not self.consumers:
             return False
         engine = self.engine
         alone = len(self.consumers) == 1
@@ -473,6 +492,8 @@ class WorkQueue:
 
     def take(self, now_ms: int) -> Message | None:
         """The next live ready message, marked in flight, or None; expired ones are dropped."""
+        if self._backing_off:
+            self._back_off(now_ms)
         taken = self.take_many(1, now_ms)
         return taken[0] if taken else None
 
@@ -632,12 +653,37 @@ class WorkQueue:
                 self._die(spent, DELIVERY_LIMIT)
                 spent_set = set(spent)
                 offsets = [offset for offset in offsets if offset not in spent_set]
+        if self.requeue_delay_ms is not None:
+            self._requeued += offsets
+            return
+        self._return(offsets)
+
+    def _return(self, offsets: list[int]) -> None:
         if self.bytes_max is not None:
             sizes = self._in_flight_bytes
             self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)
         self.engine.requeue(offsets)
         # RabbitMQ's requeue_and_run drops from the head beyond the limits.
         self.enforce_length()
+
+    def _back_off(self, now_ms: int) -> int | None:
+        """Stamp the requeues since the last call with when they are ready again, return those
+        due by `now_ms`; returns when the next one is due."""
+        backing_off = self._backing_off
+        if self._requeued:
+            requeued, self._requeued = self._requeued, []
+            base, most = self.requeue_delay_ms, self.requeue_delay_max_ms
+            assert base is not None
+            for offset in requeued:
+                deliveries = self.engine.deliveries(offset)
+                delay = min(base << min(deliveries - 1, 32), most)
+                heapq.heappush(backing_off, (now_ms + delay, offset))
+        due = []
+        while backing_off and backing_off[0][0] <= now_ms:
+            due.append(heapq.heappop(backing_off)[1])
+        if due:
+            self._return(due)
+        return backing_off[0][0] if backing_off else None
 
     def purge(self) -> int:
         self.ready_bytes = 0
@@ -647,7 +693,11 @@ class WorkQueue:
 
     @property
     def has_timers(self) -> bool:
-        return self.expires_messages or self.expires_ms is not None
+        return (
+            self.expires_messages
+            or self.expires_ms is not None
+            or self.requeue_delay_ms is not None
+        )
 
     def touch(self, now_ms: int) -> None:
         """A use (declare, basic.get, the last consumer gone) renews x-expires."""
@@ -668,6 +718,10 @@ class WorkQueue:
         as in RabbitMQ's classic queues; returns when the queue next wants this called
         (epoch ms), or None for never."""
         due_ms = self.expire_head(now_ms) if self.expires_messages else None
+        if self.requeue_delay_ms is not None:
+            ready_ms = self._back_off(now_ms)
+            if ready_ms is not None and (due_ms is None or ready_ms < due_ms):
+                due_ms = ready_ms
         unused_ms = self._unused_due_ms()
         if unused_ms is not None and (due_ms is None or unused_ms < due_ms):
             return unused_ms
