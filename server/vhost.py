@@ -629,6 +629,15 @@ class VirtualHost:
             self._wake(queue)
         return message
 
+    def peek(
+        self, queue_name: str, owner: str, count_max: int, start: int = 0
+    ) -> list[tuple[Message, bool]]:
+        """Browse a queue (the DLQ tools): up to `count_max` messages not yet acknowledged,
+        ready or in flight, from offset `start` on, each with whether it is in flight.
+        Nothing is delivered, counted or renewed."""
+        queue = self.get_queue(queue_name, owner)
+        return queue.engine.browse(start, count_max)
+
     def purge(self, queue_name: str, owner: str) -> int:
         """queue.purge: drop every ready message; returns how many went."""
         queue = self.get_queue(queue_name, owner)

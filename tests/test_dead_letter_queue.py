@@ -236,3 +236,38 @@ def test_the_requeue_delay_counts_deliveries_and_the_delivery_limit_still_applie
     assert message.delivery_count == 2
     queue.requeue([message.offset])
     assert dead(queue) == [(b"a", "delivery_limit")]
+
+
+def test_browsing_shows_ready_and_unacked_messages_without_delivering_them(make_queue):
+    from warrenmq.dlq.inspect import describe, raw_message
+
+    queue = make_queue()
+    publish(queue, T0, b"a", b"b", b"c", props=properties(headers={"k": "v"}, delivery_mode=2))
+    taken = queue.take(T0)
+    queue.ack([queue.take(T0).offset])
+    browsed = queue.engine.browse(0, 10)
+    assert [(m.body, in_flight) for m, in_flight in browsed] == [(b"a", True), (b"c", False)]
+    assert queue.engine.browse(browsed[1][0].offset, 10)[0][0].body == b"c"
+    assert [m.body for m, _ in queue.engine.browse(0, 1)] == [b"a"]
+    # Browsing changed nothing: "c" is still the next delivery, "a" still in flight.
+    assert queue.ready_count == 1 and queue.engine.unacked_count == 1
+    message, in_flight = browsed[0]
+    line = describe(
+        message.offset,
+        message.exchange,
+        message.routing_key,
+        message.properties,
+        message.body,
+        in_flight=in_flight,
+        redelivered=message.redelivered,
+    )
+    assert line["state"] == "unacked" and line["headers"] == {"k": "v"}
+    assert line["properties"] == {"delivery_mode": 2}
+    assert raw_message(line) == ("q", taken.properties, b"a")
+
+
+def test_browsing_a_priority_queue_covers_every_level(make_queue):
+    queue = make_queue(**{"x-max-priority": 5})
+    for priority, body in ((1, b"low"), (5, b"high")):
+        publish(queue, T0, body, props=properties(priority=priority))
+    assert sorted(m.body for m, _ in queue.engine.browse(0, 10)) == [b"high", b"low"]

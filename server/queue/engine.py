@@ -73,6 +73,11 @@ class QueueEngine(Protocol):
         """Return in-flight messages to be delivered again (redelivered)."""
         ...
 
+    def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
+        """Up to `count_max` unacknowledged messages from offset `start` on, each with whether
+        it is in flight, without delivering them."""
+        ...
+
     def deliveries(self, offset: int) -> int:
         """How many times the in-flight message at `offset` has been delivered."""
         ...

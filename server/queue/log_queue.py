@@ -475,6 +475,32 @@ class LogQueue:
                 returned += 1
         return returned
 
+    def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
+        """Up to `count_max` messages not yet acknowledged, at or after offset `start`, in
+        offset order, each with whether it is in flight; nothing is delivered or counted."""
+        self._check_open()
+        log = self._log
+        start = max(start, log.start_offset)
+        wanted = []
+        for offset in self._acked.gaps(log.end_offset):
+            if offset >= start:
+                wanted.append(offset)
+                if len(wanted) >= count_max:
+                    break
+        browsed: list[tuple[Message, bool]] = []
+        position = 0
+        while position < len(wanted):
+            first = wanted[position]
+            records = log.read(first, wanted[-1] - first + 1, self.config.read_ahead_bytes_max)
+            for record in records:
+                if position < len(wanted) and record.offset == wanted[position]:
+                    offset = record.offset
+                    delivered = offset < self._next
+                    count = self._counts.get(offset, 1) if delivered else 0
+                    browsed.append((_message(record, delivered, count), offset in self._in_flight))
+                    position += 1
+        return browsed
+
     def deliveries(self, offset: int) -> int:
         """How many times the in-flight message at `offset` has been delivered."""
         return self._counts.get(offset, 1)

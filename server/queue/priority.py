@@ -146,6 +146,18 @@ class PriorityQueue:
             if level in self._levels
         )
 
+    def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
+        """`LogQueue.browse` over every level, in the order of the offsets handed out
+        (offset, then level)."""
+        browsed = [
+            (self._tagged(message, level), in_flight)
+            for level, engine in self._levels.items()
+            for message, in_flight in engine.browse(start >> LEVEL_BITS, count_max)
+        ]
+        browsed = [entry for entry in browsed if entry[0].offset >= start]
+        browsed.sort(key=lambda entry: entry[0].offset)
+        return browsed[:count_max]
+
     def deliveries(self, offset: int) -> int:
         engine = self._levels.get(offset & _LEVEL_MASK)
         return 0 if engine is None else engine.deliveries(offset >> LEVEL_BITS)
