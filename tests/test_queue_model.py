@@ -8,7 +8,9 @@ then satisfy the guarantees stated in `warrenmq.server.queue.log_queue`:
 
 * every committed message is there, once, and every message present is intact;
 * no message whose ack was durable comes back; every message not acked comes back;
-* a message that had been delivered comes back with redelivered=True.
+* a message that had been delivered comes back with redelivered=True;
+* its delivery count is never more than the deliveries it had, and after a clean shutdown
+  exactly that (redeliveries write their counts to the ack log).
 """
 
 import asyncio
@@ -170,7 +172,7 @@ async def take_checked(harness):
     model.took(message.offset)
 
 
-def check_recovered(queue, model, delivered_before):
+def check_recovered(queue, model, delivered_before, exact_counts=False):
     end = queue.end_offset
     assert model.durable_end <= end <= len(model.bodies)
     redeliver = set(queue._redeliver)
@@ -201,7 +203,16 @@ def check_recovered(queue, model, delivered_before):
     model.in_flight = set()
     model.redeliver = redeliver
     model.next = queue._next
-    model.counts = {o: 1 for o in range(model.next)}
+    counts = {}
+    for offset in range(model.next):
+        if offset in ready:
+            recovered = queue.deliveries(offset)
+            had = model.counts.get(offset, 1)
+            assert 1 <= recovered <= had, (offset, recovered, had)
+            if exact_counts:
+                assert recovered == had, (offset, recovered, had)
+        counts[offset] = queue.deliveries(offset)
+    model.counts = counts
 
 
 async def run(directory, config, data):
@@ -316,7 +327,7 @@ async def run(directory, config, data):
                 delivered = set(model.counts)
                 next_before = model.next
                 harness.reopen()
-                check_recovered(harness.queue, model, delivered)
+                check_recovered(harness.queue, model, delivered, exact_counts=True)
                 # A clean restart flags exactly what was delivered, nothing more.
                 assert harness.queue._next == next_before
                 assert set(harness.queue._redeliver) <= delivered
