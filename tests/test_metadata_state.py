@@ -525,6 +525,15 @@ command_strategy = st.one_of(
     ),
     st.builds(c.ClearPermissions, st.just("guest"), st.sampled_from(VHOSTS)),
     st.builds(
+        c.SetPolicy,
+        st.sampled_from(VHOSTS),
+        st.sampled_from(["p1", "p2"]),
+        st.sampled_from([".*", "^q1$", "("]),
+        st.sampled_from([{"max-length": 1}, {"message-ttl": 5, "expires": 9}, {"bad": 1}]),
+        st.sampled_from([0, 1, 2.5]),
+    ),
+    st.builds(c.ClearPolicy, st.sampled_from(VHOSTS), st.sampled_from(["p1", "p2"])),
+    st.builds(
         c.DeclareExchange,
         st.sampled_from(VHOSTS),
         st.sampled_from(EXCHANGES),

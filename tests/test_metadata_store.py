@@ -357,6 +357,16 @@ DURABLE_COMMANDS = st.one_of(
     ),
     st.builds(c.ClearPermissions, st.just("guest"), st.sampled_from(["/", "v1"])),
     st.builds(
+        c.SetPolicy,
+        st.sampled_from(["/", "v1"]),
+        st.sampled_from(["p1", "p2"]),
+        st.sampled_from([".*", "^q"]),
+        st.sampled_from([{"max-length": 1}, {"message-ttl": 5, "dead-letter-exchange": "é"}]),
+        st.sampled_from([0, 1.5]),
+        st.sampled_from(["all", "queues"]),
+    ),
+    st.builds(c.ClearPolicy, st.sampled_from(["/", "v1"]), st.sampled_from(["p1", "p2"])),
+    st.builds(
         c.DeclareExchange,
         st.sampled_from(["/", "v1"]),
         st.sampled_from(["e1", "e2"]),

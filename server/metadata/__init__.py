@@ -1,14 +1,18 @@
-"""Metadata (vhosts, users, permissions, exchanges, queues, bindings) as a replicated state machine.
+"""Metadata (vhosts, users, permissions, policies, exchanges, queues, bindings) as a replicated
+state machine.
 
 * `state.MetadataState` — the pure state machine: `apply(command) -> Outcome`, the read side
-  (`vhosts`, `users`, `permissions`, `router(vhost)`, `queues(vhost)`, `bindings(vhost)`,
-  `lookup_queue`), access checks with RabbitMQ's texts, and `snapshot()`/`from_snapshot()`.
-* `commands` — the commands (DeclareVhost, AddUser, SetPermissions, DeclareQueue, Bind, ...).
+  (`vhosts`, `users`, `permissions`, `policies(vhost)`, `router(vhost)`, `queues(vhost)`,
+  `bindings(vhost)`, `lookup_queue`), access checks with RabbitMQ's texts, and
+  `snapshot()`/`from_snapshot()`.
+* `commands` — the commands (DeclareVhost, AddUser, SetPermissions, SetPolicy, DeclareQueue,
+  Bind, ...).
 * `store.MetadataStore` — the state plus aiosqlite persistence: `await MetadataStore.open(path)`,
   `await store.apply(command)`, `await store.authenticate(user, password)`,
   `await store.sync_external_changes()`.
 * `passwords` — scrypt hashing; `permissions` — regex checks, refusal texts and the
-  loopback_users rule; `errors` — the reply-coded refusals (the routing layer's family);
+  loopback_users rule; `policies` — policy validation with RabbitMQ's texts; `errors` — the
+  reply-coded refusals (the routing layer's family);
   `encoding` — field tables as JSON.
 """
 
@@ -17,6 +21,7 @@ from warrenmq.server.metadata.commands import (
     Bind,
     ChangePassword,
     ClearPermissions,
+    ClearPolicy,
     Command,
     DeclareExchange,
     DeclareQueue,
@@ -26,18 +31,20 @@ from warrenmq.server.metadata.commands import (
     DeleteUser,
     DeleteVhost,
     SetPermissions,
+    SetPolicy,
     SetUserTags,
     Unbind,
 )
 from warrenmq.server.metadata.errors import (
     AccessRefused,
+    BadRequest,
     NotAllowed,
     NotFound,
     PreconditionFailed,
     ResourceLocked,
 )
 from warrenmq.server.metadata.permissions import Permission, is_loopback, loopback_refused
-from warrenmq.server.metadata.records import QueueRecord, User, Vhost
+from warrenmq.server.metadata.records import Policy, QueueRecord, User, Vhost
 from warrenmq.server.metadata.state import Limits, MetadataState, Outcome
 from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore, StoreFailed
 
@@ -45,9 +52,11 @@ __all__ = [
     "METADATA_FILE",
     "AccessRefused",
     "AddUser",
+    "BadRequest",
     "Bind",
     "ChangePassword",
     "ClearPermissions",
+    "ClearPolicy",
     "Command",
     "DeclareExchange",
     "DeclareQueue",
@@ -63,10 +72,12 @@ __all__ = [
     "NotFound",
     "Outcome",
     "Permission",
+    "Policy",
     "PreconditionFailed",
     "QueueRecord",
     "ResourceLocked",
     "SetPermissions",
+    "SetPolicy",
     "SetUserTags",
     "StoreFailed",
     "Unbind",

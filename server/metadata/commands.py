@@ -133,6 +133,29 @@ class Unbind:
     arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SetPolicy:
+    """Create or replace a policy (rabbitmqctl set_policy, PUT /api/policies/{vhost}/{name}).
+
+    The fields arrive as the client sent them (`definition` a decoded JSON object, `priority` a
+    JSON number): the state validates them as RabbitMQ does, with its texts
+    (`warrenmq.server.metadata.policies`).
+    """
+
+    vhost: str
+    name: str
+    pattern: str
+    definition: Mapping[str, Any]
+    priority: int | float = 0
+    apply_to: str = "all"
+
+
+@dataclass(frozen=True, slots=True)
+class ClearPolicy:
+    vhost: str
+    name: str
+
+
 Command = (
     DeclareVhost
     | DeleteVhost
@@ -148,4 +171,6 @@ Command = (
     | DeleteQueue
     | Bind
     | Unbind
+    | SetPolicy
+    | ClearPolicy
 )

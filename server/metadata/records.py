@@ -54,6 +54,22 @@ class QueueRecord:
         return self.durable and self.exclusive_owner is None
 
 
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A policy: its `definition` (RabbitMQ's keys, without "x-") applies to the queues and
+    exchanges of `vhost` whose names `pattern` finds (an unanchored regex search), of the kind
+    `apply_to` names; where several match one, the highest `priority` wins (see
+    `warrenmq.server.queue.policy`). The state stores the definition with its keys sorted,
+    as RabbitMQ's map holds them."""
+
+    vhost: str
+    name: str
+    pattern: str
+    apply_to: str
+    priority: int | float
+    definition: Mapping[str, Any]
+
+
 def binding_arguments_digest(arguments: Mapping[str, Any] | None) -> str:
     """A stable text key for a binding's arguments, equal exactly when the Router treats two
     argument tables as the same binding (exchanges.field_values.arguments_key)."""

@@ -1,4 +1,5 @@
-"""The metadata state machine: vhosts, users, permissions, exchanges, queues and bindings.
+"""The metadata state machine: vhosts, users, permissions, policies, exchanges, queues and
+bindings.
 
 Pure and deterministic: `apply(command)` validates the command against the current state,
 mutates it, and returns an `Outcome` that says what changed and which rows a store must write
@@ -12,6 +13,11 @@ one copy of the routing topology, not two to keep in step. Everything else raise
 `exchanges.errors.RoutingError` (as `metadata.errors` re-exports it); both carry `reply_code`,
 `reply_text`, `connection_level`.
 A command that raises changes nothing.
+
+Policies are validated as RabbitMQ 4.2 validates them (`policies.validate`, 400 with its texts).
+A vhost's policies are one mapping that every change replaces rather than mutates, so a holder
+of `policies(vhost)` knows by identity whether they changed since it looked; which policy
+applies to a queue, and how, is `warrenmq.server.queue.policy`.
 
 Queue declaration follows RabbitMQ 3.10 (rabbit_channel, rabbit_amqqueue, rabbit_misc):
 * a client-chosen name starting "amq." is refused (403) before anything else;
@@ -39,9 +45,10 @@ from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, Destination
 from warrenmq.exchanges.field_values import ABSENT, amqp_type_name, argument_mismatch
 from warrenmq.exchanges.router import PREDECLARED, Exchange, Router
 from warrenmq.server.metadata import commands as c
-from warrenmq.server.metadata import encoding, passwords, permissions
+from warrenmq.server.metadata import encoding, passwords, permissions, policies
 from warrenmq.server.metadata.errors import (
     AccessRefused,
+    BadRequest,
     NotFound,
     PreconditionFailed,
     ResourceLocked,
@@ -49,6 +56,7 @@ from warrenmq.server.metadata.errors import (
 from warrenmq.server.metadata.permissions import Access, Permission
 from warrenmq.server.metadata.records import (
     DEFAULT_VHOST,
+    Policy,
     QueueRecord,
     User,
     Vhost,
@@ -76,7 +84,7 @@ QUEUE_DECLARABLE_ARGUMENTS = (
     "x-initial-cluster-size",
     "x-queue-leader-locator",
 )
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 NAME_CHARS_MAX = 255  # a shortstr: queue, exchange and vhost names travel as one
 _PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
 
@@ -84,7 +92,8 @@ _PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
 # ("delete_user", name), ("put_permission", Permission), ("delete_permission", user, vhost),
 # ("put_exchange", vhost, Exchange), ("delete_exchange", vhost, name), ("put_queue", QueueRecord),
 # ("delete_queue", vhost, name), ("put_binding", vhost, source, Binding),
-# ("delete_binding", vhost, source, Binding).
+# ("delete_binding", vhost, source, Binding), ("put_policy", Policy),
+# ("delete_policy", vhost, name).
 Write = tuple
 
 
@@ -114,6 +123,8 @@ class Limits:
     users_max: int = 100_000
     queues_per_vhost_max: int = 1_000_000
     exchanges_per_vhost_max: int = 100_000
+    # All vhosts together, as RabbitMQ's runtime_parameters limit counts them.
+    policies_max: int = 10_000
 
 
 class MetadataState:
@@ -124,6 +135,8 @@ class MetadataState:
         self.vhosts: dict[str, Vhost] = {}
         self.users: dict[str, User] = {}
         self.permissions: dict[tuple[str, str], Permission] = {}
+        self._policies: dict[str, dict[str, Policy]] = {}
+        self._policy_count = 0
         self._routers: dict[str, Router] = {}
         self._queues: dict[str, dict[str, QueueRecord]] = {}
         # Exclusive queues by owning connection, so a closing connection finds its own without
@@ -148,6 +161,8 @@ class MetadataState:
             c.DeleteQueue: self._delete_queue,
             c.Bind: self._bind,
             c.Unbind: self._unbind,
+            c.SetPolicy: self._set_policy,
+            c.ClearPolicy: self._clear_policy,
         }
 
     # --- the state machine -----------------------------------------------------------------
@@ -188,6 +203,13 @@ class MetadataState:
             for exchange in router.exchanges()
             for binding in exchange.table.bindings()
         ]
+
+    def policies(self, vhost: str) -> Mapping[str, Policy]:
+        """The vhost's policies by name; a new mapping after every change (see above)."""
+        policies = self._policies.get(vhost)
+        if policies is None:
+            raise NotFound(f"no vhost '{vhost}'")
+        return policies
 
     def lookup_queue(self, vhost: str, name: str, owner: str | None) -> QueueRecord:
         """A queue for passive declare, consume, get, bind, purge or delete by connection `owner`:
@@ -290,6 +312,11 @@ class MetadataState:
                 [p.user, p.vhost, p.configure, p.write, p.read]
                 for _, p in sorted(self.permissions.items())
             ],
+            "policies": [
+                [p.vhost, p.name, p.pattern, p.apply_to, p.priority, dict(p.definition)]
+                for vhost in sorted(self._policies)
+                for _, p in sorted(self._policies[vhost].items())
+            ],
             "exchanges": exchanges,
             "queues": queues,
             "bindings": bindings,
@@ -330,6 +357,7 @@ class MetadataState:
         # RabbitMQ's predeclared exchanges are durable: bindings from them can be too.
         self._durable_exchanges[name] = set(_PREDECLARED_NAMES)
         self._exchange_counts[name] = 0
+        self._policies[name] = {}
         return Outcome(True, created=True, writes=(("put_vhost", vhost),))
 
     def _delete_vhost(self, command: c.DeleteVhost) -> Outcome:
@@ -354,6 +382,7 @@ class MetadataState:
         del self.vhosts[name]
         for key in [key for key in self.permissions if key[1] == name]:
             del self.permissions[key]
+        self._policy_count -= len(self._policies.pop(name))
         return Outcome(
             True,
             deleted_exchanges=deleted_exchanges,
@@ -425,6 +454,44 @@ class MetadataState:
         if self.permissions.pop((command.user, command.vhost), None) is None:
             return Outcome(False)
         return Outcome(True, writes=(("delete_permission", command.user, command.vhost),))
+
+    # --- policies --------------------------------------------------------------------------
+
+    def _set_policy(self, command: c.SetPolicy) -> Outcome:
+        current = self.policies(command.vhost)
+        _check_name("policy", command.name)
+        policies.validate(command.pattern, command.definition, command.priority, command.apply_to)
+        existing = current.get(command.name)
+        if existing is None and self._policy_count >= self.limits.policies_max:
+            # rabbit_runtime_parameters:is_within_limit/1's text.
+            raise BadRequest(
+                f"Validation failed\n\ncomponent policy is limited to {self.limits.policies_max}\n"
+            )
+        policy = Policy(
+            command.vhost,
+            command.name,
+            command.pattern,
+            command.apply_to,
+            command.priority,
+            policies.sorted_definition(command.definition),
+        )
+        if policy == existing:
+            return Outcome(False)
+        self._policies[command.vhost] = {**current, policy.name: policy}
+        if existing is None:
+            self._policy_count += 1
+        return Outcome(True, created=existing is None, writes=(("put_policy", policy),))
+
+    def _clear_policy(self, command: c.ClearPolicy) -> Outcome:
+        current = self.policies(command.vhost)
+        if command.name not in current:
+            # rabbit_runtime_parameters:clear_any/4's text.
+            raise NotFound("Parameter does not exist")
+        self._policies[command.vhost] = {
+            name: policy for name, policy in current.items() if name != command.name
+        }
+        self._policy_count -= 1
+        return Outcome(True, writes=(("delete_policy", command.vhost, command.name),))
 
     # --- exchanges -------------------------------------------------------------------------
 
@@ -663,6 +730,8 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
         commands.append(c.AddUser(name, password_hash, tuple(tags)))
     for user, vhost, configure, write, read in document["permissions"]:
         commands.append(c.SetPermissions(user, vhost, configure, write, read))
+    for vhost, name, pattern, apply_to, priority, definition in document["policies"]:
+        commands.append(c.SetPolicy(vhost, name, pattern, definition, priority, apply_to))
     for vhost, name, type_name, durable, auto_delete, internal, arguments in document["exchanges"]:
         commands.append(
             c.DeclareExchange(

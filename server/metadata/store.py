@@ -12,12 +12,15 @@ survive a process crash only; metadata changes are rare enough that the extra fs
 A failed write leaves memory ahead of disk, so the store stops accepting commands
 (`StoreFailed`) instead of serving state it may not have kept; the broker should stop.
 
-Changes made by another process (`warren users ...` against the same data dir while a broker
-runs) are picked up by `sync_external_changes()`: SQLite's `PRAGMA data_version` changes
-exactly when another connection has committed, so the check is one cheap query; when it
-changed, vhosts, users and permissions are re-read and the differences applied to the state
-as commands. The broker calls it before authenticating each new connection (and may also call
-it on a timer); the CLI only ever edits those three tables.
+Changes made by another process (`warren users|vhosts|policies ...` against the same data dir
+while a broker runs) are picked up by `sync_external_changes()`: SQLite's `PRAGMA data_version`
+changes exactly when another connection has committed, so the check is one cheap query; when
+it changed, vhosts, users, permissions and policies are re-read and the differences applied
+to the state as commands. The broker calls it before authenticating each new connection (and
+may also call it on a timer); the CLI only ever edits those four tables.
+
+The policies table came after schema 2 without a version of its own: it is only added
+(CREATE TABLE IF NOT EXISTS), and a broker that predates it has no policies to lose.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from warrenmq.server.metadata.records import (
     DEFAULT_PASSWORD,
     DEFAULT_USER,
     DEFAULT_VHOST,
+    Policy,
     User,
     binding_arguments_digest,
 )
@@ -71,6 +75,9 @@ CREATE TABLE IF NOT EXISTS users (
 CREATE TABLE IF NOT EXISTS permissions (
     user TEXT NOT NULL, vhost TEXT NOT NULL, configure TEXT NOT NULL, write TEXT NOT NULL,
     read TEXT NOT NULL, PRIMARY KEY (user, vhost));
+CREATE TABLE IF NOT EXISTS policies (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, pattern TEXT NOT NULL, apply_to TEXT NOT NULL,
+    priority TEXT NOT NULL, definition TEXT NOT NULL, PRIMARY KEY (vhost, name));
 CREATE TABLE IF NOT EXISTS exchanges (
     vhost TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, auto_delete INTEGER NOT NULL,
     internal INTEGER NOT NULL, arguments TEXT NOT NULL, PRIMARY KEY (vhost, name));
@@ -258,8 +265,8 @@ class MetadataStore:
     # --- other writers ---------------------------------------------------------------------
 
     async def sync_external_changes(self) -> list[Outcome]:
-        """Apply what another process committed to vhosts, users and permissions since the
-        last look; returns the outcomes (a deleted vhost's queues are in `deleted_queues`)."""
+        """Apply what another process committed to vhosts, users, permissions and policies since
+        the last look; returns the outcomes (a deleted vhost's queues are in `deleted_queues`)."""
         if self._failure is not None:
             raise StoreFailed("metadata store failed earlier") from self._failure
         # One sync at a time: a second caller waits for the first to finish applying, so no
@@ -271,8 +278,11 @@ class MetadataStore:
             # Recorded before reading: a commit that lands while we read is seen next time.
             self._data_version = version
             vhosts, users, permissions = await self._read_access_rows()
+            policies = await self._read_policy_rows()
             outcomes = []
-            for command in _reconcile(self.state, vhosts, users, permissions):
+            commands = _reconcile(self.state, vhosts, users, permissions)
+            commands += _reconcile_policies(self.state, policies, {name for name, _, _ in vhosts})
+            for command in commands:
                 try:
                     outcomes.append(await self.apply(command))
                 except RoutingError as error:
@@ -360,9 +370,17 @@ class MetadataStore:
             permissions = list(await cursor.fetchall())
         return vhosts, users, permissions
 
+    async def _read_policy_rows(self) -> list:
+        async with self._db.execute(
+            "SELECT vhost, name, pattern, apply_to, priority, definition FROM policies"
+            " ORDER BY vhost, name"
+        ) as cursor:
+            return list(await cursor.fetchall())
+
     async def _load(self) -> None:
         db = self._db
         vhosts, users, permissions = await self._read_access_rows()
+        policies = await self._read_policy_rows()
         async with db.execute(
             "SELECT vhost, name, type, auto_delete, internal, arguments FROM exchanges"
             " ORDER BY vhost, name"
@@ -380,6 +398,9 @@ class MetadataStore:
             bindings = list(await cursor.fetchall())
         loaded: list[c.Command] = []
         loaded.extend(_reconcile(MetadataState(), vhosts, users, permissions))
+        loaded.extend(
+            _reconcile_policies(MetadataState(), policies, {name for name, _, _ in vhosts})
+        )
         for vhost, name, type_name, auto_delete, internal, arguments in exchanges:
             loaded.append(
                 c.DeclareExchange(
@@ -478,6 +499,28 @@ def _reconcile(
     return commands
 
 
+def _reconcile_policies(state: MetadataState, rows: list, vhost_names: set[str]) -> list[c.Command]:
+    """Commands that turn the state's policies into the given rows, for vhosts that stay (a
+    vhost's deletion takes its policies with it)."""
+    commands: list[c.Command] = []
+    wanted = set()
+    for vhost, name, pattern, apply_to, priority_json, definition_json in rows:
+        wanted.add((vhost, name))
+        policy = Policy(
+            vhost, name, pattern, apply_to, json.loads(priority_json), json.loads(definition_json)
+        )
+        current = state.policies(vhost).get(name) if vhost in state.vhosts else None
+        if current != policy:
+            commands.append(
+                c.SetPolicy(vhost, name, pattern, policy.definition, policy.priority, apply_to)
+            )
+    for vhost in sorted(vhost_names & set(state.vhosts)):
+        for name in sorted(state.policies(vhost)):
+            if (vhost, name) not in wanted:
+                commands.append(c.ClearPolicy(vhost, name))
+    return commands
+
+
 def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
     kind = write[0]
     if kind == "put_vhost":
@@ -495,6 +538,7 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
             for table, column in (
                 ("vhosts", "name"),
                 ("permissions", "vhost"),
+                ("policies", "vhost"),
                 ("exchanges", "vhost"),
                 ("queues", "vhost"),
                 ("bindings", "vhost"),
@@ -524,6 +568,24 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
         ]
     if kind == "delete_permission":
         return [("DELETE FROM permissions WHERE user = ? AND vhost = ?", (write[1], write[2]))]
+    if kind == "put_policy":
+        policy = write[1]
+        return [
+            (
+                "INSERT OR REPLACE INTO policies (vhost, name, pattern, apply_to, priority,"
+                " definition) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    policy.vhost,
+                    policy.name,
+                    policy.pattern,
+                    policy.apply_to,
+                    json.dumps(policy.priority),
+                    json.dumps(policy.definition, ensure_ascii=False),
+                ),
+            )
+        ]
+    if kind == "delete_policy":
+        return [("DELETE FROM policies WHERE vhost = ? AND name = ?", (write[1], write[2]))]
     if kind == "put_exchange":
         _, vhost, exchange = write
         return [
