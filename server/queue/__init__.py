@@ -7,7 +7,8 @@ engine per priority level. `engine.py` states what an engine is (`QueueEngine`) 
 hands out (`Message`). `WorkQueue` (`work_queue.py`) is the queue as the broker hosts it:
 the engine, its limits, TTL, overflow and x-expires with time passed in, its consumers and
 dispatch. `consumer.py` is the consumer interface a queue delivers through (the AMQP
-channel implements it). `arguments.py` checks queue and consumer arguments as RabbitMQ does.
+channel implements it). `arguments.py` checks queue and consumer arguments as RabbitMQ does;
+`policy.py` picks the policy that applies to a queue and the arguments it makes effective.
 Nothing here imports the session, the core or the broker process.
 """
 
