@@ -27,7 +27,7 @@ from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import DescriptorPool, LogConfig
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from warrenmq.log.descriptors import default_capacity
-from warrenmq.server.metadata import METADATA_FILE, MetadataStore, loopback_refused
+from warrenmq.server.metadata import METADATA_FILE, MetadataStore, StoreFailed, loopback_refused
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
 from .config import BrokerConfig
@@ -41,6 +41,9 @@ log = logging.getLogger("warrenmq.server")
 # How often channels look for deliveries past their consumer timeout: a timeout fires at most
 # this late.
 CONSUMER_TIMEOUT_CHECK_S = 0.25
+# How often the broker looks for metadata changes other processes made (`warren policies set`
+# against its data dir): one cheap query (SQLite's data_version) when nothing changed.
+METADATA_SYNC_INTERVAL_S = 1.0
 
 
 def now_ms() -> int:
@@ -125,6 +128,7 @@ class Broker:
         self._background: set[asyncio.Future[Any]] = set()
         self._stopping = False
         self._timeout_check: asyncio.TimerHandle | None = None
+        self._metadata_follower: asyncio.Task[None] | None = None
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -158,6 +162,7 @@ class Broker:
         self._timeout_check = self._loop.call_later(
             CONSUMER_TIMEOUT_CHECK_S, self._check_consumer_timeouts
         )
+        self._metadata_follower = asyncio.ensure_future(self._follow_metadata())
 
     async def _abandon_start(self) -> None:
         """Close what a failed start opened, writing nothing: the next start recovers."""
@@ -246,6 +251,28 @@ class Broker:
             for queue in list(vhost.queues.values()):
                 vhost.retire_queue(queue)
 
+    def apply_policies(self) -> None:
+        """Have every queue take the policies as the metadata now holds them."""
+        for vhost in self.vhosts.values():
+            vhost.apply_policies()
+
+    async def _follow_metadata(self) -> None:
+        """Apply what other processes change in the metadata, once a second: a policy set or
+        cleared by `warren policies` reaches the queues without any client connecting (users
+        and vhosts are also synced before each login)."""
+        assert self.store is not None
+        while True:
+            await asyncio.sleep(METADATA_SYNC_INTERVAL_S)
+            try:
+                await self.store.sync_external_changes()
+            except StoreFailed as error:
+                log.error("metadata store failed; no longer following its changes: %r", error)
+                return
+            except Exception as error:
+                log.error("reading metadata changes made by other processes failed: %r", error)
+            self.sync_vhosts()
+            self.apply_policies()
+
     async def stop(self) -> None:
         """SIGTERM: stop accepting, close clients with 320, flush and fsync, close queues."""
         if self._stopping:
@@ -253,6 +280,8 @@ class Broker:
         self._stopping = True
         if self._timeout_check is not None:
             self._timeout_check.cancel()
+        if self._metadata_follower is not None:
+            self._metadata_follower.cancel()
         if self.server is not None:
             self.server.close()
         for connection in list(self.connections):
@@ -300,6 +329,7 @@ class Broker:
         except Exception as error:
             log.error("reading metadata changes made by other processes failed: %r", error)
         self.sync_vhosts()
+        self.apply_policies()
         user = await store.authenticate(username, password)
         if user is None:
             log.error("%s login refused: user '%s' - invalid credentials", mechanism, username)

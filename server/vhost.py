@@ -40,6 +40,7 @@ from warrenmq.server.metadata.state import strip_cr_lf
 
 from .errors import internal_error
 from .queue import arguments as queue_arguments
+from .queue import policy
 from .queue.consumer import Consumer, ConsumerChannel
 from .queue.engine import Message, QueueEngine
 from .queue.log_queue import remove_directory
@@ -202,6 +203,8 @@ class VirtualHost:
         self._opening: dict[str, Any] = {}
         self.failed: dict[str, str] = {}
         """Queues whose storage failed to open, with the error: the record stays, uses get 404."""
+        # The vhost's policies as its queues last took them (`apply_policies`).
+        self._policies_applied: Mapping[str, Any] | None = None
 
     @property
     def router(self) -> Router:
@@ -492,10 +495,36 @@ class VirtualHost:
             arguments=arguments,
             queue_type=queue_type,
             batch_records_max=self._batch_records_max,
+            effective_arguments=self._effective_arguments(record.name, queue_type, arguments),
         )
         self.queues[record.name] = queue
         self.failed.pop(record.name, None)
         return queue
+
+    def _effective_arguments(
+        self, name: str, queue_type: str, arguments: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        policies = self.store.state.policies(self.name).values()
+        return policy.effective_arguments(name, queue_type, arguments, policies)
+
+    def apply_policies(self) -> None:
+        """After policies were set or cleared: every queue whose effective arguments changed
+        takes them at once, without a restart, as RabbitMQ's do. The new limits are enforced
+        and, as RabbitMQ restarts a queue's expiry timer on a policy change, x-expires counts
+        from now. Cheap when the vhost's policies are the ones last applied."""
+        policies = self.store.state.policies(self.name)
+        if policies is self._policies_applied:
+            return
+        self._policies_applied = policies
+        for queue in self.queues.values():
+            effective = policy.effective_arguments(
+                queue.name, queue.queue_type, queue.arguments, policies.values()
+            )
+            if effective != queue.effective_arguments:
+                queue.apply_arguments(effective)
+                queue.enforce_length()
+                # The tick commits what the limits dropped and re-arms the queue's timers.
+                self._used(queue)
 
     def recover(self) -> list[str]:
         """Host every queue the metadata holds; returns their directory names.
@@ -513,7 +542,9 @@ class VirtualHost:
                 self._failed(record.name, error)
                 continue
             queue.touch(now_ms)
-            if queue.has_timers:
+            # A policy set while the broker was down may lower a limit, as RabbitMQ's queue
+            # enforces its limits when it starts; the tick commits what was dropped.
+            if queue.enforce_length() or queue.has_timers:
                 self._wake(queue)
         return kept
 

@@ -16,8 +16,8 @@ Changes made by another process (`warren users|vhosts|policies ...` against the 
 while a broker runs) are picked up by `sync_external_changes()`: SQLite's `PRAGMA data_version`
 changes exactly when another connection has committed, so the check is one cheap query; when
 it changed, vhosts, users, permissions and policies are re-read and the differences applied
-to the state as commands. The broker calls it before authenticating each new connection (and
-may also call it on a timer); the CLI only ever edits those four tables.
+to the state as commands. The broker calls it before authenticating each new connection and
+once a second; the CLI only ever edits those four tables.
 
 The policies table came after schema 2 without a version of its own: it is only added
 (CREATE TABLE IF NOT EXISTS), and a broker that predates it has no policies to lose.

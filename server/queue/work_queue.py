@@ -103,7 +103,10 @@ class WorkQueue:
         arguments: Mapping[str, Any],
         queue_type: str,
         batch_records_max: int,
+        effective_arguments: Mapping[str, Any] | None = None,
     ) -> None:
+        """`arguments` are the declared ones; `effective_arguments` (by default the same) are
+        what the queue enforces: the declared ones merged with its policy (`policy.py`)."""
         assert batch_records_max > 0
         self.vhost = vhost
         self.name = name
@@ -117,73 +120,16 @@ class WorkQueue:
         self.had_consumer = False
         self._batch_records_max = batch_records_max
         self.committing = False
-        # Limits enforced at the head, as a RabbitMQ classic queue does: x-message-ttl drops
-        # a message when it reaches the head expired; x-max-length (overflow drop-head)
-        # drops from the head once more than that many are ready.
-        self.message_ttl_ms = _int_argument(self.arguments, "x-message-ttl")
-        self.length_max = _int_argument(self.arguments, "x-max-length")
-        # x-max-length-bytes counts the bodies of ready messages, as RabbitMQ does. The sum is
-        # kept here only for queues that have the limit (and starts from zero after a
-        # restart: the engine keeps no per-message sizes, by design).
-        self.bytes_max = _int_argument(self.arguments, "x-max-length-bytes")
+        self.bytes_max: int | None = None
         self.ready_bytes = 0
         self._in_flight_bytes: dict[int, int] = {}
-        overflow = self.arguments.get("x-overflow")
-        if isinstance(overflow, bytes):
-            overflow = overflow.decode()
-        # reject-publish-dlx also refuses; dead-lettering the refused message is the DLX
-        # issue's part.
-        self.reject_when_full = overflow in ("reject-publish", "reject-publish-dlx")
-        # x-expires: the queue is deleted once unused (no consumers, no basic.get, no
-        # redeclare) for this long; `last_used_ms` is when it was last used.
-        self.expires_ms = _int_argument(self.arguments, "x-expires")
+        self.apply_arguments(self.arguments if effective_arguments is None else effective_arguments)
         self.last_used_ms = 0
         # Set once a message with its own expiration arrives; from then on take() reads
         # each message's properties (after a restart, until one such message comes again,
         # per-message expirations are not checked).
         self.has_expiring = False
-        # x-single-active-consumer: only the longest-registered consumer gets messages; the
-        # next one takes over when it goes (RabbitMQ 3.10, without priorities).
-        self.single_active = self.arguments.get("x-single-active-consumer") is True
-        dead_letter_exchange = self.arguments.get("x-dead-letter-exchange")
-        self.dead_letter_exchange: str | None = (
-            dead_letter_exchange.decode()
-            if isinstance(dead_letter_exchange, bytes)
-            else dead_letter_exchange
-        )
-        dead_letter_routing_key = self.arguments.get("x-dead-letter-routing-key")
-        self.dead_letter_routing_key: str | None = (
-            dead_letter_routing_key.decode()
-            if isinstance(dead_letter_routing_key, bytes)
-            else dead_letter_routing_key
-        )
-        # x-overflow reject-publish-dlx: a refused publish is dead-lettered (reason maxlen).
-        self.dead_letter_refused = overflow == "reject-publish-dlx"
-        # x-delivery-limit: a message delivered more than this many times is dead-lettered
-        # instead of requeued; quorum queues have RabbitMQ 4's default, -1 disables it.
-        delivery_limit = _int_argument(self.arguments, "x-delivery-limit")
-        if delivery_limit is None and queue_type == "quorum":
-            delivery_limit = QUORUM_DELIVERY_LIMIT_DEFAULT
-        if delivery_limit is not None and delivery_limit < 0:
-            delivery_limit = None
-        self.delivery_limit = delivery_limit
-        # Redeliveries carry x-delivery-count where RabbitMQ counts them (quorum queues), and
-        # wherever a delivery limit makes the count matter.
-        self.counts_deliveries = queue_type == "quorum" or self.delivery_limit is not None
-        # x-consumer-timeout (ms; 0 disables): the channel holding the deliveries enforces it.
-        self.consumer_timeout_ms = _int_argument(self.arguments, "x-consumer-timeout")
-        # x-visibility-timeout (ms, a Warren extension like SQS's): a delivery unacked this
-        # long goes back alone; the channel holding it enforces it and reports stale settles.
-        self.visibility_timeout_ms = _int_argument(self.arguments, "x-visibility-timeout") or None
         self.stale_settles = 0
-        # x-requeue-delay / x-requeue-delay-max (ms, a Warren extension): a requeued message
-        # waits base * 2^(deliveries - 1), at most the max, before it is ready again; others
-        # flow past it meanwhile. It stays in flight in the engine until then (a crash makes
-        # it ready at once, redelivered). Requeues are stamped by the next `run_timers`.
-        self.requeue_delay_ms = _int_argument(self.arguments, "x-requeue-delay") or None
-        self.requeue_delay_max_ms = (
-            _int_argument(self.arguments, "x-requeue-delay-max") or EXPIRY_MS_MAX
-        )
         self._requeued: list[int] = []
         self._backing_off: list[tuple[int, int]] = []
         """(when ready again, offset): a heap."""
@@ -204,6 +150,79 @@ class WorkQueue:
         self._priorities: list[int] = []
         # Every consumer, in the order they registered (single-active-consumer's order).
         self.consumers: dict[tuple[int, str], Consumer] = {}
+
+    def apply_arguments(self, effective: Mapping[str, Any]) -> None:
+        """(Re)read the queue's settings from its effective arguments: at creation, and when a
+        policy change alters them (the caller then enforces the new limits).
+
+        A change applies to the messages already in the queue too: their TTL is counted from
+        when each was stored (RabbitMQ fixes a message's expiry when it is enqueued). A byte
+        limit that appears on a live queue counts only the messages that arrive from then on,
+        as after a restart (the engine keeps no per-message sizes). `effective` is kept as
+        given, not copied: a queue without a policy shares its declared mapping.
+        """
+        self.effective_arguments = effective
+        # Limits enforced at the head, as a RabbitMQ classic queue does: x-message-ttl drops
+        # a message when it reaches the head expired; x-max-length (overflow drop-head)
+        # drops from the head once more than that many are ready.
+        self.message_ttl_ms = _int_argument(effective, "x-message-ttl")
+        self.length_max = _int_argument(effective, "x-max-length")
+        # x-max-length-bytes counts the bodies of ready messages, as RabbitMQ does. The sum is
+        # kept here only for queues that have the limit (and starts from zero after a
+        # restart: the engine keeps no per-message sizes, by design).
+        bytes_max = _int_argument(effective, "x-max-length-bytes")
+        if bytes_max is None:
+            self.ready_bytes = 0
+            self._in_flight_bytes.clear()
+        self.bytes_max = bytes_max
+        overflow = effective.get("x-overflow")
+        if isinstance(overflow, bytes):
+            overflow = overflow.decode()
+        # reject-publish-dlx also refuses; dead-lettering the refused message is the DLX
+        # issue's part.
+        self.reject_when_full = overflow in ("reject-publish", "reject-publish-dlx")
+        # x-expires: the queue is deleted once unused (no consumers, no basic.get, no
+        # redeclare) for this long; `last_used_ms` is when it was last used.
+        self.expires_ms = _int_argument(effective, "x-expires")
+        # x-single-active-consumer: only the longest-registered consumer gets messages; the
+        # next one takes over when it goes (RabbitMQ 3.10, without priorities).
+        self.single_active = effective.get("x-single-active-consumer") is True
+        dead_letter_exchange = effective.get("x-dead-letter-exchange")
+        self.dead_letter_exchange: str | None = (
+            dead_letter_exchange.decode()
+            if isinstance(dead_letter_exchange, bytes)
+            else dead_letter_exchange
+        )
+        dead_letter_routing_key = effective.get("x-dead-letter-routing-key")
+        self.dead_letter_routing_key: str | None = (
+            dead_letter_routing_key.decode()
+            if isinstance(dead_letter_routing_key, bytes)
+            else dead_letter_routing_key
+        )
+        # x-overflow reject-publish-dlx: a refused publish is dead-lettered (reason maxlen).
+        self.dead_letter_refused = overflow == "reject-publish-dlx"
+        # x-delivery-limit: a message delivered more than this many times is dead-lettered
+        # instead of requeued; quorum queues have RabbitMQ 4's default, -1 disables it.
+        delivery_limit = _int_argument(effective, "x-delivery-limit")
+        if delivery_limit is None and self.queue_type == "quorum":
+            delivery_limit = QUORUM_DELIVERY_LIMIT_DEFAULT
+        if delivery_limit is not None and delivery_limit < 0:
+            delivery_limit = None
+        self.delivery_limit = delivery_limit
+        # Redeliveries carry x-delivery-count where RabbitMQ counts them (quorum queues), and
+        # wherever a delivery limit makes the count matter.
+        self.counts_deliveries = self.queue_type == "quorum" or self.delivery_limit is not None
+        # x-consumer-timeout (ms; 0 disables): the channel holding the deliveries enforces it.
+        self.consumer_timeout_ms = _int_argument(effective, "x-consumer-timeout")
+        # x-visibility-timeout (ms, a Warren extension like SQS's): a delivery unacked this
+        # long goes back alone; the channel holding it enforces it and reports stale settles.
+        self.visibility_timeout_ms = _int_argument(effective, "x-visibility-timeout") or None
+        # x-requeue-delay / x-requeue-delay-max (ms, a Warren extension): a requeued message
+        # waits base * 2^(deliveries - 1), at most the max, before it is ready again; others
+        # flow past it meanwhile. It stays in flight in the engine until then (a crash makes
+        # it ready at once, redelivered). Requeues are stamped by the next `run_timers`.
+        self.requeue_delay_ms = _int_argument(effective, "x-requeue-delay") or None
+        self.requeue_delay_max_ms = _int_argument(effective, "x-requeue-delay-max") or EXPIRY_MS_MAX
 
     # -- publishing -----------------------------------------------------------------------
 
