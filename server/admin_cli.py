@@ -1,8 +1,9 @@
-"""`warren users ...` and `warren vhosts ...`: manage users, permissions and vhosts in a data dir.
+"""`warren users|vhosts|policies ...`: manage users, permissions, vhosts and policies in a data dir.
 
 The commands open the data dir's metadata store directly (`D/metadata.sqlite3`), so they work
-whether or not a broker is running on it. A running broker picks the change up the next time a
-client connects (`MetadataStore.sync_external_changes`, keyed on SQLite's data_version).
+whether or not a broker is running on it. A running broker picks the change up within a second,
+or the next time a client connects (`MetadataStore.sync_external_changes`, keyed on SQLite's
+data_version); a policy change then reaches the queues it matches at once.
 
 Also runnable without the `warren` entry point: `python -m warrenmq.server.admin_cli users list`.
 """
@@ -21,7 +22,7 @@ from typing import Any
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords
-from warrenmq.server.metadata.errors import PreconditionFailed
+from warrenmq.server.metadata.errors import BadRequest, PreconditionFailed
 from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore
 
 DATA_DIR_DEFAULT = "./data"
@@ -32,7 +33,7 @@ def metadata_path(data_dir: str | os.PathLike[str]) -> Path:
 
 
 def register(commands: Any) -> None:
-    """Add `users` and `vhosts` to the `warren` sub-parsers."""
+    """Add `users`, `vhosts` and `policies` to the `warren` sub-parsers."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--data-dir",
@@ -111,9 +112,36 @@ def register(commands: Any) -> None:
     vhost_list.add_argument("--json", action="store_true", help="print JSON")
     vhost_list.set_defaults(handler=_sync(_list_vhosts))
 
+    policies = commands.add_parser("policies", help="set, clear and list policies")
+    policy_actions = policies.add_subparsers(dest="action", metavar="ACTION", required=True)
+    policy_set = policy_actions.add_parser(
+        "set", parents=[common], help="set or replace a policy (as rabbitmqctl set_policy)"
+    )
+    policy_set.add_argument("name")
+    policy_set.add_argument("pattern", help="regex searched for in queue (exchange) names")
+    policy_set.add_argument("definition", help="a JSON object, e.g. '{\"max-length\": 1000}'")
+    policy_set.add_argument(
+        "--apply-to",
+        default="all",
+        help="queues, classic_queues, quorum_queues, streams, exchanges or all (default all)",
+    )
+    policy_set.add_argument("--priority", type=int, default=0, help="the highest applies")
+    policy_set.add_argument("--vhost", "-p", default="/", help="the vhost (default /)")
+    policy_set.set_defaults(handler=_sync(_set_policy))
+    policy_clear = policy_actions.add_parser("clear", parents=[common], help="remove a policy")
+    policy_clear.add_argument("name")
+    policy_clear.add_argument("--vhost", "-p", default="/", help="the vhost (default /)")
+    policy_clear.set_defaults(handler=_sync(_clear_policy))
+    policy_list = policy_actions.add_parser(
+        "list", parents=[common], help="list policies (of one vhost with --vhost)"
+    )
+    policy_list.add_argument("--vhost", "-p", help="only this vhost")
+    policy_list.add_argument("--json", action="store_true", help="print JSON")
+    policy_list.set_defaults(handler=_sync(_list_policies))
+
 
 def run(argv: list[str] | None = None) -> int:
-    """The `users`/`vhosts` commands on their own, without the rest of `warren`."""
+    """The `users`/`vhosts`/`policies` commands on their own, without the rest of `warren`."""
     parser = argparse.ArgumentParser(prog="warren")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     args = parser.parse_args(argv)
@@ -135,7 +163,8 @@ async def _with_store(handler: Handler, args: argparse.Namespace) -> int:
     try:
         await handler(store, args)
     except RoutingError as error:
-        print(f"Error: {error.reply_text}", file=sys.stderr)
+        # A validation failure spans lines, ending in one ("Validation failed\n\n...\n").
+        print(f"Error: {error.reply_text.rstrip()}", file=sys.stderr)
         return 1
     finally:
         await store.close()
@@ -260,6 +289,60 @@ async def _list_vhosts(store: MetadataStore, args: argparse.Namespace) -> None:
     print("name\tdescription")
     for vhost in vhosts:
         print(f"{vhost.name}\t{vhost.description}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def _set_policy(store: MetadataStore, args: argparse.Namespace) -> None:
+    try:
+        definition = json.loads(args.definition, parse_constant=_reject_constant)
+    except ValueError as error:
+        # rabbit_policy:parse_set0/8's text.
+        raise BadRequest(f"Could not parse JSON document: {error}") from None
+    await store.apply(
+        c.SetPolicy(args.vhost, args.name, args.pattern, definition, args.priority, args.apply_to)
+    )
+    print(f'Set policy "{args.name}" in vhost "{args.vhost}".')
+
+
+async def _clear_policy(store: MetadataStore, args: argparse.Namespace) -> None:
+    await store.apply(c.ClearPolicy(args.vhost, args.name))
+    print(f'Cleared policy "{args.name}" in vhost "{args.vhost}".')
+
+
+async def _list_policies(store: MetadataStore, args: argparse.Namespace) -> None:
+    state = store.state
+    vhosts = sorted(state.vhosts) if args.vhost is None else [args.vhost]
+    # As rabbitmqctl list_policies orders them: by priority, lowest first.
+    rows = [
+        p
+        for vhost in vhosts
+        for p in sorted(state.policies(vhost).values(), key=lambda p: (p.priority, p.name))
+    ]
+    if args.json:
+        # The fields of RabbitMQ's GET /api/policies.
+        print(
+            json.dumps(
+                [
+                    {
+                        "vhost": p.vhost,
+                        "name": p.name,
+                        "pattern": p.pattern,
+                        "apply-to": p.apply_to,
+                        "definition": p.definition,
+                        "priority": p.priority,
+                    }
+                    for p in rows
+                ]
+            )
+        )
+        return
+    print("vhost\tname\tpattern\tapply-to\tdefinition\tpriority")
+    for p in rows:
+        definition = json.dumps(p.definition, separators=(",", ":"), ensure_ascii=False)
+        print(f"{p.vhost}\t{p.name}\t{p.pattern}\t{p.apply_to}\t{definition}\t{p.priority}")
 
 
 if __name__ == "__main__":

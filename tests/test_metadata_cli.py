@@ -119,3 +119,137 @@ def test_warren_entry_point_when_wired(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["name"] == "guest"
+
+
+# --- warren policies ------------------------------------------------------------------------
+
+
+def test_policies_set_list_and_clear_through_the_cli(tmp_path):
+    assert admin(tmp_path, "vhosts", "add", "v1").returncode == 0
+    set_ = admin(tmp_path, "policies", "set", "ttl", "^q\\.", '{"message-ttl": 5000}')
+    assert set_.returncode == 0, set_.stderr
+    assert set_.stdout == 'Set policy "ttl" in vhost "/".\n'
+    assert (
+        admin(
+            tmp_path,
+            "policies",
+            "set",
+            "limits",
+            ".*",
+            '{"max-length": 10, "dead-letter-exchange": "dlx"}',
+            "--apply-to",
+            "quorum_queues",
+            "--priority",
+            "-2",
+            "--vhost",
+            "v1",
+        ).returncode
+        == 0
+    )
+    assert (
+        admin(
+            tmp_path,
+            "policies",
+            "set",
+            "top",
+            "^a",
+            '{"expires": 9}',
+            "-p",
+            "v1",
+            "--priority",
+            "3",
+        ).returncode
+        == 0
+    )
+
+    listed = json.loads(admin(tmp_path, "policies", "list", "--json").stdout)
+    assert listed == [
+        {
+            "vhost": "/",
+            "name": "ttl",
+            "pattern": "^q\\.",
+            "apply-to": "all",
+            "definition": {"message-ttl": 5000},
+            "priority": 0,
+        },
+        {
+            "vhost": "v1",
+            "name": "limits",
+            "pattern": ".*",
+            "apply-to": "quorum_queues",
+            "definition": {"dead-letter-exchange": "dlx", "max-length": 10},
+            "priority": -2,
+        },
+        {
+            "vhost": "v1",
+            "name": "top",
+            "pattern": "^a",
+            "apply-to": "all",
+            "definition": {"expires": 9},
+            "priority": 3,
+        },
+    ]
+    assert admin(tmp_path, "policies", "list", "--vhost", "v1").stdout.splitlines() == [
+        "vhost\tname\tpattern\tapply-to\tdefinition\tpriority",
+        'v1\tlimits\t.*\tquorum_queues\t{"dead-letter-exchange":"dlx","max-length":10}\t-2',
+        'v1\ttop\t^a\tall\t{"expires":9}\t3',
+    ]
+
+    cleared = admin(tmp_path, "policies", "clear", "limits", "--vhost", "v1")
+    assert cleared.returncode == 0 and cleared.stdout == 'Cleared policy "limits" in vhost "v1".\n'
+    assert [
+        p["name"] for p in json.loads(admin(tmp_path, "policies", "list", "--json").stdout)
+    ] == [
+        "ttl",
+        "top",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ("policies", "set", "p", ".*", '{"max-length": "abc"}'),
+            'Error: Validation failed\n\n<<"abc">> is not a valid maximum length\n',
+        ),
+        (
+            ("policies", "set", "p", "(", '{"nope": 1}', "--apply-to", "bogus"),
+            "Error: Validation failed\n\n"
+            '[{<<"nope">>,1}] are not recognised policy settings\n'
+            "apply-to 'bogus' unrecognised; should be one of: 'queues', 'classic_queues',  "
+            "'quorum_queues', 'streams', 'exchanges', or 'all'\n"
+            'pattern should be regular expression but is invalid: {"missing ), unterminated '
+            'subpattern",0}\n',
+        ),
+        (("policies", "set", "p", ".*", "{}"), "Error: Validation failed\n\nno policy provided\n"),
+        (
+            ("policies", "set", "p", ".*", "{not json"),
+            "Error: Could not parse JSON document: Expecting property name enclosed in double "
+            "quotes: line 1 column 2 (char 1)\n",
+        ),
+        (
+            ("policies", "set", "p", ".*", '{"max-length": NaN}'),
+            "Error: Could not parse JSON document: NaN is not JSON\n",
+        ),
+        (
+            ("policies", "set", "p", ".*", "[1]"),
+            "Error: Validation failed\n\ndefinition must be a dictionary: [1]\n",
+        ),
+        (
+            ("policies", "set", "p", ".*", '{"max-length": 1}', "-p", "nope"),
+            "Error: no vhost 'nope'\n",
+        ),
+        (("policies", "clear", "nope"), "Error: Parameter does not exist\n"),
+        (("policies", "list", "--vhost", "nope"), "Error: no vhost 'nope'\n"),
+    ],
+)
+def test_policy_errors_exit_1_with_rabbitmqs_text(tmp_path, argv, message):
+    result = admin(tmp_path, *argv)
+    assert (result.returncode, result.stderr, result.stdout) == (1, message, "")
+
+
+def test_a_priority_that_is_no_integer_is_a_usage_error(tmp_path):
+    result = admin(tmp_path, "policies", "set", "p", ".*", '{"max-length": 1}', "--priority", "x")
+    assert result.returncode == 2
+    assert "argument --priority: invalid int value: 'x'" in result.stderr
+    assert "Traceback" not in result.stderr
