@@ -8,6 +8,7 @@ permission tests need.
 from __future__ import annotations
 
 import abc
+import json
 import os
 import shutil
 import signal
@@ -98,6 +99,17 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def destroy(self) -> None:
         """Stop the broker for good and remove what it wrote."""
+
+    @abc.abstractmethod
+    def set_policy(
+        self, name: str, pattern: str, definition: dict, apply_to: str = "queues", priority: int = 0
+    ) -> None:
+        """Set a policy on "/" as the broker's own command line does; returns once queues
+        declared from now on get it (existing ones may take a moment, as in RabbitMQ)."""
+
+    @abc.abstractmethod
+    def clear_policy(self, name: str) -> None:
+        """Clear a policy of "/"."""
 
 
 class WarrenBroker(Broker):
@@ -195,6 +207,28 @@ class WarrenBroker(Broker):
         if done.returncode != 0:
             raise RuntimeError(f"warren {' '.join(args)} failed: {done.stdout}{done.stderr}")
 
+    def set_policy(
+        self, name: str, pattern: str, definition: dict, apply_to: str = "queues", priority: int = 0
+    ) -> None:
+        # `warren policies` writes the data dir of the running broker; the broker reads every
+        # change before it logs a client in, so one connection makes sure it has the policy.
+        self._admin(
+            "policies",
+            "set",
+            name,
+            pattern,
+            json.dumps(definition),
+            "--apply-to",
+            apply_to,
+            "--priority",
+            str(priority),
+        )
+        pika.BlockingConnection(self.params()).close()
+
+    def clear_policy(self, name: str) -> None:
+        self._admin("policies", "clear", name)
+        pika.BlockingConnection(self.params()).close()
+
     def _seed(self) -> None:
         # The admin commands write the data dir; the broker reads it when it starts.
         self.stop()
@@ -240,6 +274,23 @@ class ManagedRabbitMQ(Broker):
         names = ",".join(f'<<"{user}">>' for user in users)
         self.node.ctl("eval", f"application:set_env(rabbit, loopback_users, [{names}]).")
 
+    def set_policy(
+        self, name: str, pattern: str, definition: dict, apply_to: str = "queues", priority: int = 0
+    ) -> None:
+        self.node.ctl(
+            "set_policy",
+            "--apply-to",
+            apply_to,
+            "--priority",
+            str(priority),
+            name,
+            pattern,
+            json.dumps(definition),
+        )
+
+    def clear_policy(self, name: str) -> None:
+        self.node.ctl("clear_policy", name)
+
     def _seed(self) -> None:
         # A node started by the script may have been seeded by an earlier session.
         existing = self.node.ctl("list_users", "--quiet")
@@ -277,6 +328,14 @@ class ExternalRabbitMQ(Broker):
 
     def _seed(self) -> None:
         pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not seed")
+
+    def set_policy(
+        self, name: str, pattern: str, definition: dict, apply_to: str = "queues", priority: int = 0
+    ) -> None:
+        pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not configure")
+
+    def clear_policy(self, name: str) -> None:
+        pytest.skip("WARREN_REFERENCE_URL points at a broker this suite may not configure")
 
     def destroy(self) -> None:
         pass
