@@ -1,6 +1,7 @@
 """Policies, set with each broker's own command line (`warren policies set`, `rabbitmqctl
-set_policy`): a limit reaching a queue that already holds messages, a TTL, the highest priority
-alone applying, how a policy and a declared argument combine, and a cleared policy letting go."""
+set_policy`): a limit reaching a queue that already holds messages, a TTL, dead-lettering and a
+quorum queue's delivery limit, the highest priority alone applying, how a policy and a declared
+argument combine, and a cleared policy letting go."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pika
 import pytest
-from pika_helpers import drain, sync
+from pika_helpers import drain, sync, wait_get
 
 TTL_MS = 2000
 EXPIRED_AFTER_S = TTL_MS / 1000 + 1.0
@@ -78,6 +79,55 @@ def test_a_message_ttl_policy_expires_messages(channel, uid, policies):
     assert message_count(channel, f"{uid}-q") == 1
     time.sleep(max(0.0, published + EXPIRED_AFTER_S - time.monotonic()))
     assert drain(channel, f"{uid}-q") == []
+
+
+def dead_letter_to(queue: str) -> dict:
+    return {"dead-letter-exchange": "", "dead-letter-routing-key": queue}
+
+
+def test_a_dead_letter_policy_routes_rejected_messages(channel, uid, policies):
+    channel.queue_declare(f"{uid}-dlq", exclusive=True)
+    policies.set(f"{uid}-dlx", f"^{uid}-q$", dead_letter_to(f"{uid}-dlq"))
+    channel.queue_declare(f"{uid}-q", exclusive=True)
+    publish(channel, f"{uid}-q", b"dead")
+    method, _, _ = wait_get(channel, f"{uid}-q")
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    _, properties, body = wait_get(channel, f"{uid}-dlq")
+    death = properties.headers["x-death"][0]
+    assert (body, death["queue"], death["reason"]) == (b"dead", f"{uid}-q", "rejected")
+
+
+def test_a_declared_dead_letter_routing_key_wins_over_the_policys(channel, uid, policies):
+    for queue in ("mine", "theirs"):
+        channel.queue_declare(f"{uid}-{queue}", exclusive=True)
+    policies.set(f"{uid}-dlx", f"^{uid}-q$", dead_letter_to(f"{uid}-theirs"))
+    channel.queue_declare(
+        f"{uid}-q",
+        exclusive=True,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": f"{uid}-mine"},
+    )
+    publish(channel, f"{uid}-q", b"dead")
+    method, _, _ = wait_get(channel, f"{uid}-q")
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    assert wait_get(channel, f"{uid}-mine")[2] == b"dead"
+    assert message_count(channel, f"{uid}-theirs") == 0
+
+
+def test_a_delivery_limit_policy_on_a_quorum_queue(channel, uid, policies):
+    channel.queue_declare(f"{uid}-dlq", exclusive=True)
+    policies.set(
+        f"{uid}-limit", f"^{uid}-q$", {"delivery-limit": 0, **dead_letter_to(f"{uid}-dlq")}
+    )
+    channel.queue_declare(f"{uid}-q", durable=True, arguments={"x-queue-type": "quorum"})
+    try:
+        publish(channel, f"{uid}-q", b"poison")
+        method, _, _ = wait_get(channel, f"{uid}-q")
+        channel.basic_reject(method.delivery_tag, requeue=True)
+        _, properties, body = wait_get(channel, f"{uid}-dlq")
+        death = properties.headers["x-death"][0]
+        assert (body, death["reason"]) == (b"poison", "delivery_limit")
+    finally:
+        channel.queue_delete(f"{uid}-q")
 
 
 def test_only_the_highest_priority_policy_applies(channel, uid, policies):

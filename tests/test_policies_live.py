@@ -52,15 +52,23 @@ def test_apply_arguments_rereads_every_setting_and_keeps_the_declared_arguments(
         "x-max-length": 2,
         "x-max-length-bytes": 100,
         "x-message-ttl": 50,
-        "x-overflow": "reject-publish",
+        "x-overflow": "reject-publish-dlx",
         "x-expires": 1000,
         "x-single-active-consumer": True,
+        "x-dead-letter-exchange": "dlx",
+        "x-dead-letter-routing-key": "dead",
+        "x-delivery-limit": 3,
+        "x-consumer-timeout": 60_000,
     }
     queue.apply_arguments(effective)
     assert queue.arguments == {"x-max-length": 5}
     assert queue.effective_arguments == effective
     assert (queue.length_max, queue.bytes_max, queue.message_ttl_ms) == (2, 100, 50)
-    assert queue.reject_when_full and queue.single_active and queue.expires_ms == 1000
+    assert queue.reject_when_full and queue.dead_letter_refused
+    assert queue.single_active and queue.expires_ms == 1000
+    assert (queue.dead_letter_exchange, queue.dead_letter_routing_key) == ("dlx", "dead")
+    assert queue.delivery_limit == 3 and queue.counts_deliveries
+    assert queue.consumer_timeout_ms == 60_000
     queue.apply_arguments({})
     assert (queue.length_max, queue.bytes_max, queue.message_ttl_ms, queue.expires_ms) == (
         None,
@@ -68,7 +76,10 @@ def test_apply_arguments_rereads_every_setting_and_keeps_the_declared_arguments(
         None,
         None,
     )
-    assert not queue.reject_when_full and not queue.single_active
+    assert not (queue.reject_when_full or queue.dead_letter_refused or queue.single_active)
+    assert (queue.dead_letter_exchange, queue.dead_letter_routing_key) == (None, None)
+    assert queue.delivery_limit is None and not queue.counts_deliveries
+    assert queue.consumer_timeout_ms is None
 
 
 def test_a_lower_length_limit_drops_the_oldest_once_enforced(queue):
