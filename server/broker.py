@@ -252,9 +252,14 @@ class Broker:
                 vhost.retire_queue(queue)
 
     def apply_policies(self) -> None:
-        """Have every queue take the policies as the metadata now holds them."""
-        for vhost in self.vhosts.values():
-            vhost.apply_policies()
+        """Have every queue take the policies as the metadata now holds them (an in-process
+        caller, such as the HTTP API, calls it after a SetPolicy or ClearPolicy)."""
+        assert self.store is not None
+        known = self.store.state.vhosts
+        for name, vhost in self.vhosts.items():
+            # A vhost deleted from the metadata is retired by the next `sync_vhosts`.
+            if name in known:
+                vhost.apply_policies()
 
     async def _follow_metadata(self) -> None:
         """Apply what other processes change in the metadata, once a second: a policy set or
