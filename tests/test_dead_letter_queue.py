@@ -271,3 +271,15 @@ def test_browsing_a_priority_queue_covers_every_level(make_queue):
     for priority, body in ((1, b"low"), (5, b"high")):
         publish(queue, T0, body, props=properties(priority=priority))
     assert sorted(m.body for m, _ in queue.engine.browse(0, 10)) == [b"high", b"low"]
+
+
+def test_a_policy_taking_the_requeue_delay_away_makes_waiting_messages_ready(make_queue):
+    queue = make_queue(**{"x-requeue-delay": 1000})
+    publish(queue, T0, b"a")
+    queue.requeue([queue.take(T0).offset])
+    assert queue.run_timers(T0) == T0 + 1000
+    queue.requeue([])
+    queue.apply_arguments({})
+    assert queue.has_timers
+    queue.run_timers(T0 + 1)
+    assert drain(queue, T0 + 1) == [b"a"]

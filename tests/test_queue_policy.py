@@ -184,3 +184,16 @@ def test_which_side_wins_per_key_and_type(queue_type, key, argument, policy_valu
     chosen = policy(definition={key: policy_value})
     merged = effective_arguments("q", queue_type, {"x-" + key: argument}, [chosen])
     assert merged["x-" + key] == effective
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_warrens_own_arguments_are_policy_keys_and_the_declared_one_wins(queue_type):
+    definition = {"visibility-timeout": 30_000, "requeue-delay": 100, "requeue-delay-max": 800}
+    timing = policy("timing", definition=definition, apply_to="queues")
+    assert effective_arguments("q", queue_type, {}, [timing]) == {
+        "x-visibility-timeout": 30_000,
+        "x-requeue-delay": 100,
+        "x-requeue-delay-max": 800,
+    }
+    declared = {"x-visibility-timeout": 5}
+    assert effective_arguments("q", queue_type, declared, [timing])["x-visibility-timeout"] == 5

@@ -103,6 +103,11 @@ def _max_age(value: Any) -> bool:
 # max-in-memory-length is RabbitMQ's own text.
 DEFINITION_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "alternate-exchange": (_text, "is not a valid alternate exchange name"),
+    # Warren's extensions (x-visibility-timeout, x-requeue-delay, x-requeue-delay-max), in
+    # RabbitMQ's style: every queue argument is also a policy key.
+    "visibility-timeout": (_integer(0), "is not a valid visibility timeout"),
+    "requeue-delay": (_integer(0), "is not a valid requeue delay"),
+    "requeue-delay-max": (_integer(0), "is not a valid maximum requeue delay"),
     "consumer-timeout": (_integer(0), "is not a valid consumer timeout"),
     "dead-letter-exchange": (_text, "is not a valid dead letter exchange name"),
     "dead-letter-routing-key": (_text, "is not a valid dead letter routing key"),

@@ -131,6 +131,14 @@ def _policy(policy_value: Any, _argument_value: Any) -> Any:
     return policy_value
 
 
+# Warren's own queue arguments as policy keys: the declared argument wins, as for the
+# dead-letter settings (a queue declared with its own timing keeps it).
+WARREN_RESOLVERS: dict[str, Resolve] = {
+    "visibility-timeout": _argument,
+    "requeue-delay": _argument,
+    "requeue-delay-max": _argument,
+}
+
 RESOLVERS: dict[str, dict[str, Resolve]] = {
     "classic": {
         "message-ttl": _smaller,
@@ -142,6 +150,7 @@ RESOLVERS: dict[str, dict[str, Resolve]] = {
         "overflow": _argument,
         "dead-letter-exchange": _argument,
         "dead-letter-routing-key": _argument,
+        **WARREN_RESOLVERS,
     },
     "quorum": {
         "message-ttl": _smaller,
@@ -153,6 +162,7 @@ RESOLVERS: dict[str, dict[str, Resolve]] = {
         "overflow": _policy,
         "dead-letter-exchange": _argument,
         "dead-letter-routing-key": _argument,
+        **WARREN_RESOLVERS,
     },
     "stream": {
         "max-length-bytes": _policy,

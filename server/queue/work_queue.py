@@ -689,10 +689,15 @@ class WorkQueue:
         """Stamp the requeues since the last call with when they are ready again, return those
         due by `now_ms`; returns when the next one is due."""
         backing_off = self._backing_off
+        if self.requeue_delay_ms is None:
+            # A policy took the delay away meanwhile: whatever waited is ready now.
+            due = [offset for _, offset in backing_off] + self._requeued
+            self._backing_off, self._requeued = [], []
+            self._return(due)
+            return None
         if self._requeued:
             requeued, self._requeued = self._requeued, []
             base, most = self.requeue_delay_ms, self.requeue_delay_max_ms
-            assert base is not None
             for offset in requeued:
                 deliveries = self.engine.deliveries(offset)
                 delay = min(base << min(deliveries - 1, 32), most)
@@ -716,6 +721,7 @@ class WorkQueue:
             self.expires_messages
             or self.expires_ms is not None
             or self.requeue_delay_ms is not None
+            or bool(self._backing_off or self._requeued)
         )
 
     def touch(self, now_ms: int) -> None:
@@ -737,7 +743,7 @@ class WorkQueue:
         as in RabbitMQ's classic queues; returns when the queue next wants this called
         (epoch ms), or None for never."""
         due_ms = self.expire_head(now_ms) if self.expires_messages else None
-        if self.requeue_delay_ms is not None:
+        if self.requeue_delay_ms is not None or self._backing_off or self._requeued:
             ready_ms = self._back_off(now_ms)
             if ready_ms is not None and (due_ms is None or ready_ms < due_ms):
                 due_ms = ready_ms
