@@ -31,6 +31,7 @@ from warrenmq.server.metadata import METADATA_FILE, MetadataStore, loopback_refu
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
 from .config import BrokerConfig
+from .http import HttpListeners
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
 from .session.channel import BrokerChannel
@@ -114,6 +115,8 @@ class Broker:
         self._timers: dict[WorkQueue, tuple[int, asyncio.TimerHandle]] = {}
         self._background: set[asyncio.Future[Any]] = set()
         self._stopping = False
+        # The management API and the metrics: adapters of their own on this event loop.
+        self.http = HttpListeners(self)
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -140,13 +143,17 @@ class Broker:
                 reuse_address=True,
                 backlog=1024,
             )
+            self.port = self.server.sockets[0].getsockname()[1]
+            await self.http.start()
         except BaseException:
             await self._abandon_start()
             raise
-        self.port = self.server.sockets[0].getsockname()[1]
 
     async def _abandon_start(self) -> None:
         """Close what a failed start opened, writing nothing: the next start recovers."""
+        await self.http.stop()
+        if self.server is not None:
+            self.server.close()
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
                 queue.engine.close()
@@ -236,6 +243,7 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        await self.http.stop()
         if self.server is not None:
             self.server.close()
         for connection in list(self.connections):
