@@ -49,14 +49,15 @@ class HttpListeners:
             log.info("%s listening on %s:%d", name, config.bind, port)
 
     async def _listen(self, app: web.Application, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(
             runner,
             self.host.config.bind,
             port,
-            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             backlog=LISTEN_BACKLOG,
             reuse_address=True,
         )

@@ -63,15 +63,13 @@ def _term_key(value: Any) -> tuple:
 
 
 def _dotted(item: Mapping[str, Any], path: str) -> Any:
-    keys = [key for key in path.split(".") if key]
+    """The field at a dotted path; 0 when any part of it is missing."""
     value: Any = item
-    for index, key in enumerate(keys):
-        last = index == len(keys) - 1
-        if isinstance(value, Mapping) and key in value:
-            value = value[key]
-        else:
-            return 0 if last else []
-    return value if keys else []
+    for key in path.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return 0
+        value = value[key]
+    return value
 
 
 def sort_items(

@@ -1,6 +1,7 @@
 """/api/vhosts: list (what the caller may see), show, create (PUT) and delete, through the
 metadata commands; the broker then hosts (or drops) the vhost as it does for a change made
-by ``warren vhosts``. A vhost's description and tags are set when it is created.
+by ``warren vhosts``. A vhost's description and tags are set when it is created, and its
+creator gets full permissions on it, as in RabbitMQ.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from warrenmq.server.metadata import DeclareVhost, DeleteVhost
+from warrenmq.server.metadata import DeclareVhost, DeleteVhost, SetPermissions
 
 from .api import Call, ManagementApi, core, created, no_content
 from .errors import bad_request, object_not_found
@@ -97,7 +98,9 @@ async def put_vhost(call: Call) -> web.Response:
         ):
             raise bad_request(f"vhost '{name}' exists: its description and tags are kept")
         return no_content()
-    await core(call.api.store.apply(DeclareVhost(name, description, tags)))
+    # RabbitMQ grants whoever creates a vhost full permissions on it.
+    grant = SetPermissions(call.caller.name, name, ".*", ".*", ".*")
+    await core(call.api.store.apply_all([DeclareVhost(name, description, tags), grant]))
     call.api.host.sync_vhosts()
     return created()
 
