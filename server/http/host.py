@@ -26,6 +26,8 @@ class ClientChannel(Protocol):
     """An AMQP channel, as listed by /api/channels and the metrics."""
 
     number: int
+    connection: Any
+    """The channel's `ClientConnection`."""
     consumers: Mapping[str, Consumer]
     unacked: Mapping[int, Any]
     counts: MessageCounts

@@ -2,11 +2,12 @@
 
 As RabbitMQ's plugin: ``/metrics`` sums each metric over its objects (no queue or channel
 labels: cheap with 100,000 queues), ``/metrics/per-object`` gives one sample per queue
-(``vhost``, ``queue``), channel (``channel``) and connection (``channel`` too: RabbitMQ labels
-a connection's samples with its process, under that name). Both carry the totals
+(``vhost``, ``queue``), channel (``channel``; its publishes also by ``vhost`` and ``exchange``)
+and connection (``channel`` too: RabbitMQ labels a connection's samples with its process,
+under that name). Both carry the totals
 (``rabbitmq_connections``, ``_channels``, ``_consumers``, ``_queues``) and
 ``rabbitmq_build_info`` / ``rabbitmq_identity_info``. Warren adds its own under ``warren_``:
-each queue's message log size and segment count.
+each queue's stored messages, message log size and segment count.
 
 Nothing is counted for the metrics: a scrape reads the counters the broker keeps anyway
 (`MessageCounts`, queue depths) on the event loop, then formats the text in a thread.
@@ -52,9 +53,9 @@ QUEUE_METRICS: tuple[tuple[str, str, str, Any], ...] = (
     ),
     ("rabbitmq_queue_consumers", "gauge", "Consumers on a queue", lambda q: q.consumer_count),
     (
-        "rabbitmq_queue_messages_published_total",
+        "warren_queue_messages_published_total",
         "counter",
-        "Total number of messages published to queues",
+        "Total number of messages the queue stored",
         lambda q: q.counts.published,
     ),
     (
@@ -101,12 +102,6 @@ CHANNEL_METRICS: tuple[tuple[str, str, str, Any], ...] = (
         "gauge",
         "Total limit of unacknowledged messages for all consumers on a channel",
         lambda c: c.global_prefetch,
-    ),
-    (
-        "rabbitmq_channel_messages_published_total",
-        "counter",
-        "Total number of messages published into an exchange on a channel",
-        lambda c: c.counts.published,
     ),
     (
         "rabbitmq_channel_messages_confirmed_total",
@@ -233,6 +228,7 @@ def collect(api: ManagementApi, per_object: bool) -> list[Metric]:
             channels.append(([f"{name} ({channel.number})"], channel))
     families = list(_families(QUEUE_METRICS, queues, ["vhost", "queue"], per_object))
     families += _families(CHANNEL_METRICS, channels, ["channel"], per_object)
+    families.append(_published(channels, per_object))
     families += _families(CONNECTION_METRICS, connection_objects, ["channel"], per_object)
     for name, help_text, value in (
         ("rabbitmq_connections", "Connections currently open", len(connections)),
@@ -258,6 +254,24 @@ def collect(api: ManagementApi, per_object: bool) -> list[Metric]:
     )
     identity.add_metric([api.node, api.node], 1)
     return [*families, build, identity]
+
+
+def _published(channels: list[tuple[list[str], Any]], per_object: bool) -> Metric:
+    """Publishes per channel and exchange, labelled as RabbitMQ labels them."""
+    labels = ["channel", "vhost", "exchange"] if per_object else []
+    family = CounterMetricFamily(
+        "rabbitmq_channel_messages_published_total",
+        "Total number of messages published into an exchange on a channel",
+        labels=labels,
+    )
+    if not per_object:
+        family.add_metric([], sum(channel.counts.publishes for _, channel in channels))
+        return family
+    for (name,), channel in channels:
+        vhost = channel.connection.vhost
+        for exchange, count in list(channel.counts.published_to.items()):
+            family.add_metric([name, vhost.name if vhost else "", exchange], count)
+    return family
 
 
 class _Collected(Collector):

@@ -62,7 +62,7 @@ def queue_counts(counts: MessageCounts) -> tuple[int, ...]:
 def channel_counts(counts: MessageCounts) -> tuple[int, ...]:
     """A channel's counters, in CHANNEL_STATS order."""
     return (
-        counts.published,
+        counts.publishes,
         counts.confirmed,
         counts.returned_unroutable,
         counts.dropped_unroutable,

@@ -16,6 +16,7 @@ from typing import Any
 class MessageCounts:
     __slots__ = (
         "published",
+        "published_to",
         "delivered",
         "delivered_no_ack",
         "got",
@@ -31,6 +32,10 @@ class MessageCounts:
 
     def __init__(self) -> None:
         self.published = 0
+        """A queue's: messages it stored."""
+        self.published_to: dict[str, int] = {}
+        """A channel's: its publishes by exchange (at most one entry per exchange there is;
+        RabbitMQ reports them so)."""
         self.delivered = 0
         """To consumers that acknowledge."""
         self.delivered_no_ack = 0
@@ -50,6 +55,11 @@ class MessageCounts:
         self.confirmed = 0
         self.returned_unroutable = 0
         self.dropped_unroutable = 0
+
+    @property
+    def publishes(self) -> int:
+        """A channel's publishes to any exchange."""
+        return sum(self.published_to.values())
 
     @property
     def consumer_acks(self) -> int:

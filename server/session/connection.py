@@ -439,7 +439,8 @@ class BrokerConnection(asyncio.Protocol):
                 f"user_id property set to '{event.user_id}' but "
                 f"authenticated user was '{self.username}'"
             )
-        channel.counts.published += 1
+        published = channel.counts.published_to
+        published[exchange] = published.get(exchange, 0) + 1
         properties = event.properties
         if _REPLY_TO_BYTES in properties:
             properties = self._rewrite_reply_to(channel, properties)
