@@ -632,7 +632,7 @@ def test_pagination_sorting_and_columns(api):
             "Is the input doubly-JSON-encoded?",
         ),
         (b'{"durable": NaN}', "not_json"),
-        (b'{"durable": "maybe"}', '["not_boolean","maybe"]'),
+        (b'{"durable": "maybe"}', ["not_boolean", "maybe"]),
         (b'{"arguments": [1]}', "arguments must be an object, got array"),
         (b'{"arguments": {"x-max-length": null}}', "null_not_allowed"),
         (b'{"arguments": {"x-max-length": "ten"}}', None),
@@ -677,10 +677,10 @@ def test_wrong_types_in_bodies(api):
     queue = name()
     api.put(path("api", "queues", "/", queue))
     get = {"count": "many", "ackmode": "ack_requeue_true", "encoding": "auto"}
-    assert (
-        api.post(path("api", "queues", "/", queue, "get"), get).json["reason"]
-        == '["not_integer","many"]'
-    )
+    assert api.post(path("api", "queues", "/", queue, "get"), get).json["reason"] == [
+        "not_integer",
+        "many",
+    ]
 
 
 def test_a_body_over_the_limit_is_413_json(api):

@@ -10,6 +10,7 @@ refusal's text.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aiohttp import web
 
@@ -21,10 +22,11 @@ JSON_TYPE = "application/json"
 
 
 class ApiError(Exception):
-    """A request refused with `status` and RabbitMQ's JSON body."""
+    """A request refused with `status` and RabbitMQ's JSON body. The reason is a text, or
+    what RabbitMQ makes of an Erlang tuple: a list (``["not_boolean", "yes"]``)."""
 
     def __init__(
-        self, status: int, error: str, reason: str, headers: dict[str, str] | None = None
+        self, status: int, error: str, reason: Any, headers: dict[str, str] | None = None
     ) -> None:
         super().__init__(f"{status} {error}: {reason}")
         self.status = status

@@ -25,7 +25,7 @@ from pamqp import commands
 from warrenmq.server.metadata import encoding
 from warrenmq.server.metadata.records import binding_arguments_digest
 
-from .errors import bad_request
+from .errors import ApiError, bad_request
 
 # The JSON a request may nest (a table in a table ...): as deep as a stored argument may be.
 DEPTH_MAX = encoding.DEPTH_MAX
@@ -119,7 +119,7 @@ def parse_bool(value: Any, default: bool) -> bool:
         return True
     if value is False or value == "false":
         return False
-    raise bad_request(f'["not_boolean",{json.dumps(value)}]')
+    raise ApiError(400, "bad_request", ["not_boolean", value])
 
 
 def text(body: Mapping[str, Any], key: str, default: str | None = None) -> str:
@@ -134,7 +134,8 @@ def text(body: Mapping[str, Any], key: str, default: str | None = None) -> str:
 
 
 def integer(body: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    """An integer field, given as a number or a string of digits (rabbit_misc:parse_int)."""
+    """An integer field, given as a number (truncated) or a string of digits
+    (rabbit_misc:parse_int)."""
     value = body.get(key, default)
     if value is None:
         raise bad_request(f"[{{key_missing,{key}}}]")
@@ -143,9 +144,9 @@ def integer(body: Mapping[str, Any], key: str, default: int | None = None) -> in
             return int(value)
         except ValueError:
             pass
-    elif isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise bad_request(f'["not_integer",{json.dumps(value)}]')
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return int(value)
+    raise ApiError(400, "bad_request", ["not_integer", value])
 
 
 # -- bindings' properties keys (rabbit_mgmt_format:pack_binding_props) -------------------------
