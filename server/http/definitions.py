@@ -242,18 +242,17 @@ async def import_all(call: Call) -> web.Response:
             raise bad_request(f"description of vhost '{name}' must be a string")
         await core(store.apply(DeclareVhost(name, description, tags_of(tags))))
     call.api.host.sync_vhosts()
-    for item in _section(document, "permissions"):
-        await core(
-            store.apply(
-                SetPermissions(
-                    _field(item, "user", str),
-                    _field(item, "vhost", str),
-                    _field(item, "configure", str),
-                    _field(item, "write", str),
-                    _field(item, "read", str),
-                )
-            )
+    grants = [
+        SetPermissions(
+            _field(item, "user", str),
+            _field(item, "vhost", str),
+            _field(item, "configure", str),
+            _field(item, "write", str),
+            _field(item, "read", str),
         )
+        for item in _section(document, "permissions")
+    ]
+    await core(store.apply_all(grants))
     await _import_topology(call, document, lambda item: _field(item, "vhost", str))
     return no_content()
 

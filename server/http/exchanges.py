@@ -38,7 +38,6 @@ def exchange_json(vhost: str, exchange: Exchange) -> dict[str, Any]:
         "auto_delete": exchange.auto_delete,
         "internal": exchange.internal,
         "arguments": to_json(dict(exchange.arguments)),
-        "user_who_performed_action": "",
     }
 
 

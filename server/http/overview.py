@@ -45,7 +45,11 @@ _NO_PROPERTIES = frames.encode_properties(commands.Basic.Properties())
 
 def exchange_types() -> list[dict[str, Any]]:
     return [
-        {"name": name, "description": f"AMQP {name} exchange", "enabled": True}
+        {
+            "name": name,
+            "description": f"AMQP {name} exchange, as per the AMQP specification",
+            "enabled": True,
+        }
         for name in sorted(EXCHANGE_TYPES)
     ]
 

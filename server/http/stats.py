@@ -92,5 +92,14 @@ def detailed(
     shown: dict[str, Any] = {}
     for name, value, rate in zip(names, values, rates.of(owner, kind, values), strict=True):
         shown[name] = value
-        shown[name + "_details"] = {"rate": rate}
+        shown[_DETAILS.get(name) or _details(name)] = {"rate": rate}
     return shown
+
+
+_DETAILS: dict[str, str] = {}
+
+
+def _details(name: str) -> str:
+    """`name` + "_details", made once per name (a list shows thousands of them)."""
+    _DETAILS[name] = detail = name + "_details"
+    return detail

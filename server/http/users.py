@@ -89,11 +89,12 @@ def tags_of(value: Any) -> tuple[str, ...]:
 
 async def password_hash_of(body: dict[str, Any]) -> str:
     """The stored hash for a user's `password` or `password_hash` (400 when both are given
-    or the hash is not one this broker verifies); a user given neither gets a hash of the
-    blank password, with which no login succeeds."""
+    or the hash is not one this broker verifies); a user given neither (or an empty hash)
+    gets a hash of the blank password, with which no login succeeds."""
     if "password" in body and "password_hash" in body:
         raise bad_request("both_password_and_password_hash_are_provided")
-    if "password_hash" in body:
+    # RabbitMQ exports a user created without a password with an empty hash.
+    if body.get("password_hash"):
         algorithm = text(body, "hashing_algorithm", passwords.RABBIT_SHA256)
         stored = passwords.imported(algorithm, text(body, "password_hash"))
         if stored is None:
