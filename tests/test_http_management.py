@@ -765,3 +765,46 @@ def test_message_stats_count_what_amqp_clients_did(api, broker):
         key: value for key, value in expected.items() if key != "publish"
     }
     connection.close()
+
+
+def test_a_user_exported_without_a_password_imports_without_one(api):
+    user = name("no-password")
+    document = {"users": [{"name": user, "password_hash": "", "tags": "management"}]}
+    assert api.post("/api/definitions", document).status == 204
+    assert api.get(path("api", "users", user)).json["tags"] == ["management"]
+    assert api.as_user(user, "").get("/api/whoami").status == 401
+
+
+def test_head_and_options(api):
+    head = api.request("HEAD", "/api/overview")
+    assert (head.status, head.raw) == (200, b"")
+    options = api.request("OPTIONS", path("api", "queues", "/", "q"))
+    assert options.headers["allow"] == "HEAD, GET, PUT, DELETE, OPTIONS"
+
+
+def test_exchange_to_exchange_bindings(api):
+    source, destination, queue = name("src"), name("dst"), name()
+    api.put(path("api", "exchanges", "/", source), {"type": "direct"})
+    api.put(path("api", "exchanges", "/", destination), {"type": "fanout"})
+    api.put(path("api", "queues", "/", queue))
+    api.post(path("api", "bindings", "/", "e", destination, "q", queue), {})
+    between = path("api", "bindings", "/", "e", source, "e", destination)
+    assert api.post(between, {"routing_key": "k"}).status == 201
+    [binding] = api.get(between).json
+    assert binding["destination_type"] == "exchange"
+    assert api.get(path("api", "exchanges", "/", destination, "bindings", "destination")).json == [
+        binding
+    ]
+    assert [
+        b["destination"]
+        for b in api.get(path("api", "exchanges", "/", source, "bindings", "source")).json
+    ] == [destination]
+    publish = {"routing_key": "k", "properties": {}, "payload": "via", "payload_encoding": "string"}
+    assert api.post(path("api", "exchanges", "/", source, "publish"), publish).json == {
+        "routed": True
+    }
+    assert api.get(path("api", "queues", "/", queue)).json["messages"] == 1
+    assert (
+        api.delete(path("api", "bindings", "/", "e", source, "e", destination, "k")).status == 204
+    )
+    assert api.get(between).json == []
