@@ -1,6 +1,7 @@
 """The brokers the compat suite runs against: Warren as a subprocess, or a reference RabbitMQ.
 
-Each is a ``Broker``: where it listens, how to restart it (clients see every connection
+Each is a ``Broker``: where it listens (AMQP, and the HTTP management API and Prometheus
+metrics: ``management_url``, ``metrics_url``), how to restart it (clients see every connection
 closed, transient entities gone, durable ones back) and how to seed the users and vhost that
 permission tests need.
 """
@@ -53,6 +54,10 @@ class Broker(abc.ABC):
     # check what a remote client sees, e.g. guest refused outside loopback.
     external_host: str | None = None
     can_seed: bool = True
+    # The management plugin's base URL ("http://HOST:PORT") and the Prometheus plugin's; None
+    # when this broker does not serve them (HTTP tests are then skipped).
+    management_url: str | None = None
+    metrics_url: str | None = None
 
     def __init__(self) -> None:
         self._seeded = False
@@ -121,6 +126,10 @@ class WarrenBroker(Broker):
         self.port = free_port()
         # `warren serve` binds 0.0.0.0 by default, so every local address reaches it.
         self.external_host = non_loopback_address()
+        self.management_port = free_port()
+        self.metrics_port = free_port()
+        self.management_url = f"http://{self.host}:{self.management_port}"
+        self.metrics_url = f"http://{self.host}:{self.metrics_port}"
         self.data_dir = Path(tempfile.mkdtemp(prefix="warren-compat-"))
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.process: subprocess.Popen | None = None
@@ -145,6 +154,10 @@ class WarrenBroker(Broker):
                     str(self.port),
                     "--data-dir",
                     str(self.data_dir),
+                    "--management-port",
+                    str(self.management_port),
+                    "--metrics-port",
+                    str(self.metrics_port),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -262,6 +275,10 @@ class ManagedRabbitMQ(Broker):
         self.host = "127.0.0.1"
         self.port = self.node.amqp_port
         self.external_host = self.node.external_host
+        if self.node.management_port:
+            self.management_url = self.node.management_url
+        if self.node.metrics_port:
+            self.metrics_url = self.node.metrics_url
 
     def start(self) -> None:
         self.node.start()

@@ -25,6 +25,7 @@ import pytest
 # stay off sys.path), so its helper modules are found by putting the folder itself there.
 sys.path.insert(0, str(Path(__file__).parent))
 from compat_harness import Broker, WarrenBroker, start_reference  # noqa: E402
+from management_client import HttpApi  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=["warren", "rabbitmq"])
@@ -92,3 +93,18 @@ def open_connection(broker):
     for conn in opened:
         if conn.is_open:
             conn.close()
+
+
+@pytest.fixture
+def management(broker) -> HttpApi:
+    """The broker's management API as guest (skipped for a broker that serves none)."""
+    if broker.management_url is None:
+        pytest.skip(f"{broker.name}: no management API to test")
+    return HttpApi(broker.management_url)
+
+
+@pytest.fixture
+def metrics_url(broker) -> str:
+    if broker.metrics_url is None:
+        pytest.skip(f"{broker.name}: no Prometheus metrics to test")
+    return broker.metrics_url

@@ -2,9 +2,10 @@
 
 The Debian package's node runs as user ``rabbitmq``, so everything it writes (Mnesia, logs,
 the Erlang cookie in its HOME) lives in one temporary directory owned by that user. Each node
-gets a unique name (``rabbit-warren-<pid>-<n>@localhost``), a free AMQP port and a free
-distribution port below 65536 (RabbitMQ's default, AMQP port + 20000, can overflow), and an
-empty plugin list so boot does not wait for plugins. The node runs in the foreground as a
+gets a unique name (``rabbit-warren-<pid>-<n>@localhost``), a free AMQP port, a free
+distribution port below 65536 (RabbitMQ's default, AMQP port + 20000, can overflow), and only
+the management and Prometheus plugins, each on a free port of its own, so the HTTP API and
+the metrics can be compared too. The node runs in the foreground as a
 child process we own (not ``-detached``), so stopping it is certain: ``rabbitmqctl stop``
 first, then SIGKILL of its process group if it lingers.
 
@@ -40,6 +41,8 @@ RABBITMQ_USER = "rabbitmq"
 BOOT_SECONDS_MAX = 60.0
 STOP_SECONDS_MAX = 30.0
 CTL_SECONDS_MAX = 60.0
+PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus")
+STATISTICS_INTERVAL_MS = 500
 
 _node_counter = itertools.count()
 
@@ -121,10 +124,21 @@ class ReferenceNode:
     pid: int = 0
     # Also listen here (not only on loopback), so a test can connect as a non-local client.
     external_host: str | None = None
+    # The management (HTTP API) and Prometheus plugins' listeners, on loopback.
+    management_port: int = 0
+    metrics_port: int = 0
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.management_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     def _env(self) -> dict[str, str]:
         base = Path(self.base_dir)
@@ -156,17 +170,17 @@ class ReferenceNode:
         base = Path(tempfile.mkdtemp(prefix="warren-rabbitmq-"))
         for sub in ("home", "mnesia", "log"):
             (base / sub).mkdir()
-        (base / "enabled_plugins").write_text("[].\n")
+        (base / "enabled_plugins").write_text(f"[{','.join(PLUGINS)}].\n")
         (base / "rabbitmq-env.conf").write_text("")
         (base / "advanced.config").write_text("[].\n")
         user = pwd.getpwnam(RABBITMQ_USER)
         os.chmod(base, 0o755)
         for path in [base, *base.rglob("*")]:
             os.chown(path, user.pw_uid, user.pw_gid)
-        amqp_port = free_port()
-        dist_port = free_port()
-        while dist_port == amqp_port:
-            dist_port = free_port()
+        ports: set[int] = set()
+        while len(ports) < 4:
+            ports.add(free_port())
+        amqp_port, dist_port, management_port, metrics_port = ports
         nodename = f"rabbit-warren-{os.getpid()}-{next(_node_counter)}@localhost"
         node = cls(
             nodename=nodename,
@@ -174,22 +188,40 @@ class ReferenceNode:
             amqp_port=amqp_port,
             dist_port=dist_port,
             external_host=non_loopback_address(),
+            management_port=management_port,
+            metrics_port=metrics_port,
         )
         node.write_config()
         return node
 
     def write_config(self) -> None:
-        """rabbitmq.conf: the AMQP listeners (loopback, and the external address if any)."""
+        """rabbitmq.conf: the AMQP listeners (loopback, and the external address if any), and
+        the HTTP listeners of the management and Prometheus plugins (loopback)."""
         lines = [f"listeners.tcp.loopback = 127.0.0.1:{self.amqp_port}"]
         if self.external_host:
             lines.append(f"listeners.tcp.external = {self.external_host}:{self.amqp_port}")
+        if self.management_port:
+            lines += [
+                "management.tcp.ip = 127.0.0.1",
+                f"management.tcp.port = {self.management_port}",
+                # Queue depths and rates are sampled this often (5 s by default): the HTTP
+                # tests wait for a sample, so a short interval keeps them short.
+                f"collect_statistics_interval = {STATISTICS_INTERVAL_MS}",
+            ]
+        if self.metrics_port:
+            lines += ["prometheus.tcp.ip = 127.0.0.1", f"prometheus.tcp.port = {self.metrics_port}"]
         config = Path(self.base_dir) / "rabbitmq.conf"
         config.write_text("\n".join(lines) + "\n")
         user = pwd.getpwnam(RABBITMQ_USER)
         os.chown(config, user.pw_uid, user.pw_gid)
 
+    @property
+    def ports(self) -> list[int]:
+        """The ports the node serves clients on: AMQP, and the plugins' HTTP when it has them."""
+        return [port for port in (self.amqp_port, self.management_port, self.metrics_port) if port]
+
     def start(self) -> None:
-        """Boot the node in the foreground as our child and wait until AMQP is accepted."""
+        """Boot the node in the foreground as our child and wait until its ports accept."""
         output = open(Path(self.base_dir) / "console.log", "ab")
         process = subprocess.Popen(
             [str(RABBITMQ_BIN_DIR / "rabbitmq-server")],
@@ -203,9 +235,8 @@ class ReferenceNode:
         output.close()
         self.pid = process.pid
         try:
-            wait_for_port(
-                "127.0.0.1", self.amqp_port, BOOT_SECONDS_MAX, lambda: process.poll() is None
-            )
+            for port in self.ports:
+                wait_for_port("127.0.0.1", port, BOOT_SECONDS_MAX, lambda: process.poll() is None)
         except Exception:
             self.stop()
             raise RuntimeError(f"RabbitMQ did not start; see {self.base_dir}/console.log") from None
@@ -234,7 +265,8 @@ class ReferenceNode:
         """
         self.ctl("stop_app")
         self.ctl("start_app")
-        wait_for_port("127.0.0.1", self.amqp_port, BOOT_SECONDS_MAX, self._alive)
+        for port in self.ports:
+            wait_for_port("127.0.0.1", port, BOOT_SECONDS_MAX, self._alive)
 
     def _alive(self) -> bool:
         try:

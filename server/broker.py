@@ -31,6 +31,7 @@ from warrenmq.server.metadata import METADATA_FILE, MetadataStore, StoreFailed, 
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
 from .config import BrokerConfig
+from .http import HttpListeners
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
 from .session.channel import BrokerChannel, monotonic_ms
@@ -129,6 +130,8 @@ class Broker:
         self._stopping = False
         self._timeout_check: asyncio.TimerHandle | None = None
         self._metadata_follower: asyncio.Task[None] | None = None
+        # The management API and the metrics: adapters of their own on this event loop.
+        self.http = HttpListeners(self)
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -155,10 +158,11 @@ class Broker:
                 reuse_address=True,
                 backlog=1024,
             )
+            self.port = self.server.sockets[0].getsockname()[1]
+            await self.http.start()
         except BaseException:
             await self._abandon_start()
             raise
-        self.port = self.server.sockets[0].getsockname()[1]
         self._timeout_check = self._loop.call_later(
             CONSUMER_TIMEOUT_CHECK_S, self._check_consumer_timeouts
         )
@@ -166,6 +170,9 @@ class Broker:
 
     async def _abandon_start(self) -> None:
         """Close what a failed start opened, writing nothing: the next start recovers."""
+        await self.http.stop()
+        if self.server is not None:
+            self.server.close()
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
                 queue.engine.close()
@@ -287,6 +294,7 @@ class Broker:
             self._timeout_check.cancel()
         if self._metadata_follower is not None:
             self._metadata_follower.cancel()
+        await self.http.stop()
         if self.server is not None:
             self.server.close()
         for connection in list(self.connections):

@@ -5,6 +5,11 @@ file and still move the port with ``--port``. Every bound the broker enforces li
 
 TOML keys are the field names (``port = 5673``, ``data_dir = "/var/lib/warren"``); the
 environment uses the same names upper-cased with a ``WARREN_`` prefix (``WARREN_PORT``).
+
+Besides AMQP the broker serves two HTTP listeners on the same address, as RabbitMQ's plugins
+do: the management API (``management_port``, 15672) and Prometheus metrics (``metrics_port``,
+15692). As for ``port``, 0 picks a free port; ``management_enabled = false`` and
+``metrics_enabled = false`` turn a listener off.
 """
 
 from __future__ import annotations
@@ -75,10 +80,20 @@ class BrokerConfig:
     queue's x-consumer-timeout overrides it; 0 disables it."""
     shutdown_timeout_s: float = 5.0
     """How long SIGTERM waits for clients to answer connection.close."""
+    management_port: int = 15672
+    """The HTTP management API (RabbitMQ's management plugin port)."""
+    management_enabled: bool = True
+    metrics_port: int = 15692
+    """Prometheus metrics at /metrics (RabbitMQ's rabbitmq_prometheus port)."""
+    metrics_enabled: bool = True
+    http_body_bytes_max: int = 20 << 20
+    """The largest HTTP request body accepted (a definitions import included): larger ones
+    are refused with 413 before they are read."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be 0..65535, got {self.port}")
+        for name in ("port", "management_port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
@@ -98,6 +113,7 @@ class BrokerConfig:
             "channel_tx_message_max",
             "queue_batch_records_max",
             "segment_bytes_max",
+            "http_body_bytes_max",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -1,8 +1,10 @@
 """`warren serve`: run the broker until SIGTERM or SIGINT.
 
-Prints "Warren listening on HOST:PORT" on stdout once the socket accepts connections (test
-harnesses and scripts wait for that line). SIGTERM and SIGINT shut down cleanly: no new
-connections, clients closed with 320 CONNECTION_FORCED, queues flushed and fsynced.
+Prints "Warren listening on HOST:PORT" on stdout once every listener accepts connections
+(test harnesses and scripts wait for that line); the HTTP listeners that run follow on the
+same line: "; management on HOST:PORT; metrics on HOST:PORT". SIGTERM and SIGINT shut down
+cleanly: no new connections, clients closed with 320 CONNECTION_FORCED, queues flushed and
+fsynced.
 
 A start that fails (the port taken, the metadata unreadable) logs one line and exits with
 status 1 at once, so a supervisor sees it and restarts or alerts.
@@ -32,6 +34,32 @@ def register(commands: Any) -> None:
     parser.add_argument("--data-dir", dest="data_dir", help="data directory (default ./data)")
     parser.add_argument("--config", help="TOML config file (also WARREN_CONFIG)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    parser.add_argument(
+        "--management-port",
+        dest="management_port",
+        type=int,
+        help="HTTP management API port (default 15672; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--no-management",
+        dest="management_enabled",
+        action="store_const",
+        const=False,
+        help="do not serve the management API",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        dest="metrics_port",
+        type=int,
+        help="Prometheus metrics port (default 15692; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        dest="metrics_enabled",
+        action="store_const",
+        const=False,
+        help="do not serve Prometheus metrics",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -44,6 +72,10 @@ def run_command(args: argparse.Namespace) -> int:
                 "bind": args.bind,
                 "data_dir": args.data_dir,
                 "log_level": args.log_level,
+                "management_port": args.management_port,
+                "management_enabled": args.management_enabled,
+                "metrics_port": args.metrics_port,
+                "metrics_enabled": args.metrics_enabled,
             },
         )
     except ConfigError as error:
@@ -84,7 +116,10 @@ async def serve(config: BrokerConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    print(f"Warren listening on {config.bind}:{broker.port}", flush=True)
+    listening = f"Warren listening on {config.bind}:{broker.port}"
+    for name, port in broker.http.ports().items():
+        listening += f"; {name} on {config.bind}:{port}"
+    print(listening, flush=True)
     log.info("data in %s", config.data_dir)
     await stop.wait()
     log.info("shutting down")

@@ -38,7 +38,7 @@ from warrenmq.exchanges.router import Router
 from warrenmq.server.metadata import commands as mc
 from warrenmq.server.metadata.state import strip_cr_lf
 
-from .errors import internal_error
+from .errors import internal_error, precondition_failed
 from .queue import arguments as queue_arguments
 from .queue import policy
 from .queue.consumer import Consumer, ConsumerChannel
@@ -135,6 +135,24 @@ class DeadLetterHandoff:
         if retried:
             self.queue.requeue(retried)
         self._wake(self.queue)
+
+
+def check_expiration(expiration: str) -> None:
+    """rabbit_basic:parse_expiration: a message's expiration property must be a whole
+    non-negative number of milliseconds (406 otherwise), checked before it is published."""
+    digits = expiration.lstrip("-")
+    count = len(digits) - len(digits.lstrip("0123456789"))
+    if count == 0:
+        reason = "no_integer"
+    elif count < len(digits):
+        reason = f'{{leftover_string,"{digits[count:]}"}}'
+    elif expiration.startswith("-"):
+        reason = f"{{value_negative,{int(expiration)}}}"
+    elif int(expiration) > queue_arguments.EXPIRY_MS_MAX:
+        reason = f"{{value_too_large,{int(expiration)},{queue_arguments.EXPIRY_MS_MAX}}}"
+    else:
+        return
+    raise precondition_failed(f"invalid expiration '{expiration}': {reason}")
 
 
 def generated_name(prefix: str) -> str:
@@ -643,6 +661,8 @@ class VirtualHost:
         message = queue.take(self._clock())
         if message is not None and no_ack:
             queue.ack([message.offset])
+        if message is not None or not queue.held_until_commit:
+            queue.counts.got_one(message, no_ack)
         if queue.dead_letters:
             # The take met expired messages: the tick dead-letters them.
             self._wake(queue)
@@ -658,6 +678,7 @@ class VirtualHost:
             # The take moved the engine on (a no-ack get's ack, the delivered mark): the tick
             # commits when the engine asks, and serves consumers the commit let through.
             self._wake(queue)
+        queue.counts.got_one(message, no_ack)
         return message
 
     def peek(

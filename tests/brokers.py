@@ -1,5 +1,6 @@
 """Warren for tests: in-process on an event-loop thread (`ThreadBroker`), or `warren serve` as
-a subprocess (`WarrenProcess`); both on 127.0.0.1 and a port the OS picks."""
+a subprocess (`WarrenProcess`); both on 127.0.0.1 and ports the OS picks (AMQP, and the HTTP
+management and metrics listeners: never RabbitMQ's fixed ports)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from warrenmq.server.broker import Broker
 from warrenmq.server.config import BrokerConfig
 
 WARREN_LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
+HTTP_LISTENING = re.compile(r"; (management|metrics) on [^;]+:(\d+)")
 
 
 def connect(port: int, **kwargs) -> pika.BlockingConnection:
@@ -37,6 +39,8 @@ class ThreadBroker(LoopThread):
 
     def __init__(self, data_dir, **settings) -> None:
         super().__init__()
+        settings.setdefault("management_port", 0)
+        settings.setdefault("metrics_port", 0)
         self.broker = Broker(BrokerConfig(port=0, bind="127.0.0.1", data_dir=data_dir, **settings))
 
     def start(self):
@@ -54,12 +58,21 @@ class ThreadBroker(LoopThread):
     def port(self) -> int:
         return self.broker.port
 
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.broker.http.ports()['management']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.broker.http.ports()['metrics']}"
+
     def connect(self, **kwargs) -> pika.BlockingConnection:
         return connect(self.port, **kwargs)
 
 
 def warren_serve(data_dir, port: int = 0, *options: str) -> list[str]:
-    """The command line of `warren serve` on 127.0.0.1 (port 0: the OS picks a free one)."""
+    """The command line of `warren serve` on 127.0.0.1 (port 0: the OS picks a free one; the
+    HTTP listeners always get free ports)."""
     return [
         sys.executable,
         "-m",
@@ -71,6 +84,10 @@ def warren_serve(data_dir, port: int = 0, *options: str) -> list[str]:
         "127.0.0.1",
         "--data-dir",
         str(data_dir),
+        "--management-port",
+        "0",
+        "--metrics-port",
+        "0",
         *options,
     ]
 
@@ -90,6 +107,7 @@ class WarrenProcess:
         self.preexec_fn = preexec_fn
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
+        self.http_ports: dict[str, int] = {}
         self._log_offset = 0
 
     def start(self, timeout_s: float = 30.0):
@@ -114,6 +132,7 @@ class WarrenProcess:
             log = self.log_since_start()[-2000:] if self.log_path else line
             raise AssertionError(f"warren serve exited ({self.process.returncode}): {log}")
         self.port = int(match.group(1))
+        self.http_ports = {name: int(port) for name, port in HTTP_LISTENING.findall(line)}
         return self
 
     def _spawn(self, stderr) -> subprocess.Popen:
@@ -145,6 +164,10 @@ class WarrenProcess:
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_ports['management']}"
 
     def connect(self, **kwargs) -> pika.BlockingConnection:
         # A connection the broker blocks (a full disk) fails the test instead of hanging it.

@@ -7,7 +7,8 @@ sys.path here (the suite runs in importlib mode with the repository root off sys
 * loop_thread.py: `LoopThread`, an event loop on a thread that blocking clients talk to;
 * brokers.py: `ThreadBroker`, Warren in this process on a LoopThread; `WarrenProcess`, `warren
   serve` as a subprocess; `connect`, a pika connection to either;
-* doubles.py: `HeldExecutor`, a worker thread that runs its jobs only when told to.
+* doubles.py: `HeldExecutor`, a worker thread that runs its jobs only when told to;
+* http_api.py: `HttpApi`, a management API client (compat_tests' own, shared).
 
 The fixtures below start brokers and stop them after the test, whatever it left running.
 """

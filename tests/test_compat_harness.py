@@ -76,6 +76,31 @@ def test_reference_node_environment(tmp_path):
         ]
 
 
+def test_reference_node_serves_management_and_metrics_on_loopback(tmp_path):
+    node = rabbitmq_reference.ReferenceNode(
+        nodename="rabbit-warren-1-0@localhost",
+        base_dir=str(tmp_path),
+        amqp_port=40000,
+        dist_port=50000,
+        management_port=40001,
+        metrics_port=40002,
+    )
+    assert node.ports == [40000, 40001, 40002]
+    assert (node.management_url, node.metrics_url) == (
+        "http://127.0.0.1:40001",
+        "http://127.0.0.1:40002",
+    )
+    if rabbitmq_reference.unavailable_reason() is None:
+        node.write_config()
+        lines = (tmp_path / "rabbitmq.conf").read_text().splitlines()
+        assert {
+            "management.tcp.ip = 127.0.0.1",
+            "management.tcp.port = 40001",
+            "prometheus.tcp.ip = 127.0.0.1",
+            "prometheus.tcp.port = 40002",
+        } <= set(lines)
+
+
 def test_non_loopback_address_is_not_loopback():
     address = rabbitmq_reference.non_loopback_address()
     assert address is None or not address.startswith("127.")

@@ -1,6 +1,7 @@
 """The arrows of ARCHITECTURE.md: no import circle among `server/` modules (imports under
-TYPE_CHECKING count), the queue never imports the session or the process, and the core never
-imports an adapter."""
+TYPE_CHECKING count), the queue never imports the session or the process, the core never
+imports an adapter, and one adapter never imports another (HTTP reads AMQP sessions through
+the protocols of `server/http/host.py`)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,12 @@ def test_no_import_circle_among_server_modules():
         ("warrenmq.server.metadata", "warrenmq.server.vhost"),
         ("warrenmq.server.bench", "warrenmq.server.vhost"),
         ("warrenmq.server.bench", "warrenmq.server.queue"),
+        ("warrenmq.server.http", "warrenmq.server.session"),
+        ("warrenmq.server.http", "warrenmq.server.broker"),
+        ("warrenmq.server.vhost", "warrenmq.server.http"),
+        ("warrenmq.server.queue", "warrenmq.server.http"),
+        ("warrenmq.server.session", "warrenmq.server.http"),
+        ("warrenmq.server.metadata", "warrenmq.server.http"),
     ],
 )
 def test_the_arrows_point_down(importer, forbidden):

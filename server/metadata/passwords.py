@@ -12,11 +12,17 @@ once, since each one holds 16 MiB.
 
 Hashing needs randomness (the salt), so it happens before a command is built: the state
 machine only ever sees the finished hash, which keeps it deterministic for replication.
+
+Users moved over from RabbitMQ (its definitions export) keep the hash RabbitMQ made, so their
+passwords keep working: `rabbit_password_hashing_sha256` (RabbitMQ's default), `_sha512` and
+`_md5`, each base64(4-byte salt + H(salt + password)), stored as `<algorithm>$<that base64>`.
+They are as weak as they were in RabbitMQ; setting the password again stores an scrypt hash.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import os
@@ -33,6 +39,15 @@ LOG2_N_MAX = 20
 BLOCK_SIZE_MAX = 16
 PARALLELISM_MAX = 4
 PASSWORD_BYTES_MAX = 4096
+# The names RabbitMQ's definitions give its hashing algorithms, and ours.
+RABBIT_SHA256 = "rabbit_password_hashing_sha256"
+RABBIT_HASHES = {
+    RABBIT_SHA256: hashlib.sha256,
+    "rabbit_password_hashing_sha512": hashlib.sha512,
+    "rabbit_password_hashing_md5": hashlib.md5,
+}
+RABBIT_SALT_BYTES = 4
+WARREN_SCRYPT = "warren_scrypt"
 
 
 def hash_password(
@@ -54,6 +69,11 @@ def hash_password(
 
 def verify_password(password: str, stored: str) -> bool:
     """Whether `password` matches the stored hash; False (never an exception) if malformed."""
+    rabbit = _parse_rabbit_hash(stored)
+    if rabbit is not None:
+        digest, salt, key = rabbit
+        candidate = digest(salt + password.encode("utf-8")).digest()
+        return hmac.compare_digest(candidate, key)
     parsed = parse_hash(stored)
     if parsed is None:
         return False
@@ -81,6 +101,46 @@ def parse_hash(stored: str) -> tuple[int, int, int, bytes, bytes] | None:
     if not (1 <= parallelism <= PARALLELISM_MAX and salt and len(key) == KEY_BYTES):
         return None
     return log2_n, block_size, parallelism, salt, key
+
+
+def is_password_hash(stored: str) -> bool:
+    """Whether `stored` is a hash this module verifies (scrypt, or one kept from RabbitMQ)."""
+    return parse_hash(stored) is not None or _parse_rabbit_hash(stored) is not None
+
+
+def imported(algorithm: str, password_hash: str) -> str | None:
+    """The stored form of a hash from a definitions file (RabbitMQ's or ours), or None when
+    it is not one this module verifies."""
+    if algorithm == WARREN_SCRYPT:
+        stored = password_hash
+    elif algorithm in RABBIT_HASHES:
+        stored = f"{algorithm}${password_hash}"
+    else:
+        return None
+    return stored if is_password_hash(stored) else None
+
+
+def exported(stored: str) -> tuple[str, str]:
+    """(hashing algorithm, password hash) of a stored hash, as a definitions file has them."""
+    algorithm, _, rest = stored.partition("$")
+    if algorithm in RABBIT_HASHES:
+        return algorithm, rest
+    return WARREN_SCRYPT, stored
+
+
+def _parse_rabbit_hash(stored: str):
+    """(digest, salt, key) of a hash kept from RabbitMQ, or None."""
+    algorithm, separator, encoded = stored.partition("$")
+    digest = RABBIT_HASHES.get(algorithm)
+    if digest is None or not separator:
+        return None
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != RABBIT_SALT_BYTES + digest().digest_size:
+        return None
+    return digest, raw[:RABBIT_SALT_BYTES], raw[RABBIT_SALT_BYTES:]
 
 
 def _derive(password: bytes, salt: bytes, log2_n: int, block_size: int, parallelism: int) -> bytes:

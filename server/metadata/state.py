@@ -714,7 +714,7 @@ def _check_name(kind: str, name: str) -> None:
 
 
 def _check_password_hash(password_hash: str) -> None:
-    if passwords.parse_hash(password_hash) is None:
+    if not passwords.is_password_hash(password_hash):
         raise PreconditionFailed("not a password hash this broker produced")
 
 

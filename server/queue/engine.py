@@ -34,6 +34,19 @@ class QueueEngine(Protocol):
         ...
 
     @property
+    def unacked_count(self) -> int:
+        """Messages handed out and not yet settled."""
+        ...
+
+    @property
+    def message_log_bytes(self) -> int:
+        """What the message log holds on disk (acked messages until their segment goes)."""
+        ...
+
+    @property
+    def message_log_segments(self) -> int: ...
+
+    @property
     def batch_bytes_max(self) -> int:
         """The largest batch one `append` may write."""
         ...

@@ -300,6 +300,14 @@ class LogQueue:
         return len(self._in_flight)
 
     @property
+    def message_log_bytes(self) -> int:
+        return self._log.size_bytes
+
+    @property
+    def message_log_segments(self) -> int:
+        return self._log.segment_count
+
+    @property
     def batch_bytes_max(self) -> int:
         """The largest batch `append` takes."""
         return self.config.message_log.batch_bytes_max

@@ -86,6 +86,18 @@ class PriorityQueue:
         return sum(engine.ready_count for engine in self._levels.values())
 
     @property
+    def unacked_count(self) -> int:
+        return sum(engine.unacked_count for engine in self._levels.values())
+
+    @property
+    def message_log_bytes(self) -> int:
+        return sum(engine.message_log_bytes for engine in self._levels.values())
+
+    @property
+    def message_log_segments(self) -> int:
+        return sum(engine.message_log_segments for engine in self._levels.values())
+
+    @property
     def needs_commit(self) -> bool:
         return any(engine.needs_commit for engine in self._levels.values())
 

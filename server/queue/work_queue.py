@@ -57,6 +57,7 @@ from .consumer import (
     Consumer,
 )
 from .engine import Message, QueueEngine
+from .message_counts import MessageCounts
 
 log = logging.getLogger("warrenmq.server")
 
@@ -150,6 +151,7 @@ class WorkQueue:
         self._priorities: list[int] = []
         # Every consumer, in the order they registered (single-active-consumer's order).
         self.consumers: dict[tuple[int, str], Consumer] = {}
+        self.counts = MessageCounts()
 
     def apply_arguments(self, effective: Mapping[str, Any]) -> None:
         """(Re)read the queue's settings from its effective arguments: at creation, and when a
@@ -296,6 +298,7 @@ class WorkQueue:
                     error,
                 )
                 break
+        self.counts.published += written
         if written and self.staged_persistent:
             # Only a commit can still fail these: remembered for the tick that runs it.
             self.written_publishers += publishers if written == count else publishers[:written]
@@ -478,6 +481,7 @@ class WorkQueue:
             if not messages:
                 break
             consumer.channel.deliver(consumer, messages)
+            self.counts.handed_out(messages, consumer.no_ack)
             budget -= len(messages)
             if budget <= 0:
                 return True
@@ -630,6 +634,7 @@ class WorkQueue:
     def ack(self, offsets: list[int]) -> None:
         if self.deleted:
             return
+        self.counts.settled += len(offsets)
         if self.bytes_max is not None:
             for offset in offsets:
                 self._in_flight_bytes.pop(offset, None)

@@ -31,6 +31,7 @@ from warrenmq.amqp.fastpath import Delivery
 from warrenmq.server.errors import precondition_failed
 from warrenmq.server.queue.consumer import ConsumedQueue, Consumer
 from warrenmq.server.queue.engine import Message
+from warrenmq.server.queue.message_counts import MessageCounts
 
 
 class ChannelConnection(Protocol):
@@ -127,6 +128,7 @@ class BrokerChannel:
         self.consumer_timeout_ms = consumer_timeout_ms
         self.shortest_timeout_ms = 0
         self.reclaimed: set[int] = set()
+        self.counts = MessageCounts()
 
     @property
     def tx(self) -> bool:
@@ -186,6 +188,7 @@ class BrokerChannel:
                 unacked[tag] = Unacked(tag, queue, message.offset, consumer, now, hidden_until)
             consumer.unacked_count += len(messages)
             self.consumer_unacked += len(messages)
+        self.counts.handed_out(messages, consumer.no_ack)
         self.connection.send_deliveries(self.number, consumer.tag, first, messages)
 
     def cancel(self, consumer: Consumer, reason: str) -> None:
@@ -362,6 +365,8 @@ class BrokerChannel:
                 consumer.unacked_count -= 1
                 self.consumer_unacked -= 1
                 consumer.queue.prefetch_freed(consumer)
+        if requeue is None:
+            self.counts.acked += len(taken)
         for queue, offsets in by_queue.items():
             if requeue:
                 queue.requeue(offsets)
@@ -413,13 +418,15 @@ class BrokerChannel:
         number = self.number
         done = self.confirmed_through
         failed = self._take_failed_confirms(through_tag)
-        for nack in sorted({*refused, *failed}) if failed else refused:
+        nacks = sorted({*refused, *failed}) if failed else refused
+        for nack in nacks:
             if nack - 1 > done:
                 amqp.confirm(number, nack - 1, multiple=True, nack=False)
             amqp.confirm(number, nack, multiple=False, nack=True)
             done = nack
         if through_tag > done:
             amqp.confirm(number, through_tag, multiple=True, nack=False)
+        self.counts.confirmed += through_tag - self.confirmed_through - len(nacks)
         self.confirmed_through = through_tag
         self.connection.output_ready()
 

@@ -36,7 +36,6 @@ from warrenmq.server.errors import (
     not_implemented,
     precondition_failed,
 )
-from warrenmq.server.queue.arguments import EXPIRY_MS_MAX
 from warrenmq.server.queue.consumer import ConsumedQueue
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
@@ -46,6 +45,7 @@ from warrenmq.server.vhost import (
     Published,
     Route,
     VirtualHost,
+    check_expiration,
     generated_name,
     stored_properties,
 )
@@ -136,6 +136,9 @@ class BrokerConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._open_logged = False
+        # Bytes read and written, for the HTTP API and the metrics.
+        self.received_bytes = 0
+        self.sent_bytes = 0
 
     # -- transport callbacks ---------------------------------------------------------------
 
@@ -151,6 +154,7 @@ class BrokerConnection(asyncio.Protocol):
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
+        self.received_bytes += len(data)
         amqp = self.amqp
         amqp.receive_data(data, self.loop.time())
         if self._busy is None:
@@ -254,6 +258,7 @@ class BrokerConnection(asyncio.Protocol):
             return
         data = self.amqp.data_to_send()
         if data:
+            self.sent_bytes += len(data)
             transport.write(data)
         if self.amqp.finished:
             self._teardown(None)
@@ -440,12 +445,14 @@ class BrokerConnection(asyncio.Protocol):
             self.check("write", EXCHANGE, exchange)
             channel.writable_exchanges.add(exchange)
         if event.expiration is not None:
-            _check_expiration(event.expiration)
+            check_expiration(event.expiration)
         if event.user_id is not None and event.user_id != self.username:
             raise precondition_failed(
                 f"user_id property set to '{event.user_id}' but "
                 f"authenticated user was '{self.username}'"
             )
+        published = channel.counts.published_to
+        published[exchange] = published.get(exchange, 0) + 1
         properties = event.properties
         if _REPLY_TO_BYTES in properties:
             properties = self._rewrite_reply_to(channel, properties)
@@ -507,6 +514,7 @@ class BrokerConnection(asyncio.Protocol):
             # A queue refused the transaction's message (x-overflow reject-publish).
             channel.tx_failed = True
         elif outcome is Published.UNROUTABLE and event.mandatory:
+            channel.counts.returned_unroutable += 1
             self.amqp.basic_return(
                 event.channel,
                 replies.NO_ROUTE,
@@ -516,6 +524,8 @@ class BrokerConnection(asyncio.Protocol):
                 stored_properties(properties),
                 event.body,
             )
+        elif outcome is Published.UNROUTABLE:
+            channel.counts.dropped_unroutable += 1
         if event.confirm_tag:
             self.broker.stage_confirm(channel, event.confirm_tag, refused)
 
@@ -639,23 +649,6 @@ class BrokerConnection(asyncio.Protocol):
 
     def reply(self, channel: BrokerChannel, method: Any) -> None:
         self.amqp.send_method(channel.number, method)
-
-
-def _check_expiration(expiration: str) -> None:
-    """rabbit_basic:parse_expiration: a whole non-negative number of milliseconds."""
-    digits = expiration.lstrip("-")
-    count = len(digits) - len(digits.lstrip("0123456789"))
-    if count == 0:
-        reason = "no_integer"
-    elif count < len(digits):
-        reason = f'{{leftover_string,"{digits[count:]}"}}'
-    elif expiration.startswith("-"):
-        reason = f"{{value_negative,{int(expiration)}}}"
-    elif int(expiration) > EXPIRY_MS_MAX:
-        reason = f"{{value_too_large,{int(expiration)},{EXPIRY_MS_MAX}}}"
-    else:
-        return
-    raise precondition_failed(f"invalid expiration '{expiration}': {reason}")
 
 
 # -- channel methods ---------------------------------------------------------------------------
@@ -923,6 +916,7 @@ def _get_reply(
     message: Message | None,
     no_ack: bool,
 ) -> None:
+    channel.counts.got_one(message, no_ack)
     if message is None:
         conn.reply(channel, commands.Basic.GetEmpty())
         return

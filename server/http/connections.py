@@ -1,0 +1,232 @@
+"""/api/connections, /api/channels and /api/consumers: the AMQP clients, read as they are.
+
+Names are RabbitMQ's: a connection is "PEER_HOST:PEER_PORT -> HOST:PORT", a channel is its
+connection's name and " (N)". Monitoring users see everyone's; other users see their own
+only. DELETE /api/connections/NAME closes a connection with 320 CONNECTION_FORCED and the
+text of the X-Reason header, or "Closed via management plugin" (administrators, or the
+connection's own user).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from warrenmq.amqp import replies
+from warrenmq.server.queue.consumer import Consumer
+
+from .api import Call, ManagementApi, no_content
+from .auth import Caller
+from .errors import not_authorised, object_not_found
+from .host import ClientChannel, ClientConnection
+from .stats import CHANNEL_STATS, channel_counts, detailed
+from .values import to_json
+
+CLOSED_BY_API = "Closed via management plugin"
+DEFAULT_SORT = ("vhost", "name")
+NOT_AUTHORISED_FOR_OBJECT = "User not authorised to access object"
+
+
+def _address(address: Any) -> tuple[str, int]:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return str(address[0]), int(address[1])
+    return "?", 0
+
+
+def local_address(connection: ClientConnection) -> tuple[str, int]:
+    transport = connection.transport
+    return _address(transport.get_extra_info("sockname") if transport is not None else None)
+
+
+def connection_name(connection: ClientConnection) -> str:
+    host, port = local_address(connection)
+    return f"{connection.peer[0]}:{connection.peer[1]} -> {host}:{port}"
+
+
+def open_connections(api: ManagementApi) -> list[ClientConnection]:
+    """Connections past connection.open (a vhost and a user): those RabbitMQ lists as running."""
+    return [c for c in list(api.host.connections) if c.vhost is not None]
+
+
+def visible_to(caller: Caller, connection: ClientConnection) -> bool:
+    return caller.is_monitor or connection.username == caller.name
+
+
+def connection_json(api: ManagementApi, connection: ClientConnection) -> dict[str, Any]:
+    amqp = connection.amqp
+    host, port = local_address(connection)
+    item: dict[str, Any] = {
+        "name": connection_name(connection),
+        "node": api.node,
+        "vhost": connection.vhost.name if connection.vhost is not None else None,
+        "user": connection.username,
+        "user_who_performed_action": connection.username,
+        "state": "running" if connection.writable else "flow",
+        "channels": len(connection.channels),
+        "protocol": "AMQP 0-9-1",
+        "auth_mechanism": amqp.mechanism,
+        "host": host,
+        "port": port,
+        "peer_host": connection.peer[0],
+        "peer_port": connection.peer[1],
+        "ssl": False,
+        "type": "network",
+        "timeout": amqp.heartbeat_s,
+        "frame_max": amqp.frame_bytes_max,
+        "channel_max": amqp.channel_max,
+        "client_properties": to_json(amqp.client_properties),
+    }
+    item.update(
+        detailed(
+            api.rates,
+            connection,
+            "bytes",
+            ("recv_oct", "send_oct"),
+            (connection.received_bytes, connection.sent_bytes),
+        )
+    )
+    return item
+
+
+def channel_json(
+    api: ManagementApi, connection: ClientConnection, channel: ClientChannel
+) -> dict[str, Any]:
+    name = connection_name(connection)
+    wire = channel.wire
+    return {
+        "name": f"{name} ({channel.number})",
+        "number": channel.number,
+        "node": api.node,
+        "user": connection.username,
+        "user_who_performed_action": connection.username,
+        "vhost": connection.vhost.name if connection.vhost is not None else None,
+        "connection_details": {
+            "name": name,
+            "peer_host": connection.peer[0],
+            "peer_port": connection.peer[1],
+        },
+        "confirm": wire.confirm_mode,
+        "transactional": wire.tx_mode,
+        "consumer_count": len(channel.consumers),
+        "messages_unacknowledged": len(channel.unacked),
+        "messages_unconfirmed": (
+            wire.publish_seq - channel.confirmed_through if wire.confirm_mode else 0
+        ),
+        "messages_uncommitted": len(channel.tx_publishes),
+        "acks_uncommitted": sum(len(taken) for taken, _ in channel.tx_settles),
+        "prefetch_count": channel.consumer_prefetch,
+        "global_prefetch_count": channel.global_prefetch,
+        "state": "running" if channel.flow_active else "flow",
+        "message_stats": detailed(
+            api.rates, channel, "messages", CHANNEL_STATS, channel_counts(channel.counts)
+        ),
+    }
+
+
+def consumer_json(api: ManagementApi, vhost: str, queue: str, consumer: Consumer) -> dict:
+    channel: Any = consumer.channel
+    connection = channel.connection
+    name = connection_name(connection)
+    single_active = getattr(consumer.queue, "single_active", False)
+    active = not single_active or next(iter(consumer.queue.consumers.values())) is consumer
+    return {
+        "consumer_tag": consumer.tag,
+        "queue": {"name": queue, "vhost": vhost},
+        "channel_details": {
+            "name": f"{name} ({channel.number})",
+            "number": channel.number,
+            "connection_name": name,
+            "peer_host": connection.peer[0],
+            "peer_port": connection.peer[1],
+            "user": connection.username,
+            "node": api.node,
+        },
+        "ack_required": not consumer.no_ack,
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch_count,
+        "arguments": {"x-priority": consumer.priority} if consumer.priority else {},
+        "active": active,
+        "activity_status": "up" if active else "waiting",
+    }
+
+
+def _in_vhost(call: Call, connection: ClientConnection) -> bool:
+    vhost = call.vhost_name()
+    return vhost is None or (connection.vhost is not None and connection.vhost.name == vhost)
+
+
+def _listed(call: Call) -> list[ClientConnection]:
+    if call.vhost_name() is not None:
+        call.vhost()  # 404 for a vhost that does not exist
+    return [
+        c for c in open_connections(call.api) if visible_to(call.caller, c) and _in_vhost(call, c)
+    ]
+
+
+async def list_connections(call: Call) -> web.Response:
+    items = [connection_json(call.api, c) for c in _listed(call)]
+    return call.listing(items, DEFAULT_SORT, pageable=True)
+
+
+def _connection(call: Call) -> ClientConnection:
+    name = call.params["connection"]
+    for connection in open_connections(call.api):
+        if connection_name(connection) == name:
+            return connection
+    raise object_not_found()
+
+
+async def get_connection(call: Call) -> web.Response:
+    connection = _connection(call)
+    if not visible_to(call.caller, connection):
+        raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
+    return call.one(connection_json(call.api, connection))
+
+
+async def close_connection(call: Call) -> web.Response:
+    connection = _connection(call)
+    if not (call.caller.is_admin or connection.username == call.caller.name):
+        raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
+    reason = call.request.headers.get("X-Reason") or CLOSED_BY_API
+    connection.close(replies.CONNECTION_FORCED, reason)
+    return no_content()
+
+
+async def list_connection_channels(call: Call) -> web.Response:
+    connection = _connection(call)
+    if not visible_to(call.caller, connection):
+        raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
+    items = [channel_json(call.api, connection, ch) for ch in connection.channels.values()]
+    return call.listing(items, DEFAULT_SORT, pageable=True)
+
+
+async def list_channels(call: Call) -> web.Response:
+    items = [
+        channel_json(call.api, connection, channel)
+        for connection in _listed(call)
+        for channel in list(connection.channels.values())
+    ]
+    return call.listing(items, DEFAULT_SORT, pageable=True)
+
+
+async def get_channel(call: Call) -> web.Response:
+    name = call.params["channel"]
+    for connection in open_connections(call.api):
+        for channel in list(connection.channels.values()):
+            item = channel_json(call.api, connection, channel)
+            if item["name"] == name:
+                if not visible_to(call.caller, connection):
+                    raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
+                return call.one(item)
+    raise object_not_found()
+
+
+async def list_consumers(call: Call) -> web.Response:
+    items = [
+        consumer_json(call.api, consumer.queue.vhost, consumer.queue.name, consumer)  # type: ignore[attr-defined]
+        for connection in _listed(call)
+        for channel in list(connection.channels.values())
+        for consumer in list(channel.consumers.values())
+    ]
+    return call.listing(items, ("queue.vhost", "queue.name", "consumer_tag"))

@@ -1,0 +1,71 @@
+"""The HTTP listeners of ``warren serve``: the management API and the metrics.
+
+Both are aiohttp servers on the broker's own event loop: a request is handled between AMQP
+reads and ticks, and nothing runs between requests (no sampling timer, no stats database),
+so an idle console costs the AMQP path nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from . import management, metrics
+from .api import ManagementApi
+from .host import Host
+
+log = logging.getLogger("warrenmq.server.http")
+
+# How long a stop waits for requests in flight before it closes their connections.
+SHUTDOWN_TIMEOUT_S = 2.0
+LISTEN_BACKLOG = 128
+
+
+class HttpListeners:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.api = ManagementApi(host)
+        self._runners: list[web.AppRunner] = []
+
+    def ports(self) -> dict[str, int]:
+        """The listeners that run ("management", "metrics") and the ports they listen on."""
+        return dict(self.api.listeners)
+
+    async def start(self) -> None:
+        """Listen, as the config says; raises (with nothing left listening) if a port is taken."""
+        config = self.host.config
+        try:
+            if config.management_enabled:
+                app = management.application(self.api, config.http_body_bytes_max)
+                self.api.listeners["management"] = await self._listen(app, config.management_port)
+            if config.metrics_enabled:
+                app = metrics.application(self.api)
+                self.api.listeners["metrics"] = await self._listen(app, config.metrics_port)
+        except BaseException:
+            await self.stop()
+            raise
+        for name, port in self.api.listeners.items():
+            log.info("%s listening on %s:%d", name, config.bind, port)
+
+    async def _listen(self, app: web.Application, port: int) -> int:
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(
+            runner,
+            self.host.config.bind,
+            port,
+            backlog=LISTEN_BACKLOG,
+            reuse_address=True,
+        )
+        await site.start()
+        return runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            await runner.cleanup()
+        self.api.listeners.clear()

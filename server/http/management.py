@@ -1,0 +1,279 @@
+"""The management API's routes and its request cycle, in the order cowboy_rest runs them:
+
+1. the path is matched on its percent-decoded segments (so ``%2F`` is the vhost "/"):
+   no route, 404 ``{"error": "Object Not Found", "reason": "Not Found"}``;
+2. a method the route lacks: 405 with ``Allow``;
+3. basic auth, then the route's `Access` rule: 401;
+4. the handler: the entity (404), the operation's permissions (401), the core call.
+
+No request ends in a traceback: a refusal is RabbitMQ's status and JSON body, a body larger
+than ``http_body_bytes_max`` is 413, and a failure of the broker itself is logged and
+answered 500 with a JSON body.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from warrenmq.amqp import replies
+from warrenmq.exchanges.errors import RoutingError
+
+from . import bindings, connections, definitions, exchanges, overview, queues, users, vhosts
+from .api import Access, Call, ManagementApi
+from .auth import Caller, log_in
+from .errors import ApiError, not_authorised, object_not_found, refused
+
+log = logging.getLogger("warrenmq.server.http")
+
+Handler = Callable[[Call], Awaitable[web.StreamResponse]]
+METHOD_ORDER = ("HEAD", "GET", "PUT", "POST", "DELETE", "OPTIONS")
+# A binding's destination type in its path: "q" (queue) or "e" (exchange).
+DESTINATION_TYPE_PARAM = "dtype"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    pattern: tuple[str, ...]
+    methods: dict[str, Handler]
+    access: Access
+
+    def match(self, segments: list[str]) -> dict[str, str] | None:
+        if len(segments) != len(self.pattern):
+            return None
+        params = {}
+        for expected, segment in zip(self.pattern, segments, strict=True):
+            if expected.startswith("{"):
+                if not segment:
+                    return None
+                params[expected[1:-1]] = segment
+            elif expected != segment:
+                return None
+        if params.get(DESTINATION_TYPE_PARAM, "q") not in bindings.DESTINATION_TYPES:
+            return None
+        return params
+
+    @property
+    def allowed(self) -> str:
+        methods = set(self.methods) | {"OPTIONS"} | ({"HEAD"} if "GET" in self.methods else set())
+        return ", ".join(method for method in METHOD_ORDER if method in methods)
+
+
+def route(path: str, access: Access, **methods: Handler) -> Route:
+    return Route(tuple(path.strip("/").split("/")), methods, access)
+
+
+ANY, ADMIN, MONITOR, VHOST = Access.ANY, Access.ADMIN, Access.MONITOR, Access.VHOST
+ROUTES: tuple[Route, ...] = (
+    route("/api/overview", ANY, GET=overview.overview),
+    route("/api/whoami", ANY, GET=users.whoami),
+    route("/api/nodes", MONITOR, GET=overview.nodes),
+    route("/api/nodes/{node}", MONITOR, GET=overview.node),
+    route("/api/definitions", ADMIN, GET=definitions.export_all, POST=definitions.import_all),
+    route(
+        "/api/all-configuration",
+        ADMIN,
+        GET=definitions.export_all,
+        POST=definitions.import_all,
+    ),
+    route(
+        "/api/definitions/{vhost}",
+        ADMIN,
+        GET=definitions.export_vhost,
+        POST=definitions.import_vhost,
+    ),
+    route("/api/connections", ANY, GET=connections.list_connections),
+    route(
+        "/api/connections/{connection}",
+        ANY,
+        GET=connections.get_connection,
+        DELETE=connections.close_connection,
+    ),
+    route(
+        "/api/connections/{connection}/channels",
+        ANY,
+        GET=connections.list_connection_channels,
+    ),
+    route("/api/channels", ANY, GET=connections.list_channels),
+    route("/api/channels/{channel}", ANY, GET=connections.get_channel),
+    route("/api/consumers", ANY, GET=connections.list_consumers),
+    route("/api/consumers/{vhost}", VHOST, GET=connections.list_consumers),
+    route("/api/exchanges", VHOST, GET=exchanges.list_exchanges),
+    route("/api/exchanges/{vhost}", VHOST, GET=exchanges.list_exchanges),
+    route(
+        "/api/exchanges/{vhost}/{exchange}",
+        VHOST,
+        GET=exchanges.get_exchange,
+        PUT=exchanges.put_exchange,
+        DELETE=exchanges.delete_exchange,
+    ),
+    route("/api/exchanges/{vhost}/{exchange}/publish", VHOST, POST=exchanges.publish),
+    route(
+        "/api/exchanges/{vhost}/{exchange}/bindings/source",
+        VHOST,
+        GET=bindings.list_of_exchange_source,
+    ),
+    route(
+        "/api/exchanges/{vhost}/{exchange}/bindings/destination",
+        VHOST,
+        GET=bindings.list_of_exchange_destination,
+    ),
+    route("/api/queues", VHOST, GET=queues.list_queues),
+    route("/api/queues/{vhost}", VHOST, GET=queues.list_queues),
+    route(
+        "/api/queues/{vhost}/{queue}",
+        VHOST,
+        GET=queues.get_queue,
+        PUT=queues.put_queue,
+        DELETE=queues.delete_queue,
+    ),
+    route("/api/queues/{vhost}/{destination}/bindings", VHOST, GET=bindings.list_of_queue),
+    route("/api/queues/{vhost}/{queue}/contents", VHOST, DELETE=queues.purge_queue),
+    route("/api/queues/{vhost}/{queue}/get", VHOST, POST=queues.get_messages),
+    route("/api/bindings", VHOST, GET=bindings.list_all),
+    route("/api/bindings/{vhost}", VHOST, GET=bindings.list_all),
+    route(
+        "/api/bindings/{vhost}/e/{source}/{dtype}/{destination}",
+        VHOST,
+        GET=bindings.list_between,
+        POST=bindings.create,
+    ),
+    route(
+        "/api/bindings/{vhost}/e/{source}/{dtype}/{destination}/{props}",
+        VHOST,
+        GET=bindings.get,
+        DELETE=bindings.delete,
+    ),
+    route("/api/vhosts", ANY, GET=vhosts.list_vhosts),
+    route(
+        "/api/vhosts/{vhost}",
+        ADMIN,
+        GET=vhosts.get_vhost,
+        PUT=vhosts.put_vhost,
+        DELETE=vhosts.delete_vhost,
+    ),
+    route("/api/vhosts/{vhost}/permissions", ADMIN, GET=users.list_vhost_permissions),
+    route("/api/vhosts/{vhost}/connections", VHOST, GET=connections.list_connections),
+    route("/api/vhosts/{vhost}/channels", VHOST, GET=connections.list_channels),
+    route("/api/users/without-permissions", ADMIN, GET=users.list_users_without_permissions),
+    route("/api/users", ADMIN, GET=users.list_users),
+    route(
+        "/api/users/{user}",
+        ADMIN,
+        GET=users.get_user,
+        PUT=users.put_user,
+        DELETE=users.delete_user,
+    ),
+    route("/api/users/{user}/permissions", ADMIN, GET=users.list_user_permissions),
+    route("/api/permissions", ADMIN, GET=users.list_permissions),
+    route(
+        "/api/permissions/{vhost}/{user}",
+        ADMIN,
+        GET=users.get_permission,
+        PUT=users.put_permission,
+        DELETE=users.delete_permission,
+    ),
+    route("/api/aliveness-test/{vhost}", VHOST, GET=overview.aliveness),
+    route("/api/health/checks/alarms", ANY, GET=overview.no_alarms),
+    route("/api/health/checks/local-alarms", ANY, GET=overview.no_alarms),
+    route("/api/health/checks/virtual-hosts", ANY, GET=overview.no_alarms),
+    route("/api/health/checks/port-listener/{port}", ANY, GET=overview.port_listener),
+)
+
+_ACCESS_REFUSALS = {
+    Access.ADMIN: "Not administrator user",
+    Access.MONITOR: "Not monitor user",
+    Access.VHOST: "User not authorised to access virtual host",
+}
+
+
+def segments(request: web.Request) -> list[str]:
+    """The path's segments, each percent-decoded (400 when one is not UTF-8)."""
+    try:
+        return [
+            urllib.parse.unquote(part, errors="strict")
+            for part in request.rel_url.raw_path.split("/")[1:]
+        ]
+    except UnicodeDecodeError:
+        raise ApiError(400, "bad_request", "path is not UTF-8") from None
+
+
+def find(parts: list[str]) -> tuple[Route, dict[str, str]]:
+    for candidate in ROUTES:
+        params = candidate.match(parts)
+        if params is not None:
+            return candidate, params
+    raise object_not_found()
+
+
+def authorise(route_: Route, caller: Caller, params: dict[str, str], api: ManagementApi) -> None:
+    access = route_.access
+    if access is Access.ANY:
+        return
+    if access is Access.ADMIN:
+        allowed = caller.is_admin
+    elif access is Access.MONITOR:
+        allowed = caller.is_monitor
+    else:
+        vhost = params.get("vhost")
+        state = api.state
+        # A vhost that does not exist passes here; the handler answers 404 for it.
+        allowed = vhost is None or vhost not in state.vhosts or caller.may_use(state, vhost)
+    if not allowed:
+        log.warning("HTTP access denied: user '%s' - %s", caller.name, _ACCESS_REFUSALS[access])
+        raise not_authorised(_ACCESS_REFUSALS[access])
+
+
+def application(api: ManagementApi, body_bytes_max: int) -> web.Application:
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        try:
+            return await _dispatch(api, request)
+        except ApiError as error:
+            return error.response()
+        except (RoutingError, replies.ProtocolError) as error:
+            return refused(error).response()
+        except web.HTTPRequestEntityTooLarge as error:
+            return ApiError(413, "payload_too_large", error.text or "").response()
+        except web.HTTPException as error:
+            return ApiError(error.status, error.reason, error.text or "").response()
+        except Exception as error:
+            log.exception("HTTP %s %s failed", request.method, request.rel_url.raw_path)
+            return ApiError(500, "internal_error", f"{type(error).__name__}").response()
+
+    app = web.Application(client_max_size=body_bytes_max)
+    app.router.add_route("*", "/{path:.*}", dispatch)
+    return app
+
+
+async def _sync_external_changes(api: ManagementApi) -> None:
+    """Pick up users, permissions and vhosts another process changed (`warren users ...`),
+    as an AMQP login does."""
+    try:
+        await api.store.sync_external_changes()
+    except Exception as error:
+        log.error("reading metadata changes made by other processes failed: %r", error)
+    api.host.sync_vhosts()
+
+
+async def _dispatch(api: ManagementApi, request: web.Request) -> web.StreamResponse:
+    route_, params = find(segments(request))
+    method = "GET" if request.method == "HEAD" else request.method
+    if method == "OPTIONS":
+        return web.Response(status=200, headers={"Allow": route_.allowed})
+    handler = route_.methods.get(method)
+    if handler is None:
+        return web.Response(status=405, headers={"Allow": route_.allowed})
+    host = api.host
+    await _sync_external_changes(api)
+    caller = await log_in(
+        api.store,
+        request.headers.get("Authorization"),
+        request.remote or "",
+        host.config.loopback_users,
+    )
+    authorise(route_, caller, params, api)
+    return await handler(Call(api, request, params, caller))

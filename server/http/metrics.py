@@ -1,0 +1,305 @@
+"""Prometheus metrics with rabbitmq_prometheus's names, read from the broker at scrape time.
+
+As RabbitMQ's plugin: ``/metrics`` sums each metric over its objects (no queue or channel
+labels: cheap with 100,000 queues), ``/metrics/per-object`` gives one sample per queue
+(``vhost``, ``queue``), channel (``channel``; its publishes also by ``vhost`` and ``exchange``)
+and connection (``channel`` too: RabbitMQ labels a connection's samples with its process,
+under that name). Both carry the totals
+(``rabbitmq_connections``, ``_channels``, ``_consumers``, ``_queues``) and
+``rabbitmq_build_info`` / ``rabbitmq_identity_info``. Warren adds its own under ``warren_``:
+each queue's stored messages, message log size and segment count.
+
+Nothing is counted for the metrics: a scrape reads the counters the broker keeps anyway
+(`MessageCounts`, queue depths) on the event loop, then formats the text in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+import warrenmq
+
+from .api import RABBITMQ_VERSION, ManagementApi
+from .connections import connection_name, open_connections
+
+REGISTRIES = ("per-object",)
+
+# (name, type, help, value of a queue)
+QUEUE_METRICS: tuple[tuple[str, str, str, Any], ...] = (
+    (
+        "rabbitmq_queue_messages_ready",
+        "gauge",
+        "Messages ready to be delivered to consumers",
+        lambda q: q.engine.ready_count,
+    ),
+    (
+        "rabbitmq_queue_messages_unacked",
+        "gauge",
+        "Messages delivered to consumers but not yet acknowledged",
+        lambda q: q.engine.unacked_count,
+    ),
+    (
+        "rabbitmq_queue_messages",
+        "gauge",
+        "Sum of ready and unacknowledged messages - total queue depth",
+        lambda q: q.engine.ready_count + q.engine.unacked_count,
+    ),
+    ("rabbitmq_queue_consumers", "gauge", "Consumers on a queue", lambda q: q.consumer_count),
+    (
+        "warren_queue_messages_published_total",
+        "counter",
+        "Total number of messages the queue stored",
+        lambda q: q.counts.published,
+    ),
+    (
+        "warren_queue_message_log_bytes",
+        "gauge",
+        "Bytes of the queue's message log on disk",
+        lambda q: q.engine.message_log_bytes,
+    ),
+    (
+        "warren_queue_message_log_segments",
+        "gauge",
+        "Segment files of the queue's message log",
+        lambda q: q.engine.message_log_segments,
+    ),
+)
+CHANNEL_METRICS: tuple[tuple[str, str, str, Any], ...] = (
+    ("rabbitmq_channel_consumers", "gauge", "Consumers on a channel", lambda c: len(c.consumers)),
+    (
+        "rabbitmq_channel_messages_unacked",
+        "gauge",
+        "Delivered but not yet acknowledged messages",
+        lambda c: len(c.unacked),
+    ),
+    (
+        "rabbitmq_channel_messages_unconfirmed",
+        "gauge",
+        "Published but not yet confirmed messages",
+        lambda c: c.wire.publish_seq - c.confirmed_through if c.wire.confirm_mode else 0,
+    ),
+    (
+        "rabbitmq_channel_messages_uncommitted",
+        "gauge",
+        "Messages received in a transaction but not yet committed",
+        lambda c: len(c.tx_publishes),
+    ),
+    (
+        "rabbitmq_consumer_prefetch",
+        "gauge",
+        "Limit of unacknowledged messages for each consumer",
+        lambda c: c.consumer_prefetch,
+    ),
+    (
+        "rabbitmq_channel_prefetch",
+        "gauge",
+        "Total limit of unacknowledged messages for all consumers on a channel",
+        lambda c: c.global_prefetch,
+    ),
+    (
+        "rabbitmq_channel_messages_confirmed_total",
+        "counter",
+        "Total number of messages published into an exchange and confirmed on the channel",
+        lambda c: c.counts.confirmed,
+    ),
+    (
+        "rabbitmq_channel_messages_unroutable_returned_total",
+        "counter",
+        "Total number of messages published as mandatory into an exchange and returned to "
+        "the publisher as unroutable",
+        lambda c: c.counts.returned_unroutable,
+    ),
+    (
+        "rabbitmq_channel_messages_unroutable_dropped_total",
+        "counter",
+        "Total number of messages published as non-mandatory into an exchange and dropped "
+        "as unroutable",
+        lambda c: c.counts.dropped_unroutable,
+    ),
+    (
+        "rabbitmq_channel_get_ack_total",
+        "counter",
+        "Total number of messages fetched with basic.get in manual acknowledgement mode",
+        lambda c: c.counts.got,
+    ),
+    (
+        "rabbitmq_channel_get_total",
+        "counter",
+        "Total number of messages fetched with basic.get in automatic acknowledgement mode",
+        lambda c: c.counts.got_no_ack,
+    ),
+    (
+        "rabbitmq_channel_messages_delivered_ack_total",
+        "counter",
+        "Total number of messages delivered to consumers in manual acknowledgement mode",
+        lambda c: c.counts.delivered,
+    ),
+    (
+        "rabbitmq_channel_messages_delivered_total",
+        "counter",
+        "Total number of messages delivered to consumers in automatic acknowledgement mode",
+        lambda c: c.counts.delivered_no_ack,
+    ),
+    (
+        "rabbitmq_channel_messages_redelivered_total",
+        "counter",
+        "Total number of messages redelivered to consumers",
+        lambda c: c.counts.redelivered,
+    ),
+    (
+        "rabbitmq_channel_messages_acked_total",
+        "counter",
+        "Total number of messages acknowledged by consumers",
+        lambda c: c.counts.acked,
+    ),
+    (
+        "rabbitmq_channel_get_empty_total",
+        "counter",
+        "Total number of times basic.get operations fetched no message",
+        lambda c: c.counts.got_empty,
+    ),
+)
+CONNECTION_METRICS: tuple[tuple[str, str, str, Any], ...] = (
+    (
+        "rabbitmq_connection_incoming_bytes_total",
+        "counter",
+        "Total number of bytes received on a connection",
+        lambda c: c.received_bytes,
+    ),
+    (
+        "rabbitmq_connection_outgoing_bytes_total",
+        "counter",
+        "Total number of bytes sent on a connection",
+        lambda c: c.sent_bytes,
+    ),
+    (
+        "rabbitmq_connection_channels",
+        "gauge",
+        "Channels on a connection",
+        lambda c: len(c.channels),
+    ),
+)
+
+
+def _family(name: str, kind: str, help_text: str, labels: list[str]) -> Metric:
+    if kind == "counter":
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+def _families(
+    metrics: tuple[tuple[str, str, str, Any], ...],
+    objects: list[tuple[list[str], Any]],
+    label_names: list[str],
+    per_object: bool,
+) -> Iterator[Metric]:
+    """One family per metric: a sample per object, or (aggregated) one sum without labels."""
+    for name, kind, help_text, value_of in metrics:
+        family = _family(name, kind, help_text, label_names if per_object else [])
+        if per_object:
+            for labels, item in objects:
+                family.add_metric(labels, value_of(item))
+        else:
+            family.add_metric([], sum(value_of(item) for _, item in objects))
+        yield family
+
+
+def collect(api: ManagementApi, per_object: bool) -> list[Metric]:
+    """Every metric family, read from the broker now (on the event loop)."""
+    queues = [
+        ([vhost.name, queue.name], queue)
+        for vhost in list(api.host.vhosts.values())
+        for queue in list(vhost.queues.values())
+    ]
+    connections = open_connections(api)
+    channels = []
+    connection_objects = []
+    for connection in connections:
+        name = connection_name(connection)
+        connection_objects.append(([name], connection))
+        for channel in list(connection.channels.values()):
+            channels.append(([f"{name} ({channel.number})"], channel))
+    families = list(_families(QUEUE_METRICS, queues, ["vhost", "queue"], per_object))
+    families += _families(CHANNEL_METRICS, channels, ["channel"], per_object)
+    families.append(_published(channels, per_object))
+    families += _families(CONNECTION_METRICS, connection_objects, ["channel"], per_object)
+    for name, help_text, value in (
+        ("rabbitmq_connections", "Connections currently open", len(connections)),
+        ("rabbitmq_channels", "Channels currently open", len(channels)),
+        (
+            "rabbitmq_consumers",
+            "Consumers currently connected",
+            sum(queue.consumer_count for _, queue in queues),
+        ),
+        ("rabbitmq_queues", "Queues available", len(queues)),
+    ):
+        families.append(GaugeMetricFamily(name, help_text, value=value))
+    build = GaugeMetricFamily(
+        "rabbitmq_build_info",
+        "RabbitMQ & Erlang/OTP version info",
+        labels=["rabbitmq_version", "product_name", "product_version"],
+    )
+    build.add_metric([RABBITMQ_VERSION, "Warren", warrenmq.__version__], 1)
+    identity = GaugeMetricFamily(
+        "rabbitmq_identity_info",
+        "RabbitMQ node & cluster identity info",
+        labels=["rabbitmq_node", "rabbitmq_cluster"],
+    )
+    identity.add_metric([api.node, api.node], 1)
+    return [*families, build, identity]
+
+
+def _published(channels: list[tuple[list[str], Any]], per_object: bool) -> Metric:
+    """Publishes per channel and exchange, labelled as RabbitMQ labels them."""
+    labels = ["channel", "vhost", "exchange"] if per_object else []
+    family = CounterMetricFamily(
+        "rabbitmq_channel_messages_published_total",
+        "Total number of messages published into an exchange on a channel",
+        labels=labels,
+    )
+    if not per_object:
+        family.add_metric([], sum(channel.counts.publishes for _, channel in channels))
+        return family
+    for (name,), channel in channels:
+        vhost = channel.connection.vhost
+        for exchange, count in list(channel.counts.published_to.items()):
+            family.add_metric([name, vhost.name if vhost else "", exchange], count)
+    return family
+
+
+class _Collected(Collector):
+    """A registry's view of families already read."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def render(families: list[Metric]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collected(families))
+    return generate_latest(registry)
+
+
+def application(api: ManagementApi) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        registry = request.match_info.get("registry")
+        if registry is not None and registry not in REGISTRIES:
+            return web.Response(status=404, text="Unknown Registry")
+        families = collect(api, per_object=registry == "per-object")
+        body = await asyncio.to_thread(render, families)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics/{registry}", metrics)
+    return app

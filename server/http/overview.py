@@ -1,0 +1,227 @@
+"""/api/overview, /api/nodes, the health checks and the aliveness test.
+
+Warren is one node with no resource alarms (it has no memory or disk watermark), so the
+alarm checks pass; a port check looks at the listeners this process runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import time
+from typing import Any
+
+from aiohttp import web
+from pamqp import commands
+
+import warrenmq
+from warrenmq.amqp import frames
+from warrenmq.exchanges.binding import EXCHANGE, QUEUE
+from warrenmq.exchanges.router import EXCHANGE_TYPES
+from warrenmq.server.vhost import Published
+
+from .api import RABBITMQ_VERSION, Call, ManagementApi, core, reply, sync
+from .connections import open_connections, visible_to
+from .errors import bad_request, object_not_found
+from .stats import (
+    CHANNEL_STATS,
+    DEPTHS,
+    PUBLISHER_STATS,
+    QUEUE_STATS,
+    channel_counts,
+    detailed,
+    queue_counts,
+    totals,
+)
+
+HEALTH_CHECK_FAILURE_STATUS = 503
+ALIVENESS_QUEUE = "aliveness-test"
+ALIVENESS_MESSAGE = b"test_message"
+OVERVIEW_STATS = (*PUBLISHER_STATS, *QUEUE_STATS[1:])
+_NO_PROPERTIES = frames.encode_properties(commands.Basic.Properties())
+
+
+def exchange_types() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "description": f"AMQP {name} exchange, as per the AMQP specification",
+            "enabled": True,
+        }
+        for name in sorted(EXCHANGE_TYPES)
+    ]
+
+
+def listeners(api: ManagementApi) -> list[dict[str, Any]]:
+    bind = api.host.config.bind
+    ports = [("amqp", api.host.port)]
+    ports += [
+        ("http" if name == "management" else "http/prometheus", port)
+        for name, port in api.listeners.items()
+    ]
+    return [
+        {"node": api.node, "protocol": protocol, "ip_address": bind, "port": port}
+        for protocol, port in ports
+    ]
+
+
+async def overview(call: Call) -> web.Response:
+    api = call.api
+    caller = call.caller
+    state = call.state
+    vhost_names = list(state.vhosts) if caller.is_monitor else caller.login_vhosts(state)
+    vhosts = [api.host.vhosts[name] for name in vhost_names if name in api.host.vhosts]
+    queues = [queue for vhost in vhosts for queue in vhost.queues.values()]
+    connections = [c for c in open_connections(api) if visible_to(caller, c)]
+    channels = [channel for c in connections for channel in list(c.channels.values())]
+    ready = sum(queue.engine.ready_count for queue in queues)
+    unacked = sum(queue.engine.unacked_count for queue in queues)
+    published = totals((channel_counts(c.counts) for c in channels), len(CHANNEL_STATS))
+    handled = totals((queue_counts(q.counts) for q in queues), len(QUEUE_STATS))
+    # Everything a monitor sees is the same; another user's totals are of their own vhosts.
+    scope = api if caller.is_monitor else api.scope_of(caller.name)
+    item: dict[str, Any] = {
+        "management_version": RABBITMQ_VERSION,
+        "rates_mode": "basic",
+        "sample_retention_policies": {
+            "global": [600, 3600, 28800, 86400],
+            "basic": [600, 3600],
+            "detailed": [600],
+        },
+        "exchange_types": exchange_types(),
+        "product_version": warrenmq.__version__,
+        "product_name": "Warren",
+        "rabbitmq_version": RABBITMQ_VERSION,
+        "cluster_name": api.node,
+        "disable_stats": False,
+        "enable_queue_totals": False,
+        "message_stats": detailed(
+            api.rates,
+            scope,
+            "messages",
+            OVERVIEW_STATS,
+            (*published[: len(PUBLISHER_STATS)], *handled[1:]),
+        ),
+        "churn_rates": {},
+        "queue_totals": detailed(
+            api.rates, scope, "depths", DEPTHS, (ready + unacked, ready, unacked)
+        ),
+        "object_totals": {
+            "channels": len(channels),
+            "connections": len(connections),
+            "consumers": sum(queue.consumer_count for queue in queues),
+            "exchanges": sum(len(state.router(v.name).exchanges()) for v in vhosts),
+            "queues": sum(len(state.queues(v.name)) for v in vhosts),
+        },
+        "statistics_db_event_queue": 0,
+    }
+    if caller.is_monitor:
+        item["node"] = api.node
+        item["listeners"] = listeners(api)
+        item["contexts"] = []
+    return reply(item)
+
+
+def _memory_bytes() -> int:
+    """The process's resident memory (peak, where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+def node_json(api: ManagementApi) -> dict[str, Any]:
+    disk = shutil.disk_usage(api.host.data_dir) if api.host.data_dir.exists() else None
+    files_max = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return {
+        "name": api.node,
+        "type": "disc",
+        "running": True,
+        "os_pid": str(os.getpid()),
+        "uptime": int((time.monotonic() - api.started_at_s) * 1000),
+        "processors": os.cpu_count() or 1,
+        "mem_used": _memory_bytes(),
+        "mem_alarm": False,
+        "disk_free": disk.free if disk is not None else 0,
+        "disk_free_alarm": False,
+        "fd_used": _open_files(),
+        "fd_total": files_max,
+        "sockets_used": len(api.host.connections),
+        "sockets_total": api.host.config.connections_max,
+        "run_queue": 0,
+        "rates_mode": "basic",
+        "partitions": [],
+        "exchange_types": exchange_types(),
+        "applications": [
+            {"name": "warren", "description": "Warren", "version": warrenmq.__version__},
+            {"name": "python", "description": "Python", "version": platform.python_version()},
+        ],
+        "enabled_plugins": [],
+        "db_dir": str(api.host.data_dir),
+    }
+
+
+async def nodes(call: Call) -> web.Response:
+    return call.listing([node_json(call.api)], ("name",))
+
+
+async def node(call: Call) -> web.Response:
+    if call.params["node"] != call.api.node:
+        raise object_not_found()
+    return call.one(node_json(call.api))
+
+
+async def no_alarms(call: Call) -> web.Response:
+    return reply({"status": "ok"})
+
+
+async def port_listener(call: Call) -> web.Response:
+    try:
+        port = int(call.params["port"])
+    except ValueError:
+        raise bad_request("Invalid port") from None
+    ports = [listener["port"] for listener in listeners(call.api)]
+    if port in ports:
+        return reply({"status": "ok", "port": port})
+    body = {"status": "failed", "reason": "No active listener", "missing": port, "ports": ports}
+    return reply(body, HEALTH_CHECK_FAILURE_STATUS)
+
+
+async def aliveness(call: Call) -> web.Response:
+    """Declare the queue "aliveness-test", publish to it and get the message back, as the
+    caller and through the core (rabbit_mgmt_wm_aliveness_test)."""
+    vhost = call.vhost()
+    call.check("configure", QUEUE, ALIVENESS_QUEUE)
+    call.check("write", EXCHANGE, "")
+    call.check("read", QUEUE, ALIVENESS_QUEUE)
+    await core(
+        vhost.declare_queue(
+            ALIVENESS_QUEUE,
+            durable=False,
+            exclusive=False,
+            auto_delete=False,
+            arguments={},
+            owner=None,  # type: ignore[arg-type]
+            server_named=False,
+        )
+    )
+    outcome = sync(vhost.publish, "", ALIVENESS_QUEUE, _NO_PROPERTIES, ALIVENESS_MESSAGE, False)
+    message = None
+    if outcome is Published.ROUTED:
+        queue, message = sync(vhost.get, ALIVENESS_QUEUE, None, no_ack=True)
+        if message is None and queue.held_until_commit:
+            message = await core(vhost.get_after_commit(queue, no_ack=True))
+    if message is None:
+        body = {"status": "failed", "reason": "aliveness-test queue is empty"}
+        return reply(body, HEALTH_CHECK_FAILURE_STATUS)
+    return reply({"status": "ok"})
