@@ -611,3 +611,57 @@ def test_unknown_paths_and_methods(management):
     wrong = management.post(path("api", "queues", "/", "compat-q"))
     assert wrong.status == 405
     assert wrong.headers["allow"] == "HEAD, GET, PUT, DELETE, OPTIONS"
+
+
+# -- policies -------------------------------------------------------------------------------
+
+
+def test_a_policy_set_over_http_applies_to_an_existing_queue(management, connection, uid):
+    queue = f"{uid}-q"
+    channel = connection.channel()
+    channel.queue_declare(queue)
+    target = path("api", "policies", "/", f"{uid}-limit")
+    body = {"pattern": f"^{uid}-", "definition": {"max-length": 1}, "apply-to": "queues"}
+    try:
+        assert management.put(target, body).status == 201
+        assert management.put(target, body).status == 204
+        shown = management.get(target).json
+        assert {k: shown[k] for k in ("vhost", "name", "pattern", "apply-to", "definition")} == {
+            "vhost": "/",
+            "name": f"{uid}-limit",
+            "pattern": f"^{uid}-",
+            "apply-to": "queues",
+            "definition": {"max-length": 1},
+        }
+        assert shown["priority"] == 0
+        assert f"{uid}-limit" in [p["name"] for p in management.get("/api/policies/%2F").json]
+        publish(connection, queue, [b"1", b"2", b"3"])
+        method, _, body_ = channel.basic_get(queue, auto_ack=True)
+        assert body_ == b"3"
+        assert channel.basic_get(queue, auto_ack=True)[0] is None
+        exported = management.get("/api/definitions").json["policies"]
+        assert f"{uid}-limit" in [p["name"] for p in exported]
+    finally:
+        assert management.delete(target).status == 204
+        channel.queue_delete(queue)
+    assert management.get(target).status == 404
+
+
+def test_an_invalid_policy_is_400_with_rabbitmqs_reason(management, uid):
+    reply = management.put(
+        path("api", "policies", "/", f"{uid}-bad"),
+        {"pattern": ".*", "definition": {"max-length": "abc"}},
+    )
+    assert reply.status == 400
+    assert reply.json["error"] == "bad_request"
+    assert "is not a valid maximum length" in reply.json["reason"]
+
+
+def test_a_management_user_lists_policies_but_may_not_set_one(seeded, management_user, uid):
+    from compat_harness import SEED_VHOST
+
+    listed = management_user.get("/api/policies")
+    assert listed.status == 200 and listed.json == []
+    body = {"pattern": ".*", "definition": {"max-length": 1}}
+    target = path("api", "policies", SEED_VHOST, f"{uid}-p")
+    assert management_user.put(target, body).status == 401

@@ -42,6 +42,7 @@ class Access(enum.Enum):
     ADMIN = "administrator"
     MONITOR = "monitoring or administrator"
     VHOST = "administrator, or a user with permissions on the vhost in the path"
+    POLICY = "policymaker or administrator, with permissions on the vhost in the path"
 
 
 class _UserScope:

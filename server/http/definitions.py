@@ -22,19 +22,20 @@ from aiohttp import web
 
 import warrenmq
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
-from warrenmq.server.metadata import DeclareVhost, SetPermissions
+from warrenmq.server.metadata import DeclareVhost, SetPermissions, SetPolicy
 
 from .api import RABBITMQ_VERSION, Call, ManagementApi, core, no_content, reply
 from .bindings import vhost_bindings
 from .errors import bad_request, not_found
 from .exchanges import vhost_exchanges
+from .policies import policy_json
 from .queues import vhost_queues
 from .users import password_hash_of, put_user_record, tags_of, user_json
 from .values import decode_body, parse_bool, to_amqp_table
 
 log = logging.getLogger("warrenmq.server.http")
 
-IGNORED_SECTIONS = ("policies", "topic_permissions", "parameters", "global_parameters")
+IGNORED_SECTIONS = ("topic_permissions", "parameters", "global_parameters")
 QUEUE_FIELDS = ("name", "vhost", "durable", "auto_delete", "arguments")
 EXCHANGE_FIELDS = ("name", "vhost", "type", "durable", "auto_delete", "internal", "arguments")
 BINDING_FIELDS = ("source", "vhost", "destination", "destination_type", "routing_key", "arguments")
@@ -103,7 +104,7 @@ async def export_all(call: Call) -> web.Response:
         "topic_permissions": [],
         "parameters": [],
         "global_parameters": [],
-        "policies": [],
+        "policies": [policy_json(p) for v in state.vhosts for p in state.policies(v).values()],
     }
     document.update(_topology(call.api, list(state.vhosts)))
     return _download(call, reply(document))
@@ -117,7 +118,10 @@ async def export_vhost(call: Call) -> web.Response:
     document: dict[str, Any] = {
         "rabbit_version": RABBITMQ_VERSION,
         "parameters": [],
-        "policies": [],
+        "policies": [
+            {k: v for k, v in policy_json(p).items() if k != "vhost"}
+            for p in call.state.policies(vhost).values()
+        ],
     }
     for section, items in topology.items():
         document[section] = [{k: v for k, v in item.items() if k != "vhost"} for item in items]
@@ -254,6 +258,7 @@ async def import_all(call: Call) -> web.Response:
     ]
     await core(store.apply_all(grants))
     await _import_topology(call, document, lambda item: _field(item, "vhost", str))
+    await _import_policies(call, document, lambda item: _field(item, "vhost", str))
     return no_content()
 
 
@@ -264,4 +269,24 @@ async def import_vhost(call: Call) -> web.Response:
     document = _parse(await call.request.read())
     _note_ignored(document)
     await _import_topology(call, document, lambda item: vhost)
+    await _import_policies(call, document, lambda item: vhost)
     return no_content()
+
+
+async def _import_policies(
+    call: Call, document: dict[str, Any], vhost_of: Callable[[dict[str, Any]], str]
+) -> None:
+    commands = [
+        SetPolicy(
+            _hosted(call, vhost_of(item)).name,
+            _field(item, "name", str),
+            item.get("pattern"),
+            item.get("definition"),
+            item.get("priority", 0),
+            item.get("apply-to", "all"),
+        )
+        for item in _section(document, "policies")
+    ]
+    if commands:
+        await core(call.api.store.apply_all(commands))
+        call.api.host.apply_policies()

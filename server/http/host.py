@@ -73,6 +73,10 @@ class Host(Protocol):
         """Host the vhosts the store holds (and drop those it no longer holds)."""
         ...
 
+    def apply_policies(self) -> None:
+        """Have every queue take the policies as the metadata now holds them."""
+        ...
+
     def want_dispatch(self, queue: WorkQueue) -> None:
         """Have the tick hand the queue's ready messages to its consumers."""
         ...

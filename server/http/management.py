@@ -23,7 +23,17 @@ from aiohttp import web
 from warrenmq.amqp import replies
 from warrenmq.exchanges.errors import RoutingError
 
-from . import bindings, connections, definitions, exchanges, overview, queues, users, vhosts
+from . import (
+    bindings,
+    connections,
+    definitions,
+    exchanges,
+    overview,
+    policies,
+    queues,
+    users,
+    vhosts,
+)
 from .api import Access, Call, ManagementApi
 from .auth import Caller, log_in
 from .errors import ApiError, not_authorised, object_not_found, refused
@@ -177,6 +187,16 @@ ROUTES: tuple[Route, ...] = (
         PUT=users.put_permission,
         DELETE=users.delete_permission,
     ),
+    # Lists are any vhost user's (filtered); one policy is a policymaker's (rabbit_mgmt_wm_*).
+    route("/api/policies", VHOST, GET=policies.list_policies),
+    route("/api/policies/{vhost}", VHOST, GET=policies.list_policies),
+    route(
+        "/api/policies/{vhost}/{name}",
+        Access.POLICY,
+        GET=policies.get_policy,
+        PUT=policies.put_policy,
+        DELETE=policies.delete_policy,
+    ),
     route("/api/aliveness-test/{vhost}", VHOST, GET=overview.aliveness),
     route("/api/health/checks/alarms", ANY, GET=overview.no_alarms),
     route("/api/health/checks/local-alarms", ANY, GET=overview.no_alarms),
@@ -188,6 +208,7 @@ _ACCESS_REFUSALS = {
     Access.ADMIN: "Not administrator user",
     Access.MONITOR: "Not monitor user",
     Access.VHOST: "User not authorised to access virtual host",
+    Access.POLICY: "User not authorised to access virtual host",
 }
 
 
@@ -218,6 +239,8 @@ def authorise(route_: Route, caller: Caller, params: dict[str, str], api: Manage
         allowed = caller.is_admin
     elif access is Access.MONITOR:
         allowed = caller.is_monitor
+    elif access is Access.POLICY and not caller.is_policymaker:
+        allowed = False
     else:
         vhost = params.get("vhost")
         state = api.state
