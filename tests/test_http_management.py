@@ -289,6 +289,24 @@ def test_get_reject_requeue_false_drops(api, broker):
     assert api.get(target).json["messages"] == 0
 
 
+def test_get_reject_requeue_false_dead_letters(api, broker):
+    queue, dead = name(), name("dlq")
+    api.put(path("api", "queues", "/", dead))
+    target = path("api", "queues", "/", queue)
+    dlx = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    assert api.put(target, {"arguments": dlx}).status == 201
+    publish_amqp(broker, queue, [b"x"])
+    reject = {"count": 1, "ackmode": "reject_requeue_false", "encoding": "auto"}
+    assert [m["payload"] for m in api.post(target + "/get", reject).json] == ["x"]
+    take = {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"}
+    deadline = time.monotonic() + 5
+    got = []
+    while not got and time.monotonic() < deadline:
+        got = api.post(path("api", "queues", "/", dead) + "/get", take).json
+    assert got[0]["payload"] == "x"
+    assert got[0]["properties"]["headers"]["x-death"][0]["reason"] == "rejected"
+
+
 # -- exchanges, bindings, publish -----------------------------------------------------------------
 
 

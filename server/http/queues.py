@@ -201,9 +201,10 @@ async def get_messages(call: Call) -> web.Response:
 
 def _settle(call: Call, queue: WorkQueue, offsets: list[int], ack_mode: str) -> None:
     """After the gets, as RabbitMQ's channel does at its close (ack_requeue_true) or with
-    basic.reject: requeue, or drop."""
+    basic.reject: requeue, or drop (dead-letter)."""
     if ack_mode == "reject_requeue_false":
-        queue.ack(offsets)
+        # basic.reject without requeue: dead-lettered where the queue has a DLX.
+        queue.reject(offsets)
     else:
         queue.requeue(offsets)
     call.api.host.want_dispatch(queue)
