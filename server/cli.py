@@ -29,7 +29,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 # Modules that add their own subcommands: each has `register(commands)`, taking the
 # argparse sub-parsers object; a parser's `handler` default receives the parsed args.
-COMMAND_MODULES: tuple[str, ...] = ("warrenmq.server.serve", "warrenmq.server.admin_cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "warrenmq.server.serve",
+    "warrenmq.server.admin_cli",
+    "warrenmq.server.dlq_cli",
+)
 # Modules that add `warren bench TARGET` scenarios: `register(targets)` likewise.
 BENCH_MODULES: tuple[str, ...] = ("warrenmq.server.bench.loadgen", "warrenmq.server.queue.bench")
 
