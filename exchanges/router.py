@@ -18,6 +18,9 @@ rabbit_misc.erl), texts included:
 * auto-delete: an auto-delete exchange is deleted when the last binding of which it is the
   source goes, whether by unbind or because the destination was deleted; one that never had a
   binding stays. Deletions cascade (deleting an exchange removes its bindings as destination).
+* delayed messages (`delayed.py`): an `x-delayed-message` exchange routes with the table of
+  its `x-delayed-type`; one that holds a message (an `x-delay` header) is reported as a
+  `DelayedTarget` among the queue names, and routing does not go past it.
 * routing: an exchange's own bindings give its destinations; if they give none and it has an
   `alternate-exchange`, the message goes to that exchange instead (RabbitMQ tests the
   exchange's own match, not whether a queue is reached in the end). Destination exchanges and
@@ -25,8 +28,8 @@ rabbit_misc.erl), texts included:
   The default exchange routes to the queue named by the routing key if it exists. Publishing
   to a missing exchange is 404 and to an internal one 403.
 
-Routes are cached per (exchange, routing key) when no headers exchange was visited and the
-default exchange is not the source (its answer depends on which queues exist, which this
+Routes are cached per (exchange, routing key) when no headers or delayed exchange was visited
+and the default exchange is not the source (its answer depends on which queues exist, which this
 module learns only through `queue_exists`). Any change to an exchange or binding clears the
 cache and bumps `generation`.
 """
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, BindingTable, Destination
+from warrenmq.exchanges.delayed import DELAYED_MESSAGE, DelayedTarget, delay_ms, routing_type
 from warrenmq.exchanges.direct import DirectExchange
 from warrenmq.exchanges.errors import AccessRefused, CommandInvalid, NotFound, PreconditionFailed
 from warrenmq.exchanges.fanout import FanoutExchange
@@ -51,6 +55,8 @@ EXCHANGE_TYPES: dict[str, type[BindingTable]] = {
     table.type_name: table
     for table in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
 }
+# What exchange.declare accepts: the routing tables, and the type that delays for one of them.
+EXCHANGE_TYPE_NAMES = frozenset((*EXCHANGE_TYPES, DELAYED_MESSAGE))
 # RabbitMQ's rabbit_vhost:do_add: every vhost starts with these, durable and not auto-delete.
 PREDECLARED: tuple[tuple[str, str, bool], ...] = (
     (DEFAULT_EXCHANGE, "direct", False),
@@ -64,7 +70,9 @@ PREDECLARED: tuple[tuple[str, str, bool], ...] = (
 ROUTE_CACHE_ENTRIES_MAX_DEFAULT = 65_536
 
 _NO_ARGUMENTS: Mapping[str, Any] = {}
-_NO_QUEUES: frozenset[str] = frozenset()
+Routed = frozenset[str | DelayedTarget]
+"""Where a message goes: queue names, and the delayed exchanges that hold it."""
+_NO_QUEUES: Routed = frozenset()
 
 
 @dataclass(eq=False, slots=True)
@@ -104,7 +112,7 @@ class Router:
         self.vhost = vhost
         self.generation = 0
         self._queue_exists = queue_exists
-        self._route_cache: dict[tuple[str, str], frozenset[str]] = {}
+        self._route_cache: dict[tuple[str, str], Routed] = {}
         self._route_cache_entries_max = route_cache_entries_max
         self._exchanges: dict[str, Exchange] = {}
         # Reverse index: which exchanges bind to a destination, to drop its bindings on delete.
@@ -156,8 +164,7 @@ class Router:
         if passive:
             self._refuse_default(name)
             return Declared(self._lookup_or_die(name), False)
-        table_type = EXCHANGE_TYPES.get(type_name)
-        if table_type is None:
+        if type_name not in EXCHANGE_TYPE_NAMES:
             raise CommandInvalid(f"unknown exchange type '{type_name}'")
         self._refuse_default(name)
         arguments = dict(arguments or _NO_ARGUMENTS)
@@ -167,15 +174,14 @@ class Router:
             return Declared(existing, False)
         if name.startswith("amq."):
             raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        # RabbitMQ checks the alternate exchange argument before the type's own arguments.
+        alternate = self._alternate_of(name, arguments)
+        table_type_name = routing_type(arguments) if type_name == DELAYED_MESSAGE else type_name
+        table_type = EXCHANGE_TYPES.get(table_type_name)
+        if table_type is None:
+            raise CommandInvalid(f"unknown exchange type '{table_type_name}'")
         exchange = Exchange(
-            name,
-            type_name,
-            durable,
-            auto_delete,
-            internal,
-            arguments,
-            table_type(),
-            self._alternate_of(name, arguments),
+            name, type_name, durable, auto_delete, internal, arguments, table_type(), alternate
         )
         self._exchanges[name] = exchange
         self._invalidate()
@@ -284,8 +290,9 @@ class Router:
 
     def route(
         self, exchange: str, routing_key: str, headers: Mapping[str, Any] | None = None
-    ) -> frozenset[str]:
-        """The names of the queues a message published to `exchange` reaches."""
+    ) -> Routed:
+        """The names of the queues a message published to `exchange` reaches, and the
+        delayed exchanges that hold it (`DelayedTarget`s)."""
         cached = self._route_cache.get((exchange, routing_key))
         if cached is not None:
             return cached
@@ -298,7 +305,7 @@ class Router:
         headers: Mapping[str, Any] | None = None,
         *,
         internal_allowed: bool = False,
-    ) -> frozenset[str]:
+    ) -> Routed:
         """Route with several keys at once (the routing key plus CC/BCC), as RabbitMQ does:
         an exchange falls back to its alternate only if no key matched any of its bindings.
 
@@ -315,7 +322,7 @@ class Router:
         routing_keys: tuple[str, ...],
         headers: Mapping[str, Any] | None,
         internal_allowed: bool = False,
-    ) -> frozenset[str]:
+    ) -> Routed:
         if name == DEFAULT_EXCHANGE:
             queue_exists = self._queue_exists
             if len(routing_keys) == 1:
@@ -326,12 +333,16 @@ class Router:
             raise NotFound(f"no {self._rs(EXCHANGE, name)}")
         if exchange.internal and not internal_allowed:
             raise AccessRefused(f"cannot publish to internal {self._rs(EXCHANGE, name)}")
+        if exchange.type == DELAYED_MESSAGE:
+            held_ms = delay_ms(headers)
+            if held_ms:
+                return frozenset((DelayedTarget(name, held_ms),))
         table = exchange.table
         matched = _match(table, routing_keys, headers)
         if matched and not table.exchange_destinations:
             # The common case: the exchange's own bindings reach queues only, nothing to walk.
-            routed = frozenset([queue for _, queue in matched])
-            by_key_only = table.routes_by_key_only
+            routed: Routed = frozenset([queue for _, queue in matched])
+            by_key_only = _routes_by_key_only(exchange)
         else:
             queues, by_key_only = self._traverse(exchange, matched, routing_keys, headers)
             routed = frozenset(queues)
@@ -349,35 +360,42 @@ class Router:
         start_matched: Collection[Destination],
         routing_keys: tuple[str, ...],
         headers: Mapping[str, Any] | None,
-    ) -> tuple[set[str], bool]:
-        """Queues reached from `start` (whose own match is `start_matched`) and whether the
-        answer depended only on the routing keys."""
+    ) -> tuple[set[str | DelayedTarget], bool]:
+        """Queues (and holding delayed exchanges) reached from `start`, whose own match is
+        `start_matched`, and whether the answer depended only on the routing keys."""
         exchanges = self._exchanges
-        queues: set[str] = set()
+        queues: set[str | DelayedTarget] = set()
         seen = {start.name}
         pending: list[tuple[Exchange, Collection[Destination]]] = [(start, start_matched)]
-        by_key_only = start.table.routes_by_key_only
+        by_key_only = _routes_by_key_only(start)
+
+        def enter(name: str) -> None:
+            nonlocal by_key_only
+            seen.add(name)
+            target = exchanges.get(name)
+            if target is None:
+                return
+            by_key_only = by_key_only and _routes_by_key_only(target)
+            if target.type == DELAYED_MESSAGE:
+                held_ms = delay_ms(headers)
+                if held_ms:
+                    queues.add(DelayedTarget(name, held_ms))
+                    return
+            pending.append((target, _match(target.table, routing_keys, headers)))
+
         # Each exchange enters `pending` at most once (guarded by `seen`), so this ends.
         while pending:
             exchange, matched = pending.pop()
             if not matched:
                 alternate = exchange.alternate
                 if alternate is not None and alternate not in seen:
-                    seen.add(alternate)
-                    target = exchanges.get(alternate)
-                    if target is not None:
-                        by_key_only = by_key_only and target.table.routes_by_key_only
-                        pending.append((target, _match(target.table, routing_keys, headers)))
+                    enter(alternate)
                 continue
             for kind, name in matched:
                 if kind == QUEUE:
                     queues.add(name)
                 elif name not in seen:
-                    seen.add(name)
-                    target = exchanges.get(name)
-                    if target is not None:
-                        by_key_only = by_key_only and target.table.routes_by_key_only
-                        pending.append((target, _match(target.table, routing_keys, headers)))
+                    enter(name)
         return queues, by_key_only
 
     # --- internals -----------------------------------------------------------------------
@@ -500,6 +518,11 @@ def _match(
     if len(routing_keys) == 1:
         return table.match(routing_keys[0], headers)
     return {destination for key in routing_keys for destination in table.match(key, headers)}
+
+
+def _routes_by_key_only(exchange: Exchange) -> bool:
+    # A delayed exchange's answer depends on the x-delay header.
+    return exchange.table.routes_by_key_only and exchange.type != DELAYED_MESSAGE
 
 
 def _strip_cr_lf(name: str) -> str:

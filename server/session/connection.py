@@ -25,7 +25,7 @@ from warrenmq.amqp.connection import Connection, ConnectionConfig
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.exchanges.field_values import amqp_type_name
-from warrenmq.exchanges.router import EXCHANGE_TYPES
+from warrenmq.exchanges.router import EXCHANGE_TYPE_NAMES
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.errors import (
     access_refused,
@@ -665,7 +665,7 @@ async def _exchange_declare(
         vhost.check_exchange(name)
     else:
         # rabbit_channel's order: the type, the default exchange, then permissions.
-        if method.exchange_type not in EXCHANGE_TYPES:
+        if method.exchange_type not in EXCHANGE_TYPE_NAMES:
             raise command_invalid(f"unknown exchange type '{method.exchange_type}'")
         if not name:
             raise access_refused("operation not permitted on the default exchange")
