@@ -7,7 +7,7 @@ is one `LogQueue` per priority level behind the same interface. `WorkQueue` hold
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 from warrenmq.log import RawRecord
@@ -68,6 +68,19 @@ class QueueEngine(Protocol):
 
     def take_many(self, count_max: int) -> list[Message]:
         """Up to `count_max` ready messages in delivery order, marked in flight."""
+        ...
+
+    def append_position(self, properties: bytes) -> int:
+        """Where a record with these properties appended now would go, or later: a record
+        staged after this call is found by `stored_from` (the delayed messages' hand-off
+        looks for what it staged before a crash). Positions compare within a sequence (a
+        priority level), as do the positions of records with the same properties."""
+        ...
+
+    def stored_from(self, positions: Collection[int]) -> Iterator[tuple[int, RawRecord]]:
+        """(position, record) of every stored record at or after the earliest of
+        `positions` in each of their sequences; acknowledged records too, as long as their
+        segment is kept."""
         ...
 
     def peek(self) -> Message | None:

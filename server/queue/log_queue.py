@@ -55,7 +55,7 @@ import collections
 import heapq
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,6 +375,25 @@ class LogQueue:
         """
         self._check_open()
         return self._log.append(records, timestamp_ms)
+
+    def append_position(self, properties: bytes) -> int:
+        """The offset the next append starts at."""
+        return self._log.end_offset
+
+    def stored_from(self, positions: Collection[int]) -> Iterator[tuple[int, RawRecord]]:
+        """Every record still in the log from the lowest of the offsets `positions`, with its
+        offset."""
+        self._check_open()
+        log = self._log
+        offset = max(min(positions), log.start_offset)
+        while offset < log.end_offset:
+            records = log.read(
+                offset, self.config.read_ahead_records_max, self.config.read_ahead_bytes_max
+            )
+            for record in records:
+                # (exchange, routing key, properties, body), as appended.
+                yield record.offset, record[3:]
+            offset = records[-1].offset + 1
 
     # -- delivering ------------------------------------------------------------------------
 

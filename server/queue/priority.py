@@ -14,7 +14,7 @@ requeues find their level again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from warrenmq.amqp import fastpath
@@ -114,6 +114,18 @@ class PriorityQueue:
             by_level.setdefault(self.level_of(record[2]), []).append(record)
         for level, batch in by_level.items():
             self._level(level).append(batch, timestamp_ms)
+
+    def append_position(self, properties: bytes) -> int:
+        """The level's position, tagged with the level as offsets are."""
+        level = self.level_of(properties)
+        return (self._level(level).append_position(properties) << LEVEL_BITS) | level
+
+    def stored_from(self, positions: Collection[int]) -> Iterator[tuple[int, RawRecord]]:
+        for level, offsets in self._split(positions).items():
+            engine = self._levels.get(level)
+            if engine is not None:
+                for offset, record in engine.stored_from(offsets):
+                    yield (offset << LEVEL_BITS) | level, record
 
     def take_many(self, count_max: int) -> list[Message]:
         # Highest level first. A level that keeps ready messages until a commit (the
