@@ -31,6 +31,8 @@ from warrenmq.server.metadata import METADATA_FILE, MetadataStore, StoreFailed, 
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
 from .config import BrokerConfig
+from .delayed import DelayedLogConfig, DelayedMessageLog
+from .delayed.store import DelayedHandoff
 from .http import HttpListeners
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
@@ -65,9 +67,9 @@ def message_log_config(config: BrokerConfig) -> LogConfig:
     )
 
 
-Confirmed = BrokerChannel | DeadLetterHandoff
-"""What the tick confirms once its writes are durable: a publishing channel, or the dead
-letters a queue published."""
+Confirmed = BrokerChannel | DeadLetterHandoff | DelayedHandoff
+"""What the tick confirms once its writes are durable: a publishing channel, the dead
+letters a queue published, or the due messages a delayed exchange routed."""
 
 
 class _Tick:
@@ -97,6 +99,7 @@ class Broker:
             message_bytes_max=config.message_bytes_max,
         )
         self.message_log_config = message_log_config(config)
+        self._delayed_log_config = DelayedLogConfig.holding(self.message_log_config)
         # One config per queue type, shared by every queue: 100,000 queues need not hold
         # 100,000 copies.
         self._queue_configs = {
@@ -176,6 +179,7 @@ class Broker:
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
                 queue.engine.close()
+            vhost.delayed.close()
         if self.store is not None:
             await self.store.close()
 
@@ -192,6 +196,7 @@ class Broker:
             background=self.background,
             clock=now_ms,
             confirm=self.stage_confirm,
+            open_delayed=self._open_delayed,
         )
         self.vhosts[name] = vhost
         return vhost
@@ -217,6 +222,11 @@ class Broker:
                 ),
             )
         return LogQueue.open(directory, config, descriptors=descriptors)
+
+    def _open_delayed(self, directory: Path) -> DelayedMessageLog:
+        return DelayedMessageLog.open(
+            directory, self._delayed_log_config, descriptors=self.descriptors
+        )
 
     def _recover(self) -> None:
         """Host every queue the metadata kept; drop directories of transient leftovers.
@@ -257,6 +267,7 @@ class Broker:
                     connection.close(320, f"vhost '{name}' is deleted")
             for queue in list(vhost.queues.values()):
                 vhost.retire_queue(queue)
+            vhost.delayed.retire()
 
     def apply_policies(self) -> None:
         """Have every queue take the policies as the metadata now holds them (an in-process

@@ -33,11 +33,14 @@ from typing import Any, cast
 from warrenmq.amqp import fastpath, frames
 from warrenmq.dlq.dead_letter import cycling, dead_letter
 from warrenmq.exchanges.binding import Destination
+from warrenmq.exchanges.delayed import DelayedTarget
 from warrenmq.exchanges.errors import AccessRefused, NotFound, PreconditionFailed
 from warrenmq.exchanges.router import Router
 from warrenmq.server.metadata import commands as mc
 from warrenmq.server.metadata.state import strip_cr_lf
 
+from .delayed import DelayedExchanges, DelayedMessageLog
+from .delayed.store import DelayedHandoff
 from .errors import internal_error, precondition_failed
 from .queue import arguments as queue_arguments
 from .queue import policy
@@ -185,7 +188,8 @@ class VirtualHost:
     reply-to message to its waiting consumer, False if there is none; `background(work)`
     runs a metadata write nobody waits for; `clock()` is the time (epoch ms) the core passes
     to its queues; `confirm(handoff, tag)` has the tick confirm dead letters staged so far
-    once they are stored (see `DeadLetterHandoff`).
+    once they are stored (see `DeadLetterHandoff`). `open_delayed(directory)` opens the store
+    of a delayed exchange (`delayed`, the vhost's `DelayedExchanges`).
     """
 
     def __init__(
@@ -201,7 +205,8 @@ class VirtualHost:
         deliver_reply: Callable[[str, str, bytes, bytes], bool],
         background: Callable[[Awaitable[Any]], None],
         clock: Callable[[], int],
-        confirm: Callable[[DeadLetterHandoff, int], None],
+        confirm: Callable[[DeadLetterHandoff | DelayedHandoff, int], None],
+        open_delayed: Callable[[Path], DelayedMessageLog],
     ) -> None:
         self.name = name
         self.store = store
@@ -223,13 +228,29 @@ class VirtualHost:
         """Queues whose storage failed to open, with the error: the record stays, uses get 404."""
         # The vhost's policies as its queues last took them (`apply_policies`).
         self._policies_applied: Mapping[str, Any] | None = None
+        delayed_directory = data_dir / "delayed" / directory_name(name)
+        self.delayed = DelayedExchanges(
+            self,
+            delayed_directory,
+            lambda exchange: delayed_directory / directory_name(exchange),
+            open_log=open_delayed,
+            batch_records_max=batch_records_max,
+            staged=staged,
+            wake=wake,
+            confirm=confirm,
+            background=background,
+            clock=clock,
+        )
 
     @property
     def router(self) -> Router:
         return self.store.state.router(self.name)
 
     async def _apply(self, command: Any) -> Any:
-        return await self.store.apply(command)
+        outcome = await self.store.apply(command)
+        if outcome.deleted_exchanges:
+            self.delayed.exchanges_deleted(outcome.deleted_exchanges)
+        return outcome
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -269,9 +290,12 @@ class VirtualHost:
         route = self.route(exchange, routing_key, properties)
         return self.stage(route, exchange, routing_key, body, persistent, expiring, publisher)
 
-    def route(self, exchange: str, routing_key: str, properties: bytes) -> Route:
+    def route(
+        self, exchange: str, routing_key: str, properties: bytes, internal_allowed: bool = False
+    ) -> Route:
         """The queues a message goes to (sender-selected CC/BCC included), without staging
-        it: a transaction routes at publish and stages at commit, as RabbitMQ does."""
+        it: a transaction routes at publish and stages at commit, as RabbitMQ does.
+        `internal_allowed`: the broker publishes (a delayed message when due)."""
         headers = None
         routing_keys = None
         if properties and properties[0] & _HEADERS_FLAG_BYTE0:
@@ -285,9 +309,12 @@ class VirtualHost:
             # no set built) on the commonest path.
             return ((routing_key,) if routing_key in self.queues else ()), properties
         router = self.router
-        if routing_keys is None:
+        if routing_keys is None and not internal_allowed:
             return router.route(exchange, routing_key, headers), properties
-        return router.route_keys(exchange, routing_keys, headers), properties
+        routed = router.route_keys(
+            exchange, routing_keys or (routing_key,), headers, internal_allowed=internal_allowed
+        )
+        return routed, properties
 
     def stage(
         self,
@@ -299,7 +326,8 @@ class VirtualHost:
         expiring: bool,
         publisher: Any,
     ) -> Published:
-        """Stage a routed message on each of its queues that still exists."""
+        """Stage a routed message on each of its queues that still exists, and in each
+        delayed exchange that holds it."""
         queue_names, properties = route
         if not queue_names:
             return Published.UNROUTABLE
@@ -312,6 +340,7 @@ class VirtualHost:
             routing_key_bytes = self._encoded(routing_key)
         record = (exchange_bytes, routing_key_bytes, properties, body)
         refused = False
+        held = 0
         queues = self.queues
         staged = self._staged
         for name in queue_names:
@@ -322,7 +351,13 @@ class VirtualHost:
                 else:
                     self._refused(queue)
                     refused = True
-        return Published.REFUSED if refused else Published.ROUTED
+            elif type(name) is DelayedTarget:
+                held += 1
+                refused |= not self.delayed.stage(name, record, persistent, publisher)
+        if refused:
+            return Published.REFUSED
+        # As the plugin: a held message reached no queue yet, so a mandatory one is returned.
+        return Published.UNROUTABLE if held == len(queue_names) else Published.ROUTED
 
     def _refused(self, queue: WorkQueue) -> None:
         """x-overflow reject-publish-dlx dead-letters what it refuses: the tick publishes it."""
@@ -368,6 +403,10 @@ class VirtualHost:
                         and target.stage(record, persistent, False, (handoff, tag))
                     ):
                         self._staged(target)
+                    elif type(name) is DelayedTarget and not self.delayed.stage(
+                        name, record, persistent, (handoff, tag)
+                    ):
+                        handoff.publish_failed(tag)
         self._confirm(handoff, len(dead_letters))
 
     def _encoded(self, name: str) -> bytes:
@@ -564,6 +603,8 @@ class VirtualHost:
             # enforces its limits when it starts; the tick commits what was dropped.
             if queue.enforce_length() or queue.has_timers:
                 self._wake(queue)
+        # After the queues: an interrupted hand-off looks for its messages in them.
+        self.delayed.recover()
         return kept
 
     def check_delete(self, queue: WorkQueue, *, if_unused: bool, if_empty: bool) -> None:
@@ -758,7 +799,7 @@ class VirtualHost:
         run in the logs' worker threads, and one queue after another, a broker holding
         100,000 queues with unsynced messages took minutes to stop.
         """
-        queues = iter(list(self.queues.values()))
+        queues = iter([*self.queues.values(), *self.delayed.stores.values()])
 
         async def shut_down_in_turn() -> None:
             for queue in queues:

@@ -254,6 +254,7 @@ def test_clean_shutdown_runs_queues_side_by_side_and_one_failure_closes_only_its
         background=None,
         clock=lambda: 0,
         confirm=lambda handoff, tag: None,
+        open_delayed=None,
     )
     names = ["bad"] + [f"q{i}" for i in range(500)]
     vhost.queues = {
