@@ -370,14 +370,15 @@ class DelayedExchanges:
                     stagings[offset].queues.append(queue)
         store.engine.routed(offset for offset, staging in stagings.items() if not staging.queues)
         unfinished = [staging for staging in stagings.values() if staging.queues]
+        log.info(
+            "delayed exchange '%s' in vhost '%s': %d message(s) were being routed at a crash; "
+            "%d of them staged again on the queues that lack them",
+            store.name,
+            self._core.name,
+            len(stagings),
+            len(unfinished),
+        )
         if unfinished:
-            log.info(
-                "delayed exchange '%s' in vhost '%s': staging %d message(s) whose routing a "
-                "crash interrupted",
-                store.name,
-                self._core.name,
-                len(unfinished),
-            )
             store.hand_offs += 1
             self._stage(store, unfinished)
 
