@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from warrenmq.log import LogConfig
 from warrenmq.server.delayed import acked as acked_module
 from warrenmq.server.delayed.acked import AckedOffsets
-from warrenmq.server.delayed.due_index import DueIndex
+from warrenmq.server.delayed.due_index import RUNS_MAX, DueIndex
 from warrenmq.server.delayed.message_log import (
     DELAY,
     DelayedLogConfig,
@@ -30,11 +30,13 @@ from warrenmq.server.queue import ack_log
 # -- the due index ----------------------------------------------------------------------------
 
 
-@given(st.lists(st.integers(0, 50), max_size=300), st.integers(1, 40))
-def test_the_due_index_pops_in_due_then_arrival_order(dues, batch):
-    index = DueIndex()
+@given(st.lists(st.integers(0, 50), max_size=300), st.integers(1, 40), st.integers(1, 8))
+def test_the_due_index_pops_in_due_then_arrival_order(dues, batch, runs_max):
+    # Few runs allowed, so that the spill heap takes part too.
+    index = DueIndex(runs_max)
     for offset, due in enumerate(dues):
         index.push(due, offset)
+    assert index.run_count <= runs_max
     popped = []
     for now in range(0, 52, 3):
         while taken := index.pop_due(now, batch):
@@ -42,7 +44,7 @@ def test_the_due_index_pops_in_due_then_arrival_order(dues, batch):
             popped += taken
         assert index.next_due_ms() is None or index.next_due_ms() > now
     assert popped == sorted(range(len(dues)), key=lambda offset: (dues[offset], offset))
-    assert len(index) == 0 and index.run_count == 0
+    assert len(index) == 0 and index.run_count == index.spilled == 0
 
 
 def test_one_delay_is_one_run_and_k_interleaved_delays_are_k_runs():
@@ -59,18 +61,32 @@ def test_random_delays_make_few_runs():
     for offset in range(100_000):
         index.push(offset + rnd.randrange(3_600_000), offset)
     # Patience sorting: about 2·sqrt(n) runs for random order.
-    assert index.run_count < 2_000
+    assert index.run_count < 2_000 and index.spilled == 0
 
 
-def test_a_run_drops_its_consumed_head():
+def test_due_times_going_back_spill_beyond_the_run_bound():
     index = DueIndex()
-    for offset in range(100_000):
-        index.push(offset, offset)
-    assert index.pop_due(89_999, 100_000) == list(range(90_000))
+    for offset in range(10_000):
+        index.push(1_000_000 - offset, offset)
+    assert (index.run_count, index.spilled) == (RUNS_MAX, 10_000 - RUNS_MAX)
+    assert index.pop_due(10**9, 10_000) == list(range(9_999, -1, -1))
+
+
+def test_pairs_far_apart_start_new_chunks_and_consumed_chunks_are_dropped():
+    index = DueIndex()
+    offsets = [0, 1, 2**32 + 5, 2**32 + 6]
+    dues = [10, 2**33, 2**33 + 1, 2**33 + 100]
+    for due, offset in zip(dues, offsets, strict=True):
+        index.push(due, offset)
     (run,) = index._runs
-    assert len(run.dues) < 20_000
-    index.push(200_000, 100_000)
-    assert index.pop_due(10**9, 100_000) == list(range(90_000, 100_001))
+    assert len(run.chunks) == 3
+    assert index.pop_due(2**33 + 1, 10) == offsets[:3]
+    assert len(run.chunks) == 1
+    for offset in range(5, 100_000):
+        index.push(2**34 + offset, offset)
+    assert len(run.chunks) > 4
+    assert index.pop_due(2**35, 200_000) == [offsets[3], *range(5, 100_000)]
+    assert index.run_count == 0
 
 
 # -- the done bits ----------------------------------------------------------------------------
