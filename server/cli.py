@@ -35,7 +35,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "warrenmq.server.dlq_cli",
 )
 # Modules that add `warren bench TARGET` scenarios: `register(targets)` likewise.
-BENCH_MODULES: tuple[str, ...] = ("warrenmq.server.bench.loadgen", "warrenmq.server.queue.bench")
+BENCH_MODULES: tuple[str, ...] = (
+    "warrenmq.server.bench.loadgen",
+    "warrenmq.server.queue.bench",
+    "warrenmq.server.bench.delayed",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,9 +9,10 @@ On disk, in `directory`:
 * `routed/`: the routed log (`routed_log.py`): which offsets are done, and the intents of
   the hand-offs under way.
 
-In memory, per held message, only a (due, offset) pair in a `DueIndex` (16 bytes), and one
+In memory, per held message, only a (due, offset) pair in a `DueIndex` (8 bytes), and one
 bit per offset above the floor of done offsets (`AckedOffsets`); bodies stay on disk until
-they are due. A million messages held for an hour cost ~17 MB.
+they are due. `warren bench delayed`: a broker holding a million messages for an hour grows
+by ~32 MB, ~12 MB once restarted (the rest is heap the publish path left free).
 
 The log is an engine in the sense of `queue/engine.py` as far as `WorkQueue` uses one to
 stage, write and commit (`append`, `commit`, `needs_commit`, `batch_bytes_max`,
