@@ -184,6 +184,19 @@ def test_held_messages_come_out_when_due_in_due_order(tmp_path):
     store.close()
 
 
+def test_many_due_messages_are_read_back_in_due_order(tmp_path):
+    store = DelayedMessageLog.open(tmp_path, SMALL)
+    rnd = random.Random(5)
+    delays = [rnd.randrange(1, 10_000) for _ in range(6_000)]
+    for start in range(0, len(delays), 100):
+        store.append(
+            [held(d, b"%d" % i) for i, d in enumerate(delays[start : start + 100], start)], 0
+        )
+    bodies = [m.body for m in store.take_due(10_000, 10_000)]
+    assert bodies == [b"%d" % i for i in sorted(range(len(delays)), key=lambda i: (delays[i], i))]
+    store.close()
+
+
 def test_due_times_count_from_the_stored_timestamp(tmp_path):
     """The log never moves its timestamps back; recovery reads the stored one."""
     store = DelayedMessageLog.open(tmp_path, SMALL)

@@ -31,6 +31,7 @@ message held for weeks keeps everything stored after it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import dataclasses
 import struct
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from warrenmq.log import DescriptorPool, LogConfig, PartitionLog, RawRecord
+from warrenmq.log import DescriptorPool, LogConfig, PartitionLog, RawRecord, Record
 from warrenmq.log.batch import HEADER_BYTES
 
 from ..queue import ack_log
@@ -54,9 +55,9 @@ MESSAGES_DIR = "messages"
 ROUTED_DIR = "routed"
 DELAY = struct.Struct(">I")
 """The prefix of a held record's property bytes: its delay in ms (at most 2^32 - 1)."""
-# Recovery reads the held messages in slices of this size.
-_RECOVERY_READ_RECORDS = 4096
-_RECOVERY_READ_BYTES = 1 << 20
+# Due messages, and at recovery every held message, are read in slices of this size.
+_READ_RECORDS = 4096
+_READ_BYTES = 1 << 20
 
 
 def _default_routed_log() -> LogConfig:
@@ -97,6 +98,19 @@ class Held(NamedTuple):
     properties: bytes
     """As the core staged it (the delay prefix removed)."""
     body: bytes
+
+
+def _held(record: Record) -> Held:
+    (delay,) = DELAY.unpack_from(record.properties)
+    return Held(
+        record.offset,
+        record.timestamp_ms + delay,
+        delay,
+        record.exchange,
+        record.routing_key,
+        record.properties[DELAY.size :],
+        record.body,
+    )
 
 
 class _Flush(NamedTuple):
@@ -181,7 +195,7 @@ class DelayedMessageLog:
         offset = acked.floor
         while offset < end:
             # Bodies are read too (a record is read whole), a slice at a time, and dropped.
-            records = self._messages.read(offset, _RECOVERY_READ_RECORDS, _RECOVERY_READ_BYTES)
+            records = self._messages.read(offset, _READ_RECORDS, _READ_BYTES)
             for record in records:
                 if record.offset not in acked and record.offset not in intents:
                     push(
@@ -239,21 +253,32 @@ class DelayedMessageLog:
         """Up to `count_max` messages due by `now_ms`, earliest first, read back. They are
         no longer indexed: the caller begins their hand-off or holds them again."""
         self._check_open()
-        return [self.read(offset) for offset in self._index.pop_due(now_ms, count_max)]
+        return self.read_many(self._index.pop_due(now_ms, count_max))
+
+    def read_many(self, offsets: Sequence[int]) -> list[Held]:
+        """The stored messages at `offsets`, in that order.
+
+        The log decodes a whole batch to read one record of it: offsets are read in
+        ascending order, a slice at a time, and every wanted record of a slice is kept.
+        """
+        wanted = sorted(offsets)
+        read: dict[int, Held] = {}
+        at = 0
+        while at < len(wanted):
+            first = wanted[at]
+            # As far as the wanted offsets within one slice reach, and no further.
+            span = wanted[bisect.bisect_left(wanted, first + _READ_RECORDS) - 1] - first + 1
+            for record in self._messages.read(first, span, _READ_BYTES):
+                if record.offset == wanted[at]:
+                    read[record.offset] = _held(record)
+                    at += 1
+                    if at == len(wanted):
+                        break
+        return [read[offset] for offset in offsets]
 
     def read(self, offset: int) -> Held:
-        record = self._messages.read(offset, 1)[0]
-        assert record.offset == offset, (record.offset, offset)
-        (delay,) = DELAY.unpack_from(record.properties)
-        return Held(
-            offset,
-            record.timestamp_ms + delay,
-            delay,
-            record.exchange,
-            record.routing_key,
-            record.properties[DELAY.size :],
-            record.body,
-        )
+        (held,) = self.read_many((offset,))
+        return held
 
     def hold_again(self, held: Iterable[Held]) -> None:
         """Messages taken whose hand-off did not begin: due again at once."""
