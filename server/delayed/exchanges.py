@@ -20,8 +20,10 @@ A crash before 1 leaves the message held: it is routed after the restart. A cras
 and 3 leaves an intent: recovery looks in each of its queues, from its position on, for the
 message as it was staged (exchange, routing key, properties, body) and stages it only on the
 queues that lack it (`_resume`). So a due message reaches each of its queues once, across a
-SIGKILL or a power loss. The limit of that search: a byte-identical message staged on the
-same queue in the same window by someone else may be taken for it.
+SIGKILL or a power loss. The limits of that search, both in the few milliseconds between a
+queue's commit and the store's: a byte-identical message staged on the same queue by someone
+else may be taken for it (then it is not delivered), and a copy already consumed from a
+queue that deleted its whole segment since is not found (then it is delivered again).
 
 A queue that could not store a message (a write or fsync failure) is retried alone after
 `RETRY_DELAY_MS`, with a new intent; the queues that stored it are done.
@@ -40,7 +42,7 @@ from typing import Any, Protocol
 from warrenmq.amqp import fastpath
 from warrenmq.amqp import properties as props
 from warrenmq.exchanges.delayed import DELAY_HEADER, DELAYED_MESSAGE, DelayedTarget
-from warrenmq.exchanges.router import Router
+from warrenmq.exchanges.router import Exchange, Router
 from warrenmq.log import RawRecord
 
 from ..queue.log_queue import remove_directory
@@ -143,7 +145,7 @@ class DelayedExchanges:
             return None
         return self._open(exchange)
 
-    def _open(self, exchange: Any) -> DelayedStore | None:
+    def _open(self, exchange: Exchange) -> DelayedStore | None:
         try:
             engine = self._open_log(self._directory_of(exchange.name))
         except Exception as error:

@@ -14,7 +14,9 @@ retried alone, and the queues that did store it do not get it twice.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from warrenmq.exchanges.router import Exchange
 
 from ..queue.work_queue import WorkQueue
 from .message_log import DelayedMessageLog, Held
@@ -26,7 +28,7 @@ class DelayedStore(WorkQueue):
     def __init__(
         self,
         vhost: str,
-        exchange: Any,
+        exchange: Exchange,
         engine: DelayedMessageLog,
         *,
         batch_records_max: int,
@@ -44,8 +46,8 @@ class DelayedStore(WorkQueue):
             batch_records_max=batch_records_max,
         )
         self.exchange = exchange
-        """The router's exchange this store holds messages for (`exchanges.Exchange`): one
-        deleted and declared again is another object, with another store."""
+        """The router's exchange this store holds messages for: one deleted and declared
+        again is another object, with another store."""
         self._route_due = route_due
         self.hand_offs = 0
         """Hand-offs begun and not yet confirmed."""
