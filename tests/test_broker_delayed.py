@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from warrenmq.server.delayed.exchanges import DelayedExchanges
+from warrenmq.server.delayed.exchanges import RETRY_DELAY_MS, DelayedExchanges
 
 PERSISTENT = 2
 
@@ -207,6 +207,31 @@ def test_a_due_message_is_done_in_its_store_only_once_its_queue_committed(broker
     finally:
         release.set()
     wait_for(lambda: store.held_count == 0)
+
+
+def test_a_queue_that_failed_to_store_a_due_message_gets_it_again_alone(broker, channel):
+    delayed_exchange(channel, routing="fanout")
+    for queue in ("a", "b"):
+        channel.queue_declare(queue, durable=True)
+        channel.queue_bind(queue, "dx")
+    engine = broker.broker.vhosts["/"].queues["b"].engine
+    append = engine.append
+    failures = []
+
+    def fail_once(records, timestamp_ms=None):
+        if not failures:
+            failures.append(records)
+            raise OSError(28, "No space left on device")
+        return append(records, timestamp_ms)
+
+    engine.append = fail_once
+    publish(channel, "dx", "", b"due", 50)
+    started = time.monotonic()
+    wait_for(lambda: channel.queue_declare("b", passive=True).method.message_count == 1)
+    assert failures and time.monotonic() - started >= RETRY_DELAY_MS / 1000
+    assert [body for body, _ in drain(channel, "a")] == [b"due"]
+    assert [body for body, _ in drain(channel, "b")] == [b"due"]
+    wait_for(lambda: store_of(broker).held_count == 0)
 
 
 def test_deleting_the_exchange_drops_what_it_holds(broker, channel):

@@ -291,15 +291,6 @@ def test_done_marks_beyond_the_stored_messages_are_clipped(tmp_path):
     store.close()
 
 
-def test_hold_again_puts_a_message_back_due_at_once(tmp_path):
-    store = DelayedMessageLog.open(tmp_path, SMALL)
-    store.append([held(10, b"a"), held(20, b"b")], 0)
-    taken = store.take_due(100, 10)
-    store.hold_again(taken)
-    assert [m.body for m in store.take_due(100, 10)] == [b"a", b"b"]
-    store.close()
-
-
 def test_delete_removes_the_store(tmp_path):
     directory = tmp_path / "store"
     store = DelayedMessageLog.open(directory, SMALL)

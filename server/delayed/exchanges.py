@@ -220,7 +220,6 @@ class DelayedExchanges:
         """The vhost is deleted: every store goes, with its files."""
         for store in list(self.stores.values()):
             self._drop(store)
-        shutil.rmtree(self._directory, ignore_errors=True)
 
     # -- routing what is due --------------------------------------------------------------
 
@@ -259,6 +258,12 @@ class DelayedExchanges:
 
     def _begin(self, store: DelayedStore, stagings: list[Staging]) -> None:
         """Write the intent of a hand-off; it is staged once the intent is durable."""
+        # A retry's queues may have been deleted since.
+        live = self._core.queues
+        stagings = [
+            staging._replace(queues=[q for q in staging.queues if live.get(q.name) is q])
+            for staging in stagings
+        ]
         intents = [
             (
                 staging.held.offset,
@@ -359,11 +364,11 @@ class DelayedExchanges:
         intent that do not hold it yet, and is done once they all do."""
         by_queue: dict[str, list[tuple[int, int]]] = {}
         stagings: dict[int, Staging] = {}
-        for offset, targets in intents.items():
-            held = store.engine.read(offset)
-            stagings[offset] = Staging(held, with_delay_negated(held.properties, held.delay_ms), [])
-            for name, position in targets:
-                by_queue.setdefault(name, []).append((position, offset))
+        for held in store.engine.read_many(list(intents)):
+            properties = with_delay_negated(held.properties, held.delay_ms)
+            stagings[held.offset] = Staging(held, properties, [])
+            for name, position in intents[held.offset]:
+                by_queue.setdefault(name, []).append((position, held.offset))
         queues = self._core.queues
         for name, wanted in by_queue.items():
             queue = queues.get(name)

@@ -17,8 +17,8 @@ by ~32 MB, ~12 MB once restarted (the rest is heap the publish path left free).
 The log is an engine in the sense of `queue/engine.py` as far as `WorkQueue` uses one to
 stage, write and commit (`append`, `commit`, `needs_commit`, `batch_bytes_max`,
 `ready_count`, `shutdown`, `close`, `delete`); what it hands out instead of deliveries are
-due messages (`take_due`), which the hand-off (`exchanges.py`) routes and then reports done
-(`routed`) or not (`hold_again`).
+due messages (`take_due`), whose hand-off (`exchanges.py`) is recorded (`begin_hand_off`)
+and then reported done (`routed`).
 
 Durability, as a queue's: `commit()` fsyncs both logs in parallel; a message is durable once
 a commit after its append returned; a done mark is durable once a commit after `routed`
@@ -251,7 +251,7 @@ class DelayedMessageLog:
 
     def take_due(self, now_ms: int, count_max: int) -> list[Held]:
         """Up to `count_max` messages due by `now_ms`, earliest first, read back. They are
-        no longer indexed: the caller begins their hand-off or holds them again."""
+        no longer indexed: the caller hands them off (until a restart, retries are its own)."""
         self._check_open()
         return self.read_many(self._index.pop_due(now_ms, count_max))
 
@@ -275,16 +275,6 @@ class DelayedMessageLog:
                     if at == len(wanted):
                         break
         return [read[offset] for offset in offsets]
-
-    def read(self, offset: int) -> Held:
-        (held,) = self.read_many((offset,))
-        return held
-
-    def hold_again(self, held: Iterable[Held]) -> None:
-        """Messages taken whose hand-off did not begin: due again at once."""
-        for message in held:
-            self._intents.pop(message.offset, None)
-            self._index.push(message.due_ms, message.offset)
 
     # -- handing off -----------------------------------------------------------------------
 
