@@ -29,9 +29,24 @@ class AckedOffsets:
     def from_ranges(cls, floor: int, ranges: Iterable[tuple[int, int]]) -> AckedOffsets:
         """Build from the floor and disjoint ranges above it (`ack_log.AckState.normalise`)."""
         acked = cls(floor)
+        bits = acked._bits
         for start, end in ranges:
-            for offset in range(max(start, floor), end):
-                acked.add(offset)
+            start = max(start, floor) - floor
+            end -= floor
+            if start >= end:
+                continue
+            if (end + 7) >> 3 > len(bits):
+                bits.extend(bytes(((end + 7) >> 3) - len(bits)))
+            # Whole bytes at once, then the bits at either end.
+            first_byte, last_byte = (start + 7) >> 3, end >> 3
+            if first_byte < last_byte:
+                bits[first_byte:last_byte] = b"\xff" * (last_byte - first_byte)
+                edges = (*range(start, 8 * first_byte), *range(8 * last_byte, end))
+            else:
+                edges = tuple(range(start, end))
+            for position in edges:
+                bits[position >> 3] |= 1 << (position & 7)
+        acked._advance()
         return acked
 
     def add(self, offset: int) -> None:

@@ -154,6 +154,7 @@ class DelayedMessageLog:
         self._bytes_since_snapshot = routed.size_bytes
         self._snapshot_bytes = 0
         self._index = DueIndex()
+        self._ranges_per_record = ack_log.ranges_per_record(config.routed_log)
         if stale:
             routed.append([ack_log.encode_clip(end)])
             routed.sync()
@@ -320,11 +321,13 @@ class DelayedMessageLog:
             self.config.snapshot_bytes, 4 * self._snapshot_bytes
         )
         if snapshot:
-            records = ack_log.encode_delta(floor, 0, list(self._acked.ranges()))
+            records = ack_log.encode_delta(
+                floor, 0, list(self._acked.ranges()), self._ranges_per_record
+            )
             records += encode_intents(self._intents.items())
         elif self._pending_done or floor != self._floor_written:
             done = [(offset, offset + 1) for offset in self._pending_done if offset >= floor]
-            records = ack_log.encode_delta(floor, 0, coalesce(done))
+            records = ack_log.encode_delta(floor, 0, coalesce(done), self._ranges_per_record)
         else:
             return
         first = self._routed.end_offset
