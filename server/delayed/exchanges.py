@@ -134,16 +134,22 @@ class DelayedExchanges:
         return 0 if store is None else store.held_count
 
     def _store(self, name: str) -> DelayedStore | None:
-        exchange = self._core.router.get(name)
         store = self.stores.get(name)
-        if store is not None:
-            if store.exchange is exchange:
-                return store
-            # Deleted and declared again by a path that did not tell us.
-            self._drop(store)
-        if exchange is None:
+        if store is not None and self._exchange_kept(store):
+            return store
+        exchange = self._core.router.get(name)
+        if exchange is None or exchange.type != DELAYED_MESSAGE:
             return None
         return self._open(exchange)
+
+    def _exchange_kept(self, store: DelayedStore) -> bool:
+        """Whether a store's exchange is still there; one deleted by a path that did not say
+        so (`exchanges_deleted`) takes its store with it."""
+        exchange = self._core.router.get(store.name)
+        if exchange is not None and exchange.type == DELAYED_MESSAGE:
+            return True
+        self._drop(store)
+        return False
 
     def _open(self, exchange: Exchange) -> DelayedStore | None:
         try:
@@ -225,10 +231,7 @@ class DelayedExchanges:
 
     def _route_due(self, store: DelayedStore, now_ms: int) -> int | None:
         """The store's timer: begin hand-offs of what is due; returns when to run again."""
-        if store.deleted or store.engine.closed:
-            return None
-        if self._core.router.get(store.name) is not store.exchange:
-            self._drop(store)
+        if store.deleted or store.engine.closed or not self._exchange_kept(store):
             return None
         if store.retries and now_ms >= store.retry_at_ms and store.hand_offs < HAND_OFFS_MAX:
             retries, store.retries = store.retries, []

@@ -34,6 +34,7 @@ class DelayedStore(WorkQueue):
         batch_records_max: int,
         route_due: Callable[[DelayedStore, int], int | None],
     ) -> None:
+        # Named as its exchange, durable as it is.
         super().__init__(
             vhost,
             exchange.name,
@@ -45,9 +46,6 @@ class DelayedStore(WorkQueue):
             queue_type="classic",
             batch_records_max=batch_records_max,
         )
-        self.exchange = exchange
-        """The router's exchange this store holds messages for: one deleted and declared
-        again is another object, with another store."""
         self._route_due = route_due
         self.hand_offs = 0
         """Hand-offs begun and not yet confirmed."""
