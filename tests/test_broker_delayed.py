@@ -473,3 +473,30 @@ def test_a_stop_after_one_queue_of_two_stored_stages_on_the_other_alone(
     monkeypatch.undo()
     got = _after_restart(start_broker, tmp_path, monkeypatch)
     assert sorted(got["a"]) == sorted(got["b"]) == EVERY_MESSAGE
+
+
+def test_the_management_api_lists_the_type_and_declares_and_publishes_through_it(broker):
+    from http_api import HttpApi
+
+    api = HttpApi(broker.management_url)
+    types = {t["name"]: t["description"] for t in api.get("/api/overview").json["exchange_types"]}
+    assert types["x-delayed-message"] == "Delayed Message Exchange."
+    declared = api.put(
+        "/api/exchanges/%2F/dx",
+        {"type": "x-delayed-message", "arguments": {"x-delayed-type": "fanout"}},
+    )
+    assert declared.status == 201
+    assert api.put("/api/queues/%2F/q", {}).status == 201
+    assert api.post("/api/bindings/%2F/e/dx/q/q", {"routing_key": ""}).status == 201
+    published = api.post(
+        "/api/exchanges/%2F/dx/publish",
+        {
+            "routing_key": "",
+            "properties": {"headers": {"x-delay": 200}},
+            "payload": "later",
+            "payload_encoding": "string",
+        },
+    )
+    # Held, not routed yet: as for a mandatory AMQP publish, it reached no queue.
+    assert published.json == {"routed": False}
+    wait_for(lambda: broker.broker.vhosts["/"].queues["q"].ready_count == 1)

@@ -19,7 +19,8 @@ from pamqp import commands
 import warrenmq
 from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
-from warrenmq.exchanges.router import EXCHANGE_TYPES
+from warrenmq.exchanges.delayed import DELAYED_MESSAGE
+from warrenmq.exchanges.router import EXCHANGE_TYPE_NAMES
 from warrenmq.server.vhost import Published
 
 from .api import RABBITMQ_VERSION, Call, ManagementApi, core, reply, sync
@@ -47,10 +48,13 @@ def exchange_types() -> list[dict[str, Any]]:
     return [
         {
             "name": name,
-            "description": f"AMQP {name} exchange, as per the AMQP specification",
+            # The delayed-message plugin's own description.
+            "description": "Delayed Message Exchange."
+            if name == DELAYED_MESSAGE
+            else f"AMQP {name} exchange, as per the AMQP specification",
             "enabled": True,
         }
-        for name in sorted(EXCHANGE_TYPES)
+        for name in sorted(EXCHANGE_TYPE_NAMES)
     ]
 
 
