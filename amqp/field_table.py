@@ -19,7 +19,7 @@ import struct
 
 # Field-value types RabbitMQ's rabbit_binary_parser accepts in tables and arrays, with their
 # fixed widths; "S", "x", "F" and "A" carry a 32-bit length instead.
-_FIELD_WIDTHS = {
+FIXED_WIDTHS = {
     ord(t): w
     for t, w in (
         ("t", 1),
@@ -80,7 +80,7 @@ def check(data, start, end):
             data[key_start:position].decode("utf-8")
         kind = data[position]
         position += 1
-        width = _FIELD_WIDTHS.get(kind)
+        width = FIXED_WIDTHS.get(kind)
         if width is not None:
             position += width
             continue

@@ -16,6 +16,7 @@ scan_properties``), so they are taken to be well formed.
 import struct
 
 from .fastpath import _PROPERTY_FIELDS
+from .field_table import FIXED_WIDTHS
 
 HEADERS_FLAG = 0x2000
 EXPIRATION_FLAG = 0x0100
@@ -24,26 +25,6 @@ _SHORT = struct.Struct(">H")
 _LONG = struct.Struct(">I")
 _SIGNED_LONG_LONG = struct.Struct(">q")
 _LONG_LONG = struct.Struct(">Q")
-# Widths of the fixed-size field types; "S", "x", "A" and "F" carry a 32-bit length.
-_FIXED_WIDTHS = {
-    ord(kind): width
-    for kind, width in (
-        ("t", 1),
-        ("b", 1),
-        ("B", 1),
-        ("s", 2),
-        ("u", 2),
-        ("I", 4),
-        ("i", 4),
-        ("f", 4),
-        ("D", 5),
-        ("l", 8),
-        ("L", 8),
-        ("d", 8),
-        ("T", 8),
-        ("V", 0),
-    )
-}
 _INTEGER_FORMATS = {
     ord("b"): ">b",
     ord("B"): ">B",
@@ -93,7 +74,7 @@ def join(fields: dict[int, bytes]) -> bytes:
 def _value_end(data: bytes, position: int) -> int:
     """Where the typed value starting at `position` ends."""
     kind = data[position]
-    width = _FIXED_WIDTHS.get(kind)
+    width = FIXED_WIDTHS.get(kind)
     if width is not None:
         return position + 1 + width
     return position + 5 + _LONG.unpack_from(data, position + 1)[0]

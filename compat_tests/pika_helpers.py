@@ -27,11 +27,11 @@ def drain(channel, queue: str, settle_s: float = 0.0) -> list[bytes]:
     raise AssertionError(f"{queue} never ran empty")
 
 
-def wait_get(channel, queue: str, timeout_s: float = 5.0):
+def wait_get(channel, queue: str, timeout_s: float = 5.0, auto_ack: bool = False):
     """basic.get until a message arrives: (method, properties, body); fail after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        method, properties, body = channel.basic_get(queue, auto_ack=False)
+        method, properties, body = channel.basic_get(queue, auto_ack=auto_ack)
         if method is not None:
             return method, properties, body
         time.sleep(0.02)

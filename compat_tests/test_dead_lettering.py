@@ -128,13 +128,7 @@ def assert_headers(properties, expected: dict) -> None:
 
 def take(channel, queue: str, timeout_s: float = 5.0):
     """basic.get (auto-ack) until a message arrives: (method, properties, body)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        method, properties, body = channel.basic_get(queue, auto_ack=True)
-        if method is not None:
-            return method, properties, body
-        time.sleep(0.02)
-    raise AssertionError(f"no message in {queue} within {timeout_s} s")
+    return wait_get(channel, queue, timeout_s, auto_ack=True)
 
 
 def message_count(channel, queue: str) -> int:
