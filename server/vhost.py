@@ -116,12 +116,18 @@ class DeadLetterHandoff:
     them. The tick confirms it as it confirms a publishing channel (`publish_failed` for a
     dead letter a target could not store, then `confirm`), and only then do the dead letters
     leave their queue: a crash before that brings them back, never loses them. One whose
-    write failed goes back to its queue, to die again."""
+    write failed stays in flight there and is published again later
+    (`WorkQueue.retry_dead_letters`)."""
 
-    def __init__(self, queue: WorkQueue, offsets: list[int], wake: Callable[[WorkQueue], None]):
+    def __init__(
+        self,
+        queue: WorkQueue,
+        dead_letters: list[tuple[Message, str]],
+        wake: Callable[[WorkQueue], None],
+    ):
         self.queue = queue
-        self.offsets = offsets
-        """The dead letters' offsets in their queue, by tag - 1 (-1: a refused publish)."""
+        self.dead_letters = dead_letters
+        """(message, reason) by tag - 1 (offset -1: a refused publish, never stored here)."""
         self._failed: set[int] = set()
         self._wake = wake
 
@@ -129,14 +135,11 @@ class DeadLetterHandoff:
         self._failed.add(tag)
 
     def confirm(self, _through_tag: int, _refused: object) -> None:
-        settled: list[int] = []
-        retried: list[int] = []
-        for tag, offset in enumerate(self.offsets, 1):
-            if offset >= 0:
-                (retried if tag in self._failed else settled).append(offset)
-        self.queue.dead_lettered(settled)
-        if retried:
-            self.queue.requeue(retried)
+        failed = self._failed
+        settled = [m.offset for tag, (m, _) in enumerate(self.dead_letters, 1) if tag not in failed]
+        self.queue.dead_lettered([offset for offset in settled if offset >= 0])
+        if failed:
+            self.queue.retry_dead_letters([self.dead_letters[tag - 1] for tag in sorted(failed)])
         self._wake(self.queue)
 
 
@@ -371,7 +374,7 @@ class VirtualHost:
         dead_letters = queue.take_dead_letters()
         if not dead_letters:
             return
-        handoff = DeadLetterHandoff(queue, [m.offset for m, _ in dead_letters], self._wake)
+        handoff = DeadLetterHandoff(queue, dead_letters, self._wake)
         exchange = queue.dead_letter_exchange
         router = self.router
         if exchange is not None and (exchange == "" or router.get(exchange) is not None):

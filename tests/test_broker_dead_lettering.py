@@ -3,6 +3,7 @@ targets (a dead letter leaves its queue only once every target holds it durably)
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 
@@ -54,4 +55,52 @@ def test_a_dead_letter_leaves_its_queue_only_once_its_target_committed(start_bro
     method, properties, body = channel.basic_get(TARGET, auto_ack=True)
     assert body == b"doomed"
     assert properties.headers["x-death"][0]["queue"] == SOURCE
+    connection.close()
+
+
+def test_a_dead_letter_its_target_could_not_store_is_kept_and_published_again(
+    start_broker, tmp_path
+):
+    """A full disk under the dead-letter queue: the expired message stays in its source (in
+    flight), and once the target can write again it arrives, once."""
+    running = start_broker(tmp_path)
+    connection = running.connect()
+    channel = connection.channel()
+    channel.queue_declare(TARGET, durable=True)
+    channel.queue_declare(
+        SOURCE,
+        durable=True,
+        arguments={
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": TARGET,
+            "x-message-ttl": 50,
+        },
+    )
+    queues = running.broker.vhosts["/"].queues
+    source, target = queues[SOURCE], queues[TARGET]
+    append = target.engine.append
+    attempts = []
+    disk_full = threading.Event()
+    disk_full.set()
+
+    def append_unless_full(records, timestamp_ms=None):
+        attempts.append(len(records))
+        if disk_full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return append(records, timestamp_ms)
+
+    target.engine.append = append_unless_full
+    channel.confirm_delivery()
+    channel.basic_publish("", SOURCE, b"doomed", pika.BasicProperties(delivery_mode=2))
+    wait_for(lambda: attempts)
+    # Not retried at once (which would spin: die, fail, die again every tick); kept.
+    time.sleep(0.5)
+    assert len(attempts) == 1
+    assert source.engine.unacked_count == 1 and target.ready_count == 0
+    disk_full.clear()
+    wait_for(lambda: target.ready_count == 1)
+    wait_for(lambda: source.engine.unacked_count == 0)
+    method, properties, body = channel.basic_get(TARGET, auto_ack=True)
+    assert body == b"doomed" and properties.headers["x-death"][0]["reason"] == "expired"
+    assert channel.basic_get(TARGET)[0] is None
     connection.close()

@@ -283,3 +283,21 @@ def test_a_policy_taking_the_requeue_delay_away_makes_waiting_messages_ready(mak
     assert queue.has_timers
     queue.run_timers(T0 + 1)
     assert drain(queue, T0 + 1) == [b"a"]
+
+
+def test_dead_letters_a_target_could_not_store_go_out_again_later_not_at_once(make_queue):
+    from warrenmq.server.queue.work_queue import DEAD_LETTER_RETRY_MS
+
+    queue = make_queue(**DLX, **{"x-message-ttl": 10})
+    publish(queue, T0, b"a")
+    queue.run_timers(T0 + 10)
+    failed = queue.take_dead_letters()
+    queue.retry_dead_letters(failed)
+    # Still in flight, and not dying again every tick meanwhile.
+    assert queue.engine.unacked_count == 1 and queue.ready_count == 0
+    assert queue.run_timers(T0 + 20) == T0 + 20 + DEAD_LETTER_RETRY_MS
+    assert queue.dead_letters == []
+    assert queue.run_timers(T0 + 20 + DEAD_LETTER_RETRY_MS - 1) == T0 + 20 + DEAD_LETTER_RETRY_MS
+    queue.run_timers(T0 + 20 + DEAD_LETTER_RETRY_MS)
+    assert dead(queue) == [(b"a", "expired")]
+    assert queue.engine.unacked_count == 1

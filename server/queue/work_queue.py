@@ -78,6 +78,9 @@ def _highest_first(priority: int) -> int:
 # RabbitMQ 4's delivery limit for quorum queues declared without one.
 QUORUM_DELIVERY_LIMIT_DEFAULT = 20
 DELIVERY_COUNT_HEADER = "x-delivery-count"
+# Dead letters a target could not store (a full disk) are published again after this long,
+# not at once: an expired message would otherwise die, fail and die again every tick.
+DEAD_LETTER_RETRY_MS = 1000
 
 
 def _with_delivery_count(message: Message) -> Message:
@@ -137,6 +140,9 @@ class WorkQueue:
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
         publish, never stored here, has offset -1)."""
+        self._dead_letter_retries: list[tuple[Message, str]] = []
+        self._dead_letter_retry_ms: int | None = None
+        """When the retries go out again; stamped by the first `run_timers` after they came."""
         self._staged: list[RawRecord] = []
         self._staged_publishers: list[Any] = []
         self._staged_bytes = 0
@@ -666,6 +672,24 @@ class WorkQueue:
         """Dead letters every target now holds: they leave this queue."""
         self.ack(offsets)
 
+    def retry_dead_letters(self, failed: list[tuple[Message, str]]) -> None:
+        """Dead letters a target could not store: still in flight here, published again after
+        DEAD_LETTER_RETRY_MS (see `run_timers`)."""
+        if not self.deleted:
+            self._dead_letter_retries += failed
+
+    def _retry_due(self, now_ms: int) -> int | None:
+        if not self._dead_letter_retries:
+            return None
+        if self._dead_letter_retry_ms is None:
+            self._dead_letter_retry_ms = now_ms + DEAD_LETTER_RETRY_MS
+        if now_ms < self._dead_letter_retry_ms:
+            return self._dead_letter_retry_ms
+        self.dead_letters += self._dead_letter_retries
+        self._dead_letter_retries = []
+        self._dead_letter_retry_ms = None
+        return None
+
     def requeue(self, offsets: list[int]) -> None:
         if self.deleted:
             return
@@ -726,7 +750,7 @@ class WorkQueue:
             self.expires_messages
             or self.expires_ms is not None
             or self.requeue_delay_ms is not None
-            or bool(self._backing_off or self._requeued)
+            or bool(self._backing_off or self._requeued or self._dead_letter_retries)
         )
 
     def touch(self, now_ms: int) -> None:
@@ -752,6 +776,9 @@ class WorkQueue:
             ready_ms = self._back_off(now_ms)
             if ready_ms is not None and (due_ms is None or ready_ms < due_ms):
                 due_ms = ready_ms
+        retry_ms = self._retry_due(now_ms)
+        if retry_ms is not None and (due_ms is None or retry_ms < due_ms):
+            due_ms = retry_ms
         unused_ms = self._unused_due_ms()
         if unused_ms is not None and (due_ms is None or unused_ms < due_ms):
             return unused_ms
