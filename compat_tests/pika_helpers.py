@@ -55,3 +55,18 @@ def connection_error(call, *args, **kwargs) -> tuple[int, str]:
 def sync(channel) -> None:
     """A round trip on ``channel``, so that earlier asynchronous publishes have been handled."""
     channel.queue_declare("", exclusive=True, auto_delete=True)
+
+
+def run_events(connection, seconds: float) -> None:
+    """Let a BlockingConnection's callbacks run for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        connection.process_data_events(time_limit=0.02)
+
+
+def run_events_until(connection, condition, timeout_s: float = 5.0) -> None:
+    """Run a BlockingConnection's callbacks until `condition()` holds; fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s"
+        connection.process_data_events(time_limit=0.02)

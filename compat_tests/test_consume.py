@@ -9,7 +9,15 @@ from datetime import UTC
 import pika
 import pytest
 from pamqp import commands
-from pika_helpers import channel_error, connection_error, drain, sync, wait_get
+from pika_helpers import (
+    channel_error,
+    connection_error,
+    drain,
+    run_events,
+    run_events_until,
+    sync,
+    wait_get,
+)
 from raw_client import RawClient
 
 SETTLE_S = 0.3
@@ -29,16 +37,11 @@ class Recorder:
         return [body for _, _, body, _ in self.deliveries]
 
     def wait(self, connection, count: int, timeout_s: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.deliveries) < count and time.monotonic() < deadline:
-            connection.process_data_events(time_limit=0.05)
-        assert len(self.deliveries) >= count, f"{len(self.deliveries)} of {count} deliveries"
+        run_events_until(connection, lambda: len(self.deliveries) >= count, timeout_s)
 
     def settle(self, connection, seconds: float = SETTLE_S) -> None:
         """Let anything still in flight arrive (to check that nothing more does)."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            connection.process_data_events(time_limit=0.05)
+        run_events(connection, seconds)
 
 
 def _fill(channel, queue: str, count: int, prefix: str = "") -> None:

@@ -15,17 +15,12 @@ import time
 
 import pytest
 from pamqp import commands
+from pika_helpers import run_events, run_events_until
 from raw_client import RawClient
 
 pytestmark = pytest.mark.warren_only
 
 TIMEOUT_MS = 300
-
-
-def run_for(connection, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        connection.process_data_events(0.05)
 
 
 def test_a_timed_out_consumer_is_cancelled_and_its_deliveries_requeued(connection, channel, uid):
@@ -35,18 +30,18 @@ def test_a_timed_out_consumer_is_cancelled_and_its_deliveries_requeued(connectio
         channel.basic_publish("", queue, body)
     delivered, cancelled = [], []
     channel.basic_qos(prefetch_count=2)
-    channel.add_on_cancel_callback(cancelled.append)
+    channel.add_on_cancel_callback(lambda frame: cancelled.append(time.monotonic()))
     channel.basic_consume(queue, lambda _ch, m, _p, body: delivered.append((m.delivery_tag, body)))
-    run_for(connection, 0.1)
-    assert [body for _, body in delivered] == [b"a", b"b"]
-    assert cancelled == []
-    run_for(connection, TIMEOUT_MS / 1000 + 0.6)
-    assert len(cancelled) == 1
+    run_events_until(connection, lambda: len(delivered) == 2)
+    delivered_at = time.monotonic()
+    run_events_until(connection, lambda: cancelled)
+    # Not before its timeout; the channel stays open; "c" never reached the cancelled consumer.
+    assert cancelled[0] - delivered_at >= TIMEOUT_MS / 1000 * 0.9
     assert channel.is_open
     assert [body for _, body in delivered] == [b"a", b"b"]
     # The late ack of a delivery the timeout took back is ignored: no 406.
     channel.basic_ack(delivered[0][0])
-    run_for(connection, 0.1)
+    run_events(connection, 0.1)
     assert channel.is_open
     got = []
     for _ in range(3):
@@ -57,14 +52,22 @@ def test_a_timed_out_consumer_is_cancelled_and_its_deliveries_requeued(connectio
 
 def test_acked_in_time_nothing_happens(connection, channel, uid):
     queue = f"{uid}-q"
-    channel.queue_declare(queue, arguments={"x-consumer-timeout": TIMEOUT_MS})
+    # A longer timeout here: the acks must beat it even on a busy machine.
+    timeout_ms = 2000
+    channel.queue_declare(queue, arguments={"x-consumer-timeout": timeout_ms})
     cancelled = []
+    acked = []
+
+    def ack(ch, method, _properties, _body):
+        ch.basic_ack(method.delivery_tag)
+        acked.append(method.delivery_tag)
+
     channel.add_on_cancel_callback(cancelled.append)
-    channel.basic_consume(queue, lambda ch, m, _p, _b: ch.basic_ack(m.delivery_tag))
-    for _ in range(4):
+    channel.basic_consume(queue, ack)
+    for count in range(1, 5):
         channel.basic_publish("", queue, b"x")
-        run_for(connection, TIMEOUT_MS / 2000)
-    run_for(connection, TIMEOUT_MS / 1000 + 0.3)
+        run_events_until(connection, lambda count=count: len(acked) == count)
+    run_events(connection, timeout_ms / 1000 + 0.5)
     assert cancelled == []
     assert channel.is_open
 

@@ -34,7 +34,14 @@ import pika
 import pytest
 from pamqp import commands
 from pika.compat import long
-from pika_helpers import channel_error, drain, sync, wait_get
+from pika_helpers import (
+    channel_error,
+    drain,
+    run_events,
+    run_events_until,
+    sync,
+    wait_get,
+)
 from raw_client import RawClient
 
 TTL_MS = 100
@@ -188,15 +195,10 @@ class Recorder:
             channel.basic_reject(method.delivery_tag, requeue=True)
 
     def wait(self, connection, count: int, timeout_s: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(self.deliveries) < count and time.monotonic() < deadline:
-            connection.process_data_events(time_limit=0.05)
-        assert len(self.deliveries) >= count, f"{len(self.deliveries)} of {count} deliveries"
+        run_events_until(connection, lambda: len(self.deliveries) >= count, timeout_s)
 
     def settle(self, connection, seconds: float = SETTLE_S) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            connection.process_data_events(time_limit=0.05)
+        run_events(connection, seconds)
 
 
 # --- reason "rejected" ---------------------------------------------------------------------

@@ -9,29 +9,23 @@ no queue)."""
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pika.exceptions
 import pytest
+from pika_helpers import run_events, run_events_until
 
 pytestmark = pytest.mark.warren_only
 
 VISIBILITY_MS = 300
 
 
-def run_for(connection, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        connection.process_data_events(0.02)
-
-
-def consume(connection, channel, queue: str) -> list[tuple[int, bytes, bool]]:
+def consume(connection, channel, queue: str, count: int) -> list[tuple[int, bytes, bool]]:
+    """Consume `queue`; returns the list its deliveries go to, once `count` have come."""
     delivered: list[tuple[int, bytes, bool]] = []
     channel.basic_consume(
         queue, lambda _ch, m, _p, body: delivered.append((m.delivery_tag, body, m.redelivered))
     )
-    run_for(connection, 0.1)
+    run_events_until(connection, lambda: len(delivered) >= count)
     return delivered
 
 
@@ -44,17 +38,17 @@ def test_an_unacked_delivery_comes_back_alone_after_its_visibility_timeout(
     channel.basic_publish("", queue, b"fast")
     cancelled: list = []
     channel.add_on_cancel_callback(cancelled.append)
-    delivered = consume(connection, channel, queue)
+    delivered = consume(connection, channel, queue, 2)
     assert delivered == [(1, b"slow", False), (2, b"fast", False)]
     channel.basic_ack(2)
-    run_for(connection, VISIBILITY_MS / 1000 + 0.4)
+    run_events_until(connection, lambda: len(delivered) == 3)
     # The same consumer gets "slow" again, redelivered; nothing was cancelled or closed.
     assert delivered[2][1:] == (b"slow", True)
     assert cancelled == [] and channel.is_open
     # The stale delivery's ack is ignored; the new one's ack settles the message.
     channel.basic_ack(1)
     channel.basic_ack(delivered[2][0])
-    run_for(connection, 0.1)
+    run_events(connection, 0.1)
     assert channel.is_open
     check = connection.channel()
     assert check.queue_declare(queue, passive=True).method.message_count == 0
@@ -64,14 +58,14 @@ def test_extending_keeps_a_delivery_invisible(connection, channel, uid):
     queue = f"{uid}-q"
     channel.queue_declare(queue, arguments={"x-visibility-timeout": VISIBILITY_MS})
     channel.basic_publish("", queue, b"long job")
-    delivered = consume(connection, channel, queue)
+    delivered = consume(connection, channel, queue, 1)
     channel.confirm_delivery()
-    extend = pika.BasicProperties(headers={"x-delivery-tag": 1, "x-visibility-timeout": 5000})
+    extend = pika.BasicProperties(headers={"x-delivery-tag": 1, "x-visibility-timeout": 30_000})
     channel.basic_publish("", "amq.warren.visibility", b"", extend)
-    run_for(connection, VISIBILITY_MS / 1000 + 0.4)
+    run_events(connection, VISIBILITY_MS / 1000 + 0.4)
     assert delivered == [(1, b"long job", False)]
     channel.basic_ack(1)
-    run_for(connection, 0.1)
+    run_events(connection, 0.1)
     assert channel.queue_declare(queue, passive=True).method.message_count == 0
 
 
