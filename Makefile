@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install reference-rabbitmq run lint format test test-fast soak bench bench-delayed clean
+.PHONY: install reference-rabbitmq browser run lint format test test-fast soak bench bench-delayed clean
 
 install: $(STAMP)
 
@@ -25,6 +25,17 @@ reference-rabbitmq:
 		fi; \
 	fi
 
+# The web console is tested in Debian's headless chromium through chromium-driver, installed the
+# same way (as root); elsewhere the browser tests are skipped, except under CI=true.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+		else \
+			echo "note: chromium and chromium-driver are not installed; the web console's browser tests will not run"; \
+		fi; \
+	fi
+
 run: $(STAMP)
 	$(BIN)/warren serve
 
@@ -37,7 +48,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: $(STAMP) reference-rabbitmq lint
+test: $(STAMP) reference-rabbitmq browser lint
 	$(BIN)/pytest
 
 test-fast: $(STAMP)
@@ -56,4 +67,4 @@ bench-delayed: $(STAMP)
 	$(BIN)/warren bench delayed --restart
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis test-artefacts

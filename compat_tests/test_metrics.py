@@ -91,3 +91,76 @@ def test_an_unknown_registry_is_404(metrics_url):
     with pytest.raises(urllib.error.HTTPError) as excinfo:
         urllib.request.urlopen(metrics_url + "/metrics/compat-no-such-registry", timeout=10)
     assert excinfo.value.code == 404
+
+
+def dead_lettered(metrics_url: str, reason: str, queue_type: str) -> float:
+    """rabbitmq_global_messages_dead_lettered_<reason>_total of one queue type, every
+    strategy summed (a classic queue's dead-lettering is at-most-once in RabbitMQ, at-least-once
+    in Warren)."""
+    samples = scrape(metrics_url + "/metrics")[f"rabbitmq_global_messages_dead_lettered_{reason}"][
+        1
+    ]
+    return sum(value for labels, value in samples.items() if ("queue_type", queue_type) in labels)
+
+
+def test_dead_letters_are_counted_by_reason(metrics_url, connection, uid):
+    channel = connection.channel()
+    channel.confirm_delivery()
+    target = f"{uid}-dead"
+    channel.queue_declare(target, auto_delete=True)
+    to_target = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
+    classic = "rabbit_classic_queue"
+    reasons = ("rejected", "expired", "maxlen", "delivery_limit")
+    before = {reason: dead_lettered(metrics_url, reason, classic) for reason in reasons[:3]} | {
+        "delivery_limit": dead_lettered(metrics_url, "delivery_limit", "rabbit_quorum_queue")
+    }
+
+    channel.queue_declare(f"{uid}-rejects", auto_delete=True, arguments=to_target)
+    channel.basic_publish("", f"{uid}-rejects", b"r")
+    method, _, _ = channel.basic_get(f"{uid}-rejects")
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    # Without a dead-letter exchange a rejected message is dropped, and counted all the same.
+    channel.queue_declare(f"{uid}-drops", auto_delete=True)
+    channel.basic_publish("", f"{uid}-drops", b"d")
+    method, _, _ = channel.basic_get(f"{uid}-drops")
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    channel.queue_declare(
+        f"{uid}-expires", auto_delete=True, arguments={**to_target, "x-message-ttl": 0}
+    )
+    channel.basic_publish("", f"{uid}-expires", b"e")
+    channel.queue_declare(
+        f"{uid}-full", auto_delete=True, arguments={**to_target, "x-max-length": 1}
+    )
+    channel.basic_publish("", f"{uid}-full", b"m1")
+    channel.basic_publish("", f"{uid}-full", b"m2")
+    limited = f"{uid}-limited"
+    channel.queue_declare(
+        limited,
+        durable=True,
+        arguments={**to_target, "x-queue-type": "quorum", "x-delivery-limit": 0},
+    )
+    try:
+        channel.basic_publish("", limited, b"l")
+        deadline = time.monotonic() + SETTLE_S_MAX
+        while (got := channel.basic_get(limited))[0] is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        channel.basic_nack(got[0].delivery_tag, requeue=True)
+        expected = {"rejected": 2, "expired": 1, "maxlen": 1, "delivery_limit": 1}
+        deadline = time.monotonic() + SETTLE_S_MAX
+        while True:
+            counted = {
+                reason: dead_lettered(metrics_url, reason, classic) - before[reason]
+                for reason in reasons[:3]
+            } | {
+                "delivery_limit": dead_lettered(
+                    metrics_url, "delivery_limit", "rabbit_quorum_queue"
+                )
+                - before["delivery_limit"]
+            }
+            if counted == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert counted == expected
+    finally:
+        channel.queue_delete(limited)

@@ -21,6 +21,8 @@ rabbit_misc.erl), texts included:
 * delayed messages (`delayed.py`): an `x-delayed-message` exchange routes with the table of
   its `x-delayed-type`; one that holds a message (an `x-delay` header) is reported as a
   `DelayedTarget` among the queue names, and routing does not go past it.
+* super streams (`super_stream.py`): an `x-super-stream` exchange routes each message to one
+  of its partition streams, by a hash of the routing key as RabbitMQ's stream clients do.
 * routing: an exchange's own bindings give its destinations; if they give none and it has an
   `alternate-exchange`, the message goes to that exchange instead (RabbitMQ tests the
   exchange's own match, not whether a queue is reached in the end). Destination exchanges and
@@ -47,13 +49,20 @@ from warrenmq.exchanges.errors import AccessRefused, CommandInvalid, NotFound, P
 from warrenmq.exchanges.fanout import FanoutExchange
 from warrenmq.exchanges.field_values import ABSENT, amqp_type_name, argument_mismatch
 from warrenmq.exchanges.headers import HeadersExchange
+from warrenmq.exchanges.super_stream import SuperStreamExchange
 from warrenmq.exchanges.topic import TopicExchange
 
 DEFAULT_EXCHANGE = ""
 ALTERNATE_EXCHANGE = "alternate-exchange"
 EXCHANGE_TYPES: dict[str, type[BindingTable]] = {
     table.type_name: table
-    for table in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)
+    for table in (
+        DirectExchange,
+        FanoutExchange,
+        TopicExchange,
+        HeadersExchange,
+        SuperStreamExchange,
+    )
 }
 # What exchange.declare accepts: the routing tables, and the type that delays for one of them.
 EXCHANGE_TYPE_NAMES = frozenset((*EXCHANGE_TYPES, DELAYED_MESSAGE))

@@ -7,7 +7,7 @@ import os
 import struct
 import time
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
@@ -19,10 +19,13 @@ from .batch import HEADER_BYTES, RECORD_HEADER_BYTES, RawRecord, Record
 from .config import LogConfig
 from .descriptors import DescriptorPool, default_pool
 from .errors import LogError, OffsetOutOfRangeError
+from .latency import LatencyHistogram
 from .segment import RETIRED_SUFFIX, Segment
 
 # fsync releases the GIL, so a few threads let several logs flush to disk at once.
 _FSYNC_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warren-fsync")
+FSYNC_LATENCY = LatencyHistogram()
+"""How long each group commit's fsync took, every log of the process (for the metrics)."""
 
 
 class _FilesNotOpened(OSError):
@@ -30,8 +33,9 @@ class _FilesNotOpened(OSError):
     known lost either, so the log stays usable and the next sync tries those files again."""
 
 
-def _fsync_files(paths: list[str]) -> None:
-    """fsync each file through a descriptor opened here, when the fsync runs.
+def _fsync_files(paths: list[str]) -> float:
+    """fsync each file through a descriptor opened here, when the fsync runs; returns the
+    seconds it took.
 
     Not the pool's descriptors: the pool may close one (and reuse its number) at any moment,
     and it is not thread-safe. Nor duplicates taken when the commit began: thousands of
@@ -50,7 +54,9 @@ def _fsync_files(paths: list[str]) -> None:
         for fd in fds:
             os.close(fd)
         raise _FilesNotOpened(error.errno, error.strerror, error.filename) from error
+    started_s = time.monotonic()
     _fsync_and_close(fds)
+    return time.monotonic() - started_s
 
 
 def _fsync_and_close(fds: list[int]) -> None:
@@ -510,6 +516,28 @@ class PartitionLog:
                 budget -= size
         return records
 
+    def records_from(self, offset: int, batch_records: int = 1000) -> Iterator[Record]:
+        """Every record from `offset` (or the log start, if later) to the end, read
+        `batch_records` at a time."""
+        assert batch_records > 0
+        offset = max(offset, self.start_offset)
+        while offset < self._end_offset:
+            records = self.read(offset, batch_records)
+            yield from records
+            offset = records[-1].offset + 1
+
+    def batch_start(self, offset: int) -> int:
+        """The offset of the first record of the batch (a stream's chunk) that holds `offset`."""
+        self._check_usable()
+        if not self.start_offset <= offset < self._end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside the log [{self.start_offset}, {self._end_offset})"
+            )
+        bases = self._cache_bases
+        if len(bases) > self._cache_head and offset >= bases[self._cache_head]:
+            return bases[bisect_right(bases, offset, self._cache_head) - 1]
+        return self._segments[bisect_right(self._bases, offset) - 1].batch_start(offset)
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset whose timestamp is >= timestamp_ms, or None when every record is
         older.
@@ -584,7 +612,7 @@ class PartitionLog:
             end, truncations, active_base = self._end_offset, self._truncations, self._bases[-1]
             paths = self._syncing_paths = self._take_sync_paths()
             try:
-                await asyncio.get_running_loop().run_in_executor(
+                took_s = await asyncio.get_running_loop().run_in_executor(
                     self._executor, _fsync_files, paths
                 )
             except _FilesNotOpened:
@@ -594,6 +622,7 @@ class PartitionLog:
                 # After a failed fsync the page cache may have dropped the data: stop trusting it.
                 self._failed = exc
                 raise
+            FSYNC_LATENCY.observe(took_s)
             self._synced(end, truncations, active_base)
         finally:
             self._sync_task = None

@@ -403,6 +403,10 @@ class Segment:
                 return pos, header, batch_codec.decode_records(buf, at, header, header.base_offset)
         raise CorruptBatchError(f"offset {offset} not found in segment {self.log_path}")
 
+    def batch_start(self, offset: int) -> int:
+        """The offset of the first record of the batch that holds `offset`."""
+        return self._locate_batch(offset)[1].base_offset
+
     # -- reading ---------------------------------------------------------------------------
 
     def _floor_position(self, offset: int) -> int:

@@ -1,9 +1,14 @@
-"""`warren users|vhosts|policies ...`: manage users, permissions, vhosts and policies in a data dir.
+"""`warren users|vhosts|policies ...`: manage users, permissions, vhosts and policies.
 
-The commands open the data dir's metadata store directly (`D/metadata.sqlite3`), so they work
-whether or not a broker is running on it. A running broker picks the change up within a second,
-or the next time a client connects (`MetadataStore.sync_external_changes`, keyed on SQLite's
-data_version); a policy change then reaches the queues it matches at once.
+Two ways, one set of commands and outputs. By default a command goes through a running
+broker's management API (`--url`, default $WARREN_MANAGEMENT_URL or http://127.0.0.1:15672;
+`--user`/`--password`, default guest/guest), as rabbitmqctl acts on the running node
+(`admin_remote.py`). With `--data-dir D` it opens the data dir's metadata store directly
+(`D/metadata.sqlite3`) instead: for a broker that is stopped or not yet started, or one whose
+API is off. A running broker picks such a change up within a second, or the next time a
+client connects (`MetadataStore.sync_external_changes`, keyed on SQLite's data_version); a
+policy change then reaches the queues it matches at once. The data dir is never a default: a
+command run in the wrong directory must not create a fresh `./data` beside a running broker.
 
 Also runnable without the `warren` entry point: `python -m warrenmq.server.admin_cli users list`.
 """
@@ -15,7 +20,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,8 @@ from warrenmq.server.metadata import passwords
 from warrenmq.server.metadata.errors import BadRequest, PreconditionFailed
 from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore
 
-DATA_DIR_DEFAULT = "./data"
+from .admin_remote import ApiAdmin
+from .api_client import CliError, add_login_arguments
 
 
 def metadata_path(data_dir: str | os.PathLike[str]) -> Path:
@@ -35,40 +41,51 @@ def metadata_path(data_dir: str | os.PathLike[str]) -> Path:
 def register(commands: Any) -> None:
     """Add `users`, `vhosts` and `policies` to the `warren` sub-parsers."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+    where = common.add_mutually_exclusive_group()
+    where.add_argument(
         "--data-dir",
-        default=os.environ.get("WARREN_DATA_DIR", DATA_DIR_DEFAULT),
-        help="the broker's data directory (default: $WARREN_DATA_DIR or ./data)",
+        help="edit this data directory instead of going through the management API",
     )
+    add_login_arguments(common, where)
 
     users = commands.add_parser("users", help="add, delete and list users; set permissions")
     user_actions = users.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     add = user_actions.add_parser("add", parents=[common], help="add a user")
     add.add_argument("name")
-    add.add_argument("password", nargs="?", help="the password (read from stdin if omitted)")
+    add.add_argument(
+        "new_password",
+        metavar="password",
+        nargs="?",
+        help="the password (read from stdin if omitted)",
+    )
     add.add_argument("--tags", default="", help="comma-separated tags, e.g. administrator")
-    add.set_defaults(handler=_sync(_add_user))
+    add.set_defaults(handler=_run(_add_user))
 
     delete = user_actions.add_parser("delete", parents=[common], help="delete a user")
     delete.add_argument("name")
-    delete.set_defaults(handler=_sync(_delete_user))
+    delete.set_defaults(handler=_run(_delete_user))
 
     listing = user_actions.add_parser("list", parents=[common], help="list users and tags")
     listing.add_argument("--json", action="store_true", help="print JSON")
-    listing.set_defaults(handler=_sync(_list_users))
+    listing.set_defaults(handler=_run(_list_users))
 
     password = user_actions.add_parser(
         "change-password", parents=[common], help="set a user's password"
     )
     password.add_argument("name")
-    password.add_argument("password", nargs="?", help="the password (read from stdin if omitted)")
-    password.set_defaults(handler=_sync(_change_password))
+    password.add_argument(
+        "new_password",
+        metavar="password",
+        nargs="?",
+        help="the password (read from stdin if omitted)",
+    )
+    password.set_defaults(handler=_run(_change_password))
 
     tags = user_actions.add_parser("set-tags", parents=[common], help="replace a user's tags")
     tags.add_argument("name")
     tags.add_argument("tags", nargs="*")
-    tags.set_defaults(handler=_sync(_set_tags))
+    tags.set_defaults(handler=_run(_set_tags))
 
     grant = user_actions.add_parser(
         "set-permissions",
@@ -80,21 +97,21 @@ def register(commands: Any) -> None:
     grant.add_argument("write")
     grant.add_argument("read")
     grant.add_argument("--vhost", "-p", default="/", help="the vhost (default /)")
-    grant.set_defaults(handler=_sync(_set_permissions))
+    grant.set_defaults(handler=_run(_set_permissions))
 
     revoke = user_actions.add_parser(
         "clear-permissions", parents=[common], help="remove a user's permissions on a vhost"
     )
     revoke.add_argument("name")
     revoke.add_argument("--vhost", "-p", default="/", help="the vhost (default /)")
-    revoke.set_defaults(handler=_sync(_clear_permissions))
+    revoke.set_defaults(handler=_run(_clear_permissions))
 
     shown = user_actions.add_parser(
         "list-permissions", parents=[common], help="list permissions (of one vhost with --vhost)"
     )
     shown.add_argument("--vhost", "-p", help="only this vhost")
     shown.add_argument("--json", action="store_true", help="print JSON")
-    shown.set_defaults(handler=_sync(_list_permissions))
+    shown.set_defaults(handler=_run(_list_permissions))
 
     vhosts = commands.add_parser("vhosts", help="add, delete and list virtual hosts")
     vhost_actions = vhosts.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -102,15 +119,15 @@ def register(commands: Any) -> None:
     vhost_add.add_argument("name")
     vhost_add.add_argument("--description", default="")
     vhost_add.add_argument("--tags", default="", help="comma-separated tags")
-    vhost_add.set_defaults(handler=_sync(_add_vhost))
+    vhost_add.set_defaults(handler=_run(_add_vhost))
     vhost_delete = vhost_actions.add_parser(
         "delete", parents=[common], help="delete a vhost with its exchanges, queues and bindings"
     )
     vhost_delete.add_argument("name")
-    vhost_delete.set_defaults(handler=_sync(_delete_vhost))
+    vhost_delete.set_defaults(handler=_run(_delete_vhost))
     vhost_list = vhost_actions.add_parser("list", parents=[common], help="list vhosts")
     vhost_list.add_argument("--json", action="store_true", help="print JSON")
-    vhost_list.set_defaults(handler=_sync(_list_vhosts))
+    vhost_list.set_defaults(handler=_run(_list_vhosts))
 
     policies = commands.add_parser("policies", help="set, clear and list policies")
     policy_actions = policies.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -127,17 +144,17 @@ def register(commands: Any) -> None:
     )
     policy_set.add_argument("--priority", type=int, default=0, help="the highest applies")
     policy_set.add_argument("--vhost", "-p", default="/", help="the vhost (default /)")
-    policy_set.set_defaults(handler=_sync(_set_policy))
+    policy_set.set_defaults(handler=_run(_set_policy))
     policy_clear = policy_actions.add_parser("clear", parents=[common], help="remove a policy")
     policy_clear.add_argument("name")
     policy_clear.add_argument("--vhost", "-p", default="/", help="the vhost (default /)")
-    policy_clear.set_defaults(handler=_sync(_clear_policy))
+    policy_clear.set_defaults(handler=_run(_clear_policy))
     policy_list = policy_actions.add_parser(
         "list", parents=[common], help="list policies (of one vhost with --vhost)"
     )
     policy_list.add_argument("--vhost", "-p", help="only this vhost")
     policy_list.add_argument("--json", action="store_true", help="print JSON")
-    policy_list.set_defaults(handler=_sync(_list_policies))
+    policy_list.set_defaults(handler=_run(_list_policies))
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -148,201 +165,239 @@ def run(argv: list[str] | None = None) -> int:
     return args.handler(args)
 
 
-Handler = Callable[[MetadataStore, argparse.Namespace], Coroutine[Any, Any, None]]
+Admin = Any
+"""`DataDirAdmin` or `admin_remote.ApiAdmin`: the same async methods."""
+Handler = Callable[[Admin, argparse.Namespace], Coroutine[Any, Any, None]]
 
 
-def _sync(handler: Handler) -> Callable[[argparse.Namespace], int]:
+class DataDirAdmin:
+    """The metadata store of a data dir, opened by the command itself."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+
+    async def add_user(self, name: str, password: str, tags: Sequence[str]) -> None:
+        await self.store.apply(c.AddUser(name, passwords.hash_password(password), tuple(tags)))
+
+    async def delete_user(self, name: str) -> None:
+        await self.store.apply(c.DeleteUser(name))
+
+    async def change_password(self, name: str, password: str) -> None:
+        await self.store.apply(c.ChangePassword(name, passwords.hash_password(password)))
+
+    async def set_tags(self, name: str, tags: Sequence[str]) -> None:
+        await self.store.apply(c.SetUserTags(name, tuple(tags)))
+
+    async def users(self) -> list[dict[str, Any]]:
+        return [{"name": u.name, "tags": list(u.tags)} for u in self.store.state.users.values()]
+
+    async def set_permissions(
+        self, user: str, vhost: str, configure: str, write: str, read: str
+    ) -> None:
+        await self.store.apply(c.SetPermissions(user, vhost, configure, write, read))
+
+    async def clear_permissions(self, user: str, vhost: str) -> None:
+        await self.store.apply(c.ClearPermissions(user, vhost))
+
+    async def permissions(self, vhost: str | None) -> list[dict[str, Any]]:
+        return [
+            {
+                "user": p.user,
+                "vhost": p.vhost,
+                "configure": p.configure,
+                "write": p.write,
+                "read": p.read,
+            }
+            for p in self.store.state.permissions.values()
+            if vhost is None or p.vhost == vhost
+        ]
+
+    async def add_vhost(self, name: str, description: str, tags: Sequence[str]) -> None:
+        await self.store.apply(c.DeclareVhost(name, description, tuple(tags)))
+
+    async def delete_vhost(self, name: str) -> None:
+        await self.store.apply(c.DeleteVhost(name))
+
+    async def vhosts(self) -> list[dict[str, Any]]:
+        return [
+            {"name": v.name, "description": v.description, "tags": list(v.tags)}
+            for v in self.store.state.vhosts.values()
+        ]
+
+    async def set_policy(self, policy: c.SetPolicy) -> None:
+        await self.store.apply(policy)
+
+    async def clear_policy(self, vhost: str, name: str) -> None:
+        await self.store.apply(c.ClearPolicy(vhost, name))
+
+    async def policies(self, vhost: str | None) -> list[dict[str, Any]]:
+        state = self.store.state
+        # The fields of RabbitMQ's GET /api/policies.
+        return [
+            {
+                "vhost": p.vhost,
+                "name": p.name,
+                "pattern": p.pattern,
+                "apply-to": p.apply_to,
+                "definition": p.definition,
+                "priority": p.priority,
+            }
+            for name in (state.vhosts if vhost is None else [vhost])
+            for p in state.policies(name).values()
+        ]
+
+
+def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
     def run_handler(args: argparse.Namespace) -> int:
-        return asyncio.run(_with_store(handler, args))
+        return asyncio.run(_with_admin(handler, args))
 
     return run_handler
 
 
-async def _with_store(handler: Handler, args: argparse.Namespace) -> int:
-    store = await MetadataStore.open(metadata_path(args.data_dir))
+async def _with_admin(handler: Handler, args: argparse.Namespace) -> int:
+    store = None
     try:
-        await handler(store, args)
+        if args.data_dir is None:
+            admin: Admin = ApiAdmin(args)
+        else:
+            store = await MetadataStore.open(metadata_path(args.data_dir))
+            admin = DataDirAdmin(store)
+        await handler(admin, args)
     except RoutingError as error:
         # A validation failure spans lines, ending in one ("Validation failed\n\n...\n").
         print(f"Error: {error.reply_text.rstrip()}", file=sys.stderr)
         return 1
+    except CliError as error:
+        print(f"Error: {error}", file=sys.stderr)
+        return 1
     finally:
-        await store.close()
+        if store is not None:
+            await store.close()
     return 0
 
 
 def _password(args: argparse.Namespace) -> str:
-    if args.password is not None:
-        return args.password
-    line = sys.stdin.readline()
-    return line[:-1] if line.endswith("\n") else line
+    if args.new_password is not None:
+        password = args.new_password
+    else:
+        line = sys.stdin.readline()
+        password = line[:-1] if line.endswith("\n") else line
+    if password == "":
+        # RabbitMQ refuses every login with a blank password; such a user could never log in.
+        raise PreconditionFailed("a blank password is not allowed")
+    return password
 
 
 def _split_tags(text: str) -> tuple[str, ...]:
     return tuple(tag.strip() for tag in text.split(",") if tag.strip())
 
 
-async def _add_user(store: MetadataStore, args: argparse.Namespace) -> None:
-    password = _password(args)
-    if password == "":
-        # RabbitMQ refuses every login with a blank password; such a user could never log in.
-        raise PreconditionFailed("a blank password is not allowed")
-    await store.apply(
-        c.AddUser(
-            args.name,
-            passwords.hash_password(password),
-            _split_tags(args.tags),
-        )
-    )
+async def _add_user(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.add_user(args.name, _password(args), _split_tags(args.tags))
     print(f'Added user "{args.name}".')
 
 
-async def _delete_user(store: MetadataStore, args: argparse.Namespace) -> None:
-    await store.apply(c.DeleteUser(args.name))
+async def _delete_user(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.delete_user(args.name)
     print(f'Deleted user "{args.name}".')
 
 
-async def _change_password(store: MetadataStore, args: argparse.Namespace) -> None:
-    password = _password(args)
-    if password == "":
-        raise PreconditionFailed("a blank password is not allowed")
-    await store.apply(c.ChangePassword(args.name, passwords.hash_password(password)))
+async def _change_password(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.change_password(args.name, _password(args))
     print(f'Changed the password of user "{args.name}".')
 
 
-async def _set_tags(store: MetadataStore, args: argparse.Namespace) -> None:
-    await store.apply(c.SetUserTags(args.name, tuple(args.tags)))
+async def _set_tags(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.set_tags(args.name, tuple(args.tags))
     print(f'Set the tags of user "{args.name}" to [{", ".join(args.tags)}].')
 
 
-async def _list_users(store: MetadataStore, args: argparse.Namespace) -> None:
-    users = sorted(store.state.users.values(), key=lambda user: user.name)
+async def _list_users(admin: Admin, args: argparse.Namespace) -> None:
+    users = sorted(await admin.users(), key=lambda user: user["name"])
     if args.json:
-        print(json.dumps([{"name": u.name, "tags": list(u.tags)} for u in users]))
+        print(json.dumps(users))
         return
     print("user\ttags")
     for user in users:
-        print(f"{user.name}\t[{', '.join(user.tags)}]")
+        print(f"{user['name']}\t[{', '.join(user['tags'])}]")
 
 
-async def _set_permissions(store: MetadataStore, args: argparse.Namespace) -> None:
-    await store.apply(
-        c.SetPermissions(args.name, args.vhost, args.configure, args.write, args.read)
-    )
+async def _set_permissions(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.set_permissions(args.name, args.vhost, args.configure, args.write, args.read)
     print(f'Set permissions for user "{args.name}" in vhost "{args.vhost}".')
 
 
-async def _clear_permissions(store: MetadataStore, args: argparse.Namespace) -> None:
-    await store.apply(c.ClearPermissions(args.name, args.vhost))
+async def _clear_permissions(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.clear_permissions(args.name, args.vhost)
     print(f'Cleared permissions for user "{args.name}" in vhost "{args.vhost}".')
 
 
-async def _list_permissions(store: MetadataStore, args: argparse.Namespace) -> None:
-    rows = [
-        p
-        for _, p in sorted(store.state.permissions.items())
-        if args.vhost is None or p.vhost == args.vhost
-    ]
+async def _list_permissions(admin: Admin, args: argparse.Namespace) -> None:
+    rows = sorted(await admin.permissions(args.vhost), key=lambda p: (p["user"], p["vhost"]))
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "user": p.user,
-                        "vhost": p.vhost,
-                        "configure": p.configure,
-                        "write": p.write,
-                        "read": p.read,
-                    }
-                    for p in rows
-                ]
-            )
-        )
+        print(json.dumps(rows))
         return
     print("user\tvhost\tconfigure\twrite\tread")
     for p in rows:
-        print(f"{p.user}\t{p.vhost}\t{p.configure}\t{p.write}\t{p.read}")
+        print(f"{p['user']}\t{p['vhost']}\t{p['configure']}\t{p['write']}\t{p['read']}")
 
 
-async def _add_vhost(store: MetadataStore, args: argparse.Namespace) -> None:
-    await store.apply(c.DeclareVhost(args.name, args.description, _split_tags(args.tags)))
+async def _add_vhost(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.add_vhost(args.name, args.description, _split_tags(args.tags))
     print(f'Added vhost "{args.name}".')
 
 
-async def _delete_vhost(store: MetadataStore, args: argparse.Namespace) -> None:
-    await store.apply(c.DeleteVhost(args.name))
+async def _delete_vhost(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.delete_vhost(args.name)
     print(f'Deleted vhost "{args.name}".')
 
 
-async def _list_vhosts(store: MetadataStore, args: argparse.Namespace) -> None:
-    vhosts = sorted(store.state.vhosts.values(), key=lambda vhost: vhost.name)
+async def _list_vhosts(admin: Admin, args: argparse.Namespace) -> None:
+    vhosts = sorted(await admin.vhosts(), key=lambda vhost: vhost["name"])
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {"name": v.name, "description": v.description, "tags": list(v.tags)}
-                    for v in vhosts
-                ]
-            )
-        )
+        print(json.dumps(vhosts))
         return
     print("name\tdescription")
     for vhost in vhosts:
-        print(f"{vhost.name}\t{vhost.description}")
+        print(f"{vhost['name']}\t{vhost['description']}")
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-async def _set_policy(store: MetadataStore, args: argparse.Namespace) -> None:
+async def _set_policy(admin: Admin, args: argparse.Namespace) -> None:
     try:
         definition = json.loads(args.definition, parse_constant=_reject_constant)
     except ValueError as error:
         # rabbit_policy:parse_set0/8's text.
         raise BadRequest(f"Could not parse JSON document: {error}") from None
-    await store.apply(
+    await admin.set_policy(
         c.SetPolicy(args.vhost, args.name, args.pattern, definition, args.priority, args.apply_to)
     )
     print(f'Set policy "{args.name}" in vhost "{args.vhost}".')
 
 
-async def _clear_policy(store: MetadataStore, args: argparse.Namespace) -> None:
-    await store.apply(c.ClearPolicy(args.vhost, args.name))
+async def _clear_policy(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.clear_policy(args.vhost, args.name)
     print(f'Cleared policy "{args.name}" in vhost "{args.vhost}".')
 
 
-async def _list_policies(store: MetadataStore, args: argparse.Namespace) -> None:
-    state = store.state
-    vhosts = sorted(state.vhosts) if args.vhost is None else [args.vhost]
-    # As rabbitmqctl list_policies orders them: by priority, lowest first.
-    rows = [
-        p
-        for vhost in vhosts
-        for p in sorted(state.policies(vhost).values(), key=lambda p: (p.priority, p.name))
-    ]
+async def _list_policies(admin: Admin, args: argparse.Namespace) -> None:
+    # As rabbitmqctl list_policies orders them: by priority, lowest first (in each vhost).
+    rows = sorted(
+        await admin.policies(args.vhost), key=lambda p: (p["vhost"], p["priority"], p["name"])
+    )
     if args.json:
-        # The fields of RabbitMQ's GET /api/policies.
-        print(
-            json.dumps(
-                [
-                    {
-                        "vhost": p.vhost,
-                        "name": p.name,
-                        "pattern": p.pattern,
-                        "apply-to": p.apply_to,
-                        "definition": p.definition,
-                        "priority": p.priority,
-                    }
-                    for p in rows
-                ]
-            )
-        )
+        print(json.dumps(rows))
         return
     print("vhost\tname\tpattern\tapply-to\tdefinition\tpriority")
     for p in rows:
-        definition = json.dumps(p.definition, separators=(",", ":"), ensure_ascii=False)
-        print(f"{p.vhost}\t{p.name}\t{p.pattern}\t{p.apply_to}\t{definition}\t{p.priority}")
+        definition = json.dumps(p["definition"], separators=(",", ":"), ensure_ascii=False)
+        print(
+            f"{p['vhost']}\t{p['name']}\t{p['pattern']}\t{p['apply-to']}\t{definition}\t"
+            f"{p['priority']}"
+        )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import DescriptorPool, LogConfig
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from warrenmq.log.descriptors import default_capacity
+from warrenmq.log.latency import LatencyHistogram
 from warrenmq.server.metadata import METADATA_FILE, MetadataStore, StoreFailed, loopback_refused
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
@@ -34,10 +35,14 @@ from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .http import HttpListeners
+from .queue.arguments import queue_type
+from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
+from .redrive import Redrives
 from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
+from .stream.stream import Stream, StreamLog
 from .vhost import REPLY_TO_PREFIX, DeadLetterHandoff, VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
@@ -47,6 +52,7 @@ CONSUMER_TIMEOUT_CHECK_S = 0.25
 # How often the broker looks for metadata changes other processes made (`warren policies set`
 # against its data dir): one cheap query (SQLite's data_version) when nothing changed.
 METADATA_SYNC_INTERVAL_S = 1.0
+REDRIVES_DIRECTORY = "redrives"
 
 
 def now_ms() -> int:
@@ -75,18 +81,21 @@ letters a queue published, or the due messages a delayed exchange routed."""
 class _Tick:
     """The confirms and tx waiters of one tick, released once its commit is done."""
 
-    __slots__ = ("confirms", "nacks", "waiters", "ready")
+    __slots__ = ("confirms", "nacks", "waiters", "ready", "wanted_s")
 
     def __init__(
         self,
         confirms: dict[Confirmed, int],
         nacks: dict[Confirmed, list[int]],
         waiters: list[asyncio.Future[None]],
+        wanted_s: float,
     ) -> None:
         self.confirms = confirms
         self.nacks = nacks
         self.waiters = waiters
         self.ready = False
+        self.wanted_s = wanted_s
+        """When the tick was asked for (monotonic): no publish it confirms came earlier."""
 
 
 class Broker:
@@ -118,6 +127,10 @@ class Broker:
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_scheduled = False
+        self._tick_wanted_s = 0.0
+        self.confirm_latency = LatencyHistogram()
+        self.dead_letter_counts = DeadLetterCounts()
+        """Seconds from a tick's first event to its confirms going out, once per tick."""
         self._staged: dict[WorkQueue, None] = {}
         self._dispatch: dict[WorkQueue, None] = {}
         self._output: dict[BrokerConnection, None] = {}
@@ -135,6 +148,9 @@ class Broker:
         self._metadata_follower: asyncio.Task[None] | None = None
         # The management API and the metrics: adapters of their own on this event loop.
         self.http = HttpListeners(self)
+        self.redrives = Redrives(
+            self.data_dir / REDRIVES_DIRECTORY, self.vhosts, self.after_commit, now_ms
+        )
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -170,6 +186,7 @@ class Broker:
             CONSUMER_TIMEOUT_CHECK_S, self._check_consumer_timeouts
         )
         self._metadata_follower = asyncio.ensure_future(self._follow_metadata())
+        self.redrives.recover()
 
     async def _abandon_start(self) -> None:
         """Close what a failed start opened, writing nothing: the next start recovers."""
@@ -197,11 +214,16 @@ class Broker:
             clock=now_ms,
             confirm=self.stage_confirm,
             open_delayed=self._open_delayed,
+            dead_letter_counts=self.dead_letter_counts,
         )
         self.vhosts[name] = vhost
         return vhost
 
     def _open_engine(self, directory: Path, name: str, arguments: Any) -> QueueEngine:
+        if queue_type(arguments) == Stream.queue_type:
+            return StreamLog.open(  # type: ignore[return-value]
+                directory, self.message_log_config, arguments, descriptors=self.descriptors
+            )
         # A quorum queue hands out only fsynced messages, as RabbitMQ's does (a consumer then
         # never sees a message a crash could take back); a classic one delivers at once.
         quorum = arguments.get("x-queue-type") in ("quorum", b"quorum")
@@ -308,6 +330,7 @@ class Broker:
         await self.http.stop()
         if self.server is not None:
             self.server.close()
+        await self.redrives.shutdown()
         for connection in list(self.connections):
             connection.close()
         self._tick()
@@ -398,6 +421,7 @@ class Broker:
     def _schedule(self) -> None:
         if not self._tick_scheduled:
             self._tick_scheduled = True
+            self._tick_wanted_s = time.monotonic()
             assert self._loop is not None
             self._loop.call_soon(self._tick)
 
@@ -482,6 +506,7 @@ class Broker:
 
     def _tick(self) -> None:
         self._tick_scheduled = False
+        wanted_s = self._tick_wanted_s
         now = now_ms()
         # Dead letters first: staged on their targets, they are written and confirmed (and
         # so leave their queue) in this tick.
@@ -527,7 +552,7 @@ class Broker:
         nacks, self._nacks = self._nacks, {}
         waiters, self._waiters = self._waiters, []
         if confirms or waiters:
-            tick = _Tick(confirms, nacks, waiters)
+            tick = _Tick(confirms, nacks, waiters, wanted_s)
             self._ticks.append(tick)
             if to_commit:
                 self._track(self._commit(tick, to_commit))
@@ -585,8 +610,13 @@ class Broker:
 
     def _release(self) -> None:
         ticks = self._ticks
+        released_s = None
         while ticks and ticks[0].ready:
             tick = ticks.popleft()
+            if tick.confirms:
+                if released_s is None:
+                    released_s = time.monotonic()
+                self.confirm_latency.observe(released_s - tick.wanted_s)
             for channel, tag in tick.confirms.items():
                 channel.confirm(tag, tick.nacks.get(channel, ()))
             for waiter in tick.waiters:

@@ -33,6 +33,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "warrenmq.server.serve",
     "warrenmq.server.admin_cli",
     "warrenmq.server.dlq_cli",
+    "warrenmq.server.broker_cli",
+    "warrenmq.server.streams_cli",
 )
 # Modules that add `warren bench TARGET` scenarios: `register(targets)` likewise.
 BENCH_MODULES: tuple[str, ...] = (

@@ -26,28 +26,40 @@ import hashlib
 import logging
 import os
 import urllib.parse
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from warrenmq.amqp import fastpath, frames
 from warrenmq.dlq.dead_letter import cycling, dead_letter
-from warrenmq.exchanges.binding import Destination
+from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.delayed import DelayedTarget
 from warrenmq.exchanges.errors import AccessRefused, NotFound, PreconditionFailed
+from warrenmq.exchanges.field_values import amqp_type_name
 from warrenmq.exchanges.router import Router
+from warrenmq.exchanges.super_stream import PARTITION_ORDER, SUPER_STREAM, SuperStreamExchange
+from warrenmq.log import RawRecord
 from warrenmq.server.metadata import commands as mc
 from warrenmq.server.metadata.state import strip_cr_lf
 
+from .dead_letter_journal import DeadLetterJournal, Item, digest
 from .delayed import DelayedExchanges, DelayedMessageLog
 from .delayed.store import DelayedHandoff
-from .errors import internal_error, precondition_failed
+from .errors import internal_error, not_implemented, precondition_failed
 from .queue import arguments as queue_arguments
 from .queue import policy
 from .queue.consumer import Consumer, ConsumerChannel
+from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.engine import Message, QueueEngine
 from .queue.log_queue import remove_directory
 from .queue.work_queue import WorkQueue
+from .stream import arguments as stream_arguments
+from .stream import super_stream
+from .stream.cursor import Cursor
+from .stream.filter import consume_filter
+from .stream.groups import GROUP_ARGUMENT, Group, Member
+from .stream.stream import Stream
 
 log = logging.getLogger("warrenmq.server")
 
@@ -60,6 +72,7 @@ _HEADERS_FLAG_BYTE0 = 0x20  # Basic properties flag 0x2000: the headers table is
 # Exchange names and routing keys keep their encoded form in a small cache; a flood of
 # distinct keys just clears it.
 _ENCODED_NAMES_MAX = 1024
+DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
 
 
 class Published(enum.Enum):
@@ -130,6 +143,8 @@ class DeadLetterHandoff:
         """(message, reason) by tag - 1 (offset -1: a refused publish, never stored here)."""
         self._failed: set[int] = set()
         self._wake = wake
+        self.settled: Callable[[], None] | None = None
+        """Called once the dead letters left the queue (the journal forgets the hand-off)."""
 
     def publish_failed(self, tag: int) -> None:
         self._failed.add(tag)
@@ -138,6 +153,8 @@ class DeadLetterHandoff:
         failed = self._failed
         settled = [m.offset for tag, (m, _) in enumerate(self.dead_letters, 1) if tag not in failed]
         self.queue.dead_lettered([offset for offset in settled if offset >= 0])
+        if self.settled is not None:
+            self.settled()
         if failed:
             self.queue.retry_dead_letters([self.dead_letters[tag - 1] for tag in sorted(failed)])
         self._wake(self.queue)
@@ -192,7 +209,8 @@ class VirtualHost:
     runs a metadata write nobody waits for; `clock()` is the time (epoch ms) the core passes
     to its queues; `confirm(handoff, tag)` has the tick confirm dead letters staged so far
     once they are stored (see `DeadLetterHandoff`). `open_delayed(directory)` opens the store
-    of a delayed exchange (`delayed`, the vhost's `DelayedExchanges`).
+    of a delayed exchange (`delayed`, the vhost's `DelayedExchanges`). `dead_letter_counts`
+    counts the messages that die in its queues (the process's totals, shared by vhosts).
     """
 
     def __init__(
@@ -210,8 +228,10 @@ class VirtualHost:
         clock: Callable[[], int],
         confirm: Callable[[DeadLetterHandoff | DelayedHandoff, int], None],
         open_delayed: Callable[[Path], DelayedMessageLog],
+        dead_letter_counts: DeadLetterCounts,
     ) -> None:
         self.name = name
+        self._dead_letter_counts = dead_letter_counts
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
         self._staged = staged
@@ -227,10 +247,15 @@ class VirtualHost:
         # Engines of declares whose record is being written. A concurrent use of the queue
         # hosts this engine; the files are never opened twice.
         self._opening: dict[str, Any] = {}
+        self.groups: dict[tuple[str, str], Group] = {}
+        """Consumer groups with members, by (super stream, group)."""
         self.failed: dict[str, str] = {}
         """Queues whose storage failed to open, with the error: the record stays, uses get 404."""
         # The vhost's policies as its queues last took them (`apply_policies`).
         self._policies_applied: Mapping[str, Any] | None = None
+        self.journal = DeadLetterJournal(
+            data_dir / "dead-letters" / f"{directory_name(name)}.journal"
+        )
         delayed_directory = data_dir / "delayed" / directory_name(name)
         self.delayed = DelayedExchanges(
             self,
@@ -362,6 +387,26 @@ class VirtualHost:
         # As the plugin: a held message reached no queue yet, so a mandatory one is returned.
         return Published.UNROUTABLE if held == len(queue_names) else Published.ROUTED
 
+    def restage(
+        self,
+        queue: WorkQueue,
+        record: RawRecord,
+        persistent: bool,
+        expiring: bool,
+        publisher: Any,
+    ) -> bool:
+        """Stage a stored record, unchanged, on one queue (a redrive moving a dead letter
+        back); False when the queue refuses it (x-overflow reject-publish)."""
+        if queue.deleted or not queue.stage(record, persistent, expiring, publisher):
+            self._refused(queue)
+            return False
+        self._staged(queue)
+        return True
+
+    def wake(self, queue: WorkQueue) -> None:
+        """Have the tick deliver the queue's ready messages and commit what changed."""
+        self._wake(queue)
+
     def _refused(self, queue: WorkQueue) -> None:
         """x-overflow reject-publish-dlx dead-letters what it refuses: the tick publishes it."""
         if queue.dead_letters:
@@ -370,47 +415,197 @@ class VirtualHost:
     def dead_letter(self, queue: WorkQueue) -> None:
         """Publish a queue's dead letters to its dead-letter exchange, as RabbitMQ routes
         them (`dlq.dead_letter`); each leaves the queue once every target holds it. With no
-        such exchange, no route, or only targets that would cycle, a dead letter is dropped."""
+        such exchange, no route, or only targets that would cycle, a dead letter is dropped.
+
+        When a dead letter goes to a queue, the hand-off is written to the journal first
+        (`DeadLetterJournal`), and staged once that is durable: a crash after the targets
+        stored it and before its queue acknowledged it does not deliver it twice."""
         dead_letters = queue.take_dead_letters()
         if not dead_letters:
             return
         handoff = DeadLetterHandoff(queue, dead_letters, self._wake)
+        plan = self._dead_letter_plan(queue, dead_letters)
+        items = []
+        positions: dict[str, set[int]] = {}
+        for (message, _), (record, _, targets, _) in zip(dead_letters, plan, strict=True):
+            if message.offset < 0 or not targets:
+                continue
+            item = Item(message.offset, message[2:6])
+            for target in targets:
+                item.targets.append((target.name, digest(record)))
+                positions.setdefault(target.name, set()).add(
+                    target.engine.append_position(record[2])
+                )
+            items.append(item)
+        if not items:
+            self._stage_dead_letters(handoff, plan)
+            return
+        self._background(self._journal_then_stage(handoff, plan, items, positions))
+
+    def _dead_letter_plan(
+        self, queue: WorkQueue, dead_letters: list[tuple[Message, str]]
+    ) -> list[tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget]]]:
+        """For each dead letter: its record, whether persistent, its target queues and
+        delayed exchanges (none: dropped)."""
         exchange = queue.dead_letter_exchange
         router = self.router
-        if exchange is not None and (exchange == "" or router.get(exchange) is not None):
-            now_s = self._clock() // 1000
-            exchange_bytes = self._encoded(exchange)
-            for tag, (message, reason) in enumerate(dead_letters, 1):
-                properties, keys = dead_letter(
-                    message.properties,
-                    queue=queue.name,
-                    reason=reason,
-                    exchange=message.exchange.decode("utf-8", "replace"),
-                    routing_key=message.routing_key.decode("utf-8", "replace"),
-                    dead_letter_routing_key=queue.dead_letter_routing_key,
-                    now_s=now_s,
+        if exchange is None or (exchange != "" and router.get(exchange) is None):
+            return [((b"", b"", b"", b""), False, [], []) for _ in dead_letters]
+        now_s = self._clock() // 1000
+        exchange_bytes = self._encoded(exchange)
+        plan = []
+        for message, reason in dead_letters:
+            properties, keys = dead_letter(
+                message.properties,
+                queue=queue.name,
+                reason=reason,
+                exchange=message.exchange.decode("utf-8", "replace"),
+                routing_key=message.routing_key.decode("utf-8", "replace"),
+                dead_letter_routing_key=queue.dead_letter_routing_key,
+                now_s=now_s,
+            )
+            headers = (
+                frames.decode_properties(properties).headers
+                if properties[0] & _HEADERS_FLAG_BYTE0
+                else None
+            )
+            record = (exchange_bytes, self._encoded(keys[0]), properties, message.body)
+            persistent = fastpath.scan_properties(properties)[0] == 2
+            queues, delayed = [], []
+            for name in router.route_keys(exchange, keys, headers, internal_allowed=True):
+                target = self.queues.get(name)
+                if target is not None and not cycling(reason, properties, name):
+                    queues.append(target)
+                elif type(name) is DelayedTarget:
+                    delayed.append(name)
+            plan.append((record, persistent, queues, delayed))
+        return plan
+
+    async def _journal_then_stage(
+        self,
+        handoff: DeadLetterHandoff,
+        plan: list[tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget]]],
+        items: list[Item],
+        positions: dict[str, set[int]],
+    ) -> None:
+        queue = handoff.queue
+        try:
+            handoff_id = await self.journal.record(queue.name, items, positions)
+        except OSError as error:
+            log.error(
+                "queue '%s' in vhost '%s': the dead-letter journal failed, its dead letters "
+                "wait: %s",
+                queue.name,
+                self.name,
+                describe(error),
+            )
+            queue.retry_dead_letters(handoff.dead_letters)
+            self._wake(queue)
+            return
+        handoff.settled = lambda: self._background(self._settle(queue, handoff_id))
+        self._stage_dead_letters(handoff, plan)
+
+    async def _settle(self, queue: WorkQueue, handoff_id: int) -> None:
+        """The hand-off's dead letters left their queue: once that is durable, the journal
+        forgets it."""
+        await queue.commit()
+        self.journal.settle(handoff_id)
+
+    def _stage_dead_letters(
+        self,
+        handoff: DeadLetterHandoff,
+        plan: list[tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget]]],
+    ) -> None:
+        if handoff.queue.deleted:
+            return
+        for tag, (record, persistent, queues, delayed) in enumerate(plan, 1):
+            for target in queues:
+                if not target.deleted and target.stage(record, persistent, False, (handoff, tag)):
+                    self._staged(target)
+            for name in delayed:
+                if not self.delayed.stage(name, record, persistent, (handoff, tag)):
+                    handoff.publish_failed(tag)
+        self._confirm(handoff, len(plan))
+
+    def _recover_dead_letters(self) -> None:
+        """Hand-offs a crash interrupted: a dead letter every target holds leaves its queue."""
+        touched: list[WorkQueue] = []
+        for entry in self.journal.load():
+            source = self.queues.get(entry["queue"])
+            if source is None:
+                continue
+            stored: Counter[tuple[str, str]] = Counter()
+            for name, found_from in entry["positions"].items():
+                target = self.queues.get(name)
+                if target is not None and found_from:
+                    for _, record in target.engine.stored_from(found_from):
+                        stored[(name, digest(record))] += 1
+            settled = []
+            for offset, source_digest, targets in entry["items"]:
+                keys = [(name, target_digest) for name, target_digest in targets]
+                if not keys or any(stored[key] <= 0 for key in keys):
+                    continue
+                browsed = source.engine.browse(offset, 1)
+                if not browsed or browsed[0][0].offset != offset:
+                    continue
+                if digest(browsed[0][0][2:6]) != source_digest:
+                    continue
+                stored.subtract(keys)
+                settled.append(offset)
+            if settled:
+                source.settle_recovered(settled)
+                touched.append(source)
+                self._wake(source)
+                log.info(
+                    "queue '%s' in vhost '%s': %d dead letter(s) its targets stored before a "
+                    "crash leave it now",
+                    source.name,
+                    self.name,
+                    len(settled),
                 )
-                headers = (
-                    frames.decode_properties(properties).headers
-                    if properties[0] & _HEADERS_FLAG_BYTE0
-                    else None
-                )
-                targets = router.route_keys(exchange, keys, headers, internal_allowed=True)
-                record = (exchange_bytes, self._encoded(keys[0]), properties, message.body)
-                persistent = fastpath.scan_properties(properties)[0] == 2
-                for name in targets:
-                    target = self.queues.get(name)
-                    if (
-                        target is not None
-                        and not cycling(reason, properties, name)
-                        and target.stage(record, persistent, False, (handoff, tag))
-                    ):
-                        self._staged(target)
-                    elif type(name) is DelayedTarget and not self.delayed.stage(
-                        name, record, persistent, (handoff, tag)
-                    ):
-                        handoff.publish_failed(tag)
-        self._confirm(handoff, len(dead_letters))
+        self._background(self._compact_journal(touched))
+
+    async def _compact_journal(self, touched: list[WorkQueue]) -> None:
+        for queue in touched:
+            await queue.commit()
+        await self.journal.compact()
+
+    def dead_letter_queues(self) -> dict[str, list[str]]:
+        """Each queue dead letters can reach, with the queues whose dead-letter exchange
+        (argument or policy) leads there: through its dead-letter routing key when it has
+        one, else through any binding of the exchange (and of exchanges bound to it)."""
+        router = self.router
+        reached: dict[str, set[str]] = {}
+        for queue in self.queues.values():
+            exchange = queue.dead_letter_exchange
+            if exchange is None:
+                continue
+            key = queue.dead_letter_routing_key
+            if key is not None:
+                names = router.route_keys(exchange, (key,), None, internal_allowed=True)
+            elif exchange == "":
+                continue
+            else:
+                names = self._bound_queues(router, exchange)
+            for name in names:
+                if name in self.queues:
+                    reached.setdefault(name, set()).add(queue.name)
+        return {name: sorted(sources) for name, sources in sorted(reached.items())}
+
+    @staticmethod
+    def _bound_queues(router: Router, exchange: str) -> set[str]:
+        queues: set[str] = set()
+        seen = {exchange}
+        waiting = [exchange]
+        while waiting:
+            for binding in router.bindings(waiting.pop()):
+                kind, name = binding.destination
+                if kind == QUEUE:
+                    queues.add(name)
+                elif name not in seen:
+                    seen.add(name)
+                    waiting.append(name)
+        return queues
 
     def _encoded(self, name: str) -> bytes:
         names = self._encoded_names
@@ -453,7 +648,11 @@ class VirtualHost:
         arguments: Mapping[str, Any],
         owner: str,
         server_named: bool,
+        user: str | None,
     ) -> WorkQueue:
+        """Declare a queue, or redeclare an equivalent one. `user` is whom a client's declare
+        acts for (None: the broker's own, as a definitions import), checked as rabbit_channel
+        checks a new queue's dead-letter exchange."""
         command = mc.DeclareQueue(
             self.name,
             name,
@@ -468,7 +667,22 @@ class VirtualHost:
         if self.store.state.queue(self.name, name) is not None:
             outcome = await self._apply(command)
             return self._used(self._hosted(outcome.queue))
-        queue_arguments.check_declare(name, self.name, durable, exclusive, auto_delete, arguments)
+        if queue_arguments.queue_type(arguments) == Stream.queue_type:
+            stream_arguments.check_declare(
+                name,
+                self.name,
+                durable=durable,
+                exclusive=exclusive,
+                auto_delete=auto_delete,
+                server_named=server_named,
+                arguments=arguments,
+            )
+        else:
+            if user is not None:
+                self._check_dead_letter_exchange(name, arguments, user)
+            queue_arguments.check_declare(
+                name, self.name, durable, exclusive, auto_delete, arguments
+            )
         engine = self._open_new(name, arguments)
         self._opening[name] = engine
         try:
@@ -482,6 +696,26 @@ class VirtualHost:
         if hosted is None:
             hosted = self._host(record, self._opening.pop(record.name))
         return self._used(hosted)
+
+    def _check_dead_letter_exchange(
+        self, queue: str, arguments: Mapping[str, Any], user: str
+    ) -> None:
+        """A new queue's dead-letter exchange must be named by a string (406), and its
+        declarer needs read access to the queue and write access to the exchange (403): the
+        queue will publish there on the user's behalf."""
+        exchange = arguments.get(DEAD_LETTER_EXCHANGE)
+        if exchange is None:
+            return
+        if not isinstance(exchange, (str, bytes)):
+            raise precondition_failed(
+                f"invalid type '{amqp_type_name(exchange)}' for arg '{DEAD_LETTER_EXCHANGE}' "
+                f"in queue '{queue}' in vhost '{self.name}'"
+            )
+        if isinstance(exchange, bytes):
+            exchange = exchange.decode()
+        state = self.store.state
+        state.check_resource_access(user, self.name, "read", QUEUE, queue)
+        state.check_resource_access(user, self.name, "write", EXCHANGE, exchange)
 
     def _used(self, queue: WorkQueue) -> WorkQueue:
         """A declare, basic.get or the last consumer gone renews the queue's x-expires."""
@@ -545,6 +779,18 @@ class VirtualHost:
     def _host(self, record: Any, engine: Any) -> WorkQueue:
         arguments = record.arguments
         queue_type = queue_arguments.queue_type(arguments)
+        if queue_type == Stream.queue_type:
+            stream = Stream(
+                self.name,
+                record.name,
+                engine,
+                arguments=arguments,
+                effective_arguments=self._effective_arguments(record.name, queue_type, arguments),
+                batch_records_max=self._batch_records_max,
+            )
+            self.queues[record.name] = stream  # type: ignore[assignment]
+            self.failed.pop(record.name, None)
+            return stream  # type: ignore[return-value]
         queue = WorkQueue(
             self.name,
             record.name,
@@ -555,6 +801,7 @@ class VirtualHost:
             arguments=arguments,
             queue_type=queue_type,
             batch_records_max=self._batch_records_max,
+            dead_letter_counts=self._dead_letter_counts,
             effective_arguments=self._effective_arguments(record.name, queue_type, arguments),
         )
         self.queues[record.name] = queue
@@ -607,10 +854,14 @@ class VirtualHost:
             if queue.enforce_length() or queue.has_timers:
                 self._wake(queue)
         # After the queues: an interrupted hand-off looks for its messages in them.
+        self._recover_dead_letters()
         self.delayed.recover()
         return kept
 
     def check_delete(self, queue: WorkQueue, *, if_unused: bool, if_empty: bool) -> None:
+        if queue.queue_type == Stream.queue_type:
+            # rabbit_stream_queue:delete/4 ignores if-unused and if-empty.
+            return
         rs = queue_arguments.resource("queue", queue.name, self.name)
         if if_unused and queue.consumer_count:
             raise PreconditionFailed(f"{rs} in use")
@@ -630,7 +881,8 @@ class VirtualHost:
         ):
             return 0
         self.check_delete(queue, if_unused=if_unused, if_empty=if_empty)
-        count = queue.ready_count
+        # RabbitMQ's delete-ok of a stream counts nothing.
+        count = 0 if queue.queue_type == Stream.queue_type else queue.ready_count
         await self._apply(mc.DeleteQueue(self.name, queue.name))
         self.retire_queue(queue)
         return count
@@ -667,8 +919,27 @@ class VirtualHost:
         arguments: Mapping[str, Any],
         prefetch_count: int,
     ) -> Consumer:
-        """Add a consumer to a queue (basic.consume): 404, 405, 406 or 403 as RabbitMQ."""
+        """Add a consumer to a queue (basic.consume): 404, 405, 406 or 403 as RabbitMQ. On a
+        super stream's name with x-consumer-group, a member of that group."""
+        if GROUP_ARGUMENT in arguments and self.router.get(queue_name) is not None:
+            return self._join_group(
+                queue_name, channel, tag, arguments, no_ack=no_ack, prefetch_count=prefetch_count
+            )
         queue = self.get_queue(queue_name, owner)
+        if isinstance(queue, Stream):
+            spec = stream_arguments.check_consume(
+                queue.name,
+                self.name,
+                arguments,
+                prefetch_count=prefetch_count,
+                no_ack=no_ack,
+                now_ms=self._clock(),
+            )
+            consumer = queue.add_consumer(
+                tag, channel, spec, arguments, exclusive=exclusive, prefetch_count=prefetch_count
+            )
+            self._wake(consumer.queue)  # type: ignore[arg-type]
+            return consumer
         queue_arguments.check_consume(queue.name, self.name, arguments)
         if queue.exclusive_consumer() is not None or (exclusive and queue.consumer_count):
             rs = queue_arguments.resource("queue", queue.name, self.name)
@@ -686,9 +957,56 @@ class VirtualHost:
         self._wake(queue)
         return consumer
 
+    def _join_group(
+        self,
+        super_stream: str,
+        channel: ConsumerChannel,
+        tag: str,
+        arguments: Mapping[str, Any],
+        *,
+        no_ack: bool,
+        prefetch_count: int,
+    ) -> Consumer:
+        exchange = self.router.get(super_stream)
+        group_name = arguments[GROUP_ARGUMENT]
+        rs = queue_arguments.resource("exchange", super_stream, self.name)
+        if exchange is None or not isinstance(exchange.table, SuperStreamExchange):
+            raise NotFound(f"no super stream: {rs}")
+        if isinstance(group_name, bytes):
+            group_name = group_name.decode("utf-8", "replace")
+        if not isinstance(group_name, str) or not group_name:
+            raise PreconditionFailed(f"invalid arg '{GROUP_ARGUMENT}' for {rs}: expected a name")
+        partitions = [self.queues.get(d.name) for d in exchange.table.partitions()]
+        streams = [p for p in partitions if isinstance(p, Stream)]
+        if not streams or len(streams) != len(partitions):
+            raise NotFound(f"{rs} has partitions that are not streams, or none")
+        spec = stream_arguments.check_consume(
+            super_stream,
+            self.name,
+            arguments,
+            prefetch_count=prefetch_count,
+            no_ack=no_ack,
+            now_ms=self._clock(),
+        )
+        key = (super_stream, group_name)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = Group(super_stream, group_name, streams, self._wake)
+        stream_filter = consume_filter(rs, arguments)
+        return group.join(tag, channel, spec, stream_filter, prefetch_count)
+
     def cancel(self, consumer: Consumer) -> None:
         """Remove a consumer (basic.cancel, its channel gone); the last one of an auto-delete
         queue deletes it, as RabbitMQ does."""
+        if isinstance(consumer.queue, Member):
+            group = consumer.queue.group
+            group.leave(consumer.queue)
+            if not group.members and self.groups.get((group.super_stream, group.name)) is group:
+                del self.groups[(group.super_stream, group.name)]
+            return
+        if isinstance(consumer.queue, Cursor):
+            consumer.queue.stream.remove_consumer(consumer)
+            return
         # The core's consumers are always of its own queues.
         queue = cast(WorkQueue, consumer.queue)
         if queue.remove_consumer(consumer):
@@ -702,6 +1020,7 @@ class VirtualHost:
         """basic.get: the queue and its next message (None when there is none, or when the
         engine holds its ready messages until a commit: see `get_after_commit`)."""
         queue = self._used(self.get_queue(queue_name, owner))
+        self._refuse_on_stream(queue, "basic.get")
         message = queue.take(self._clock())
         if message is not None and no_ack:
             queue.ack([message.offset])
@@ -725,6 +1044,11 @@ class VirtualHost:
         queue.counts.got_one(message, no_ack)
         return message
 
+    def _refuse_on_stream(self, queue: WorkQueue, method: str) -> None:
+        if queue.queue_type == Stream.queue_type:
+            rs = queue_arguments.resource("queue", queue.name, self.name)
+            raise not_implemented(f"{method} not supported by stream queues {rs}")
+
     def peek(
         self, queue_name: str, owner: str, count_max: int, start: int = 0
     ) -> list[tuple[Message, bool]]:
@@ -737,6 +1061,7 @@ class VirtualHost:
     def purge(self, queue_name: str, owner: str) -> int:
         """queue.purge: drop every ready message; returns how many went."""
         queue = self.get_queue(queue_name, owner)
+        self._refuse_on_stream(queue, "queue.purge")
         count = queue.purge()
         # The purge acks every ready message: the tick commits that.
         self._wake(queue)
@@ -758,6 +1083,11 @@ class VirtualHost:
         internal: bool,
         arguments: Mapping[str, Any],
     ) -> None:
+        """exchange.declare; a super stream exchange declared with a partition count also
+        gets its partition streams (`super_stream.partitions`)."""
+        partitions = None
+        if type_name == SUPER_STREAM:
+            partitions = super_stream.partition_count(name, self.name, arguments)
         await self._apply(
             mc.DeclareExchange(
                 self.name,
@@ -769,6 +1099,22 @@ class VirtualHost:
                 arguments=dict(arguments),
             )
         )
+        if partitions is not None:
+            for order, partition in enumerate(super_stream.partition_names(name, partitions)):
+                await self.declare_queue(
+                    partition,
+                    durable=True,
+                    exclusive=False,
+                    auto_delete=False,
+                    arguments={"x-queue-type": Stream.queue_type},
+                    owner="",
+                    server_named=False,
+                    # The broker's own declare: a stream has no dead-letter exchange to check.
+                    user=None,
+                )
+                await self.bind(
+                    name, Destination(QUEUE, partition), str(order), {PARTITION_ORDER: order}
+                )
 
     async def delete_exchange(self, name: str, *, if_unused: bool) -> None:
         await self._apply(mc.DeleteExchange(self.name, name, if_unused=if_unused))

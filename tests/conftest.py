@@ -8,7 +8,8 @@ sys.path here (the suite runs in importlib mode with the repository root off sys
 * brokers.py: `ThreadBroker`, Warren in this process on a LoopThread; `WarrenProcess`, `warren
   serve` as a subprocess; `connect`, a pika connection to either;
 * doubles.py: `HeldExecutor`, a worker thread that runs its jobs only when told to;
-* http_api.py: `HttpApi`, a management API client (compat_tests' own, shared).
+* http_api.py: `HttpApi`, a management API client (compat_tests' own, shared);
+* browser.py: `chromium`, a headless Debian chromium under selenium, and `screenshot`.
 
 The fixtures below start brokers and stop them after the test, whatever it left running.
 """
@@ -45,6 +46,16 @@ def start_broker():
         running.stop()
 
 
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory):
+    """A ThreadBroker on default settings that a module's tests share, stopped after them."""
+    from brokers import ThreadBroker
+
+    running = ThreadBroker(tmp_path_factory.mktemp("broker")).start()
+    yield running
+    running.stop()
+
+
 @pytest.fixture
 def warren_process(tmp_path):
     """A WarrenProcess on a fresh data dir, not started yet; killed after the test."""
@@ -53,3 +64,12 @@ def warren_process(tmp_path):
     process = WarrenProcess(tmp_path / "data")
     yield process
     process.kill()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the screenshots of the browser tests went (browser.py), if any ran."""
+    browser = sys.modules.get("browser")
+    if browser is not None and browser.saved:
+        terminalreporter.write_sep("-", "browser screenshots")
+        for path in browser.saved:
+            terminalreporter.write_line(str(path))

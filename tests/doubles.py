@@ -9,6 +9,7 @@ from concurrent.futures import Executor, Future
 def work_queue(engine, name: str = "q", queue_type: str = "classic", **arguments):
     """A durable WorkQueue (classic unless told) named `name` in vhost "/" over `engine`."""
     # Imported here: the log and amqp tests use this module without loading server/.
+    from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
     from warrenmq.server.queue.work_queue import WorkQueue
 
     return WorkQueue(
@@ -21,6 +22,7 @@ def work_queue(engine, name: str = "q", queue_type: str = "classic", **arguments
         arguments=arguments,
         queue_type=queue_type,
         batch_records_max=64,
+        dead_letter_counts=DeadLetterCounts(),
     )
 
 

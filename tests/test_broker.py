@@ -426,16 +426,19 @@ def test_invalid_queue_argument_is_406(conn):
 
 
 @pytest.mark.warren_only
-def test_stream_queues_are_refused_until_streams_exist(conn):
+def test_unknown_queue_types_are_refused_and_streams_accepted(conn):
     ch = conn.channel()
     q = name()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as excinfo:
-        ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+        ch.queue_declare(q, durable=True, arguments={"x-queue-type": "streamx"})
     assert closed_with(excinfo) == (
         406,
         f"PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue '{q}' in vhost '/': "
-        "\"unsupported queue type 'stream'\"",
+        "\"unsupported queue type 'streamx'\"",
     )
+    ch = conn.channel()
+    assert ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"}).method.queue == q
+    ch.queue_delete(q)
 
 
 def test_quorum_and_classic_types_are_accepted(conn):

@@ -21,6 +21,7 @@ from brokers import warren_serve
 from warrenmq.server import broker as broker_module
 from warrenmq.server.broker import METADATA_FILE
 from warrenmq.server.metadata.state import Limits
+from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 from warrenmq.server.vhost import SHUTDOWN_CONCURRENT_MAX, VirtualHost, directory_name
 
 
@@ -120,6 +121,7 @@ def test_concurrent_declares_of_one_new_queue_share_its_storage(
         arguments={},
         owner="o",
         server_named=False,
+        user=None,
     )
 
     async def race():
@@ -255,6 +257,7 @@ def test_clean_shutdown_runs_queues_side_by_side_and_one_failure_closes_only_its
         clock=lambda: 0,
         confirm=lambda handoff, tag: None,
         open_delayed=None,
+        dead_letter_counts=DeadLetterCounts(),
     )
     names = ["bad"] + [f"q{i}" for i in range(500)]
     vhost.queues = {

@@ -10,6 +10,7 @@ import asyncio
 
 from warrenmq.server.broker import Broker
 from warrenmq.server.config import BrokerConfig
+from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.session.channel import BrokerChannel
 
@@ -84,6 +85,7 @@ def gated_queue(name, *, durable=True):
         arguments={},
         queue_type="classic",
         batch_records_max=128,
+        dead_letter_counts=DeadLetterCounts(),
     )
     return queue, engine
 

@@ -3,6 +3,7 @@ that follow the broker, and the text format Prometheus parses."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import pika
@@ -88,3 +89,90 @@ def test_metrics_types_are_rabbitmqs(broker):
         text = response.read().decode()
     assert "# TYPE rabbitmq_channel_messages_published_total counter" in text
     assert "# TYPE rabbitmq_queue_messages_ready gauge" in text
+
+
+def histogram_count(broker, name: str) -> float:
+    [count] = scrape(broker)[f"{name}_count"].values()
+    return count
+
+
+def test_an_fsync_and_a_confirm_are_observed_in_their_histograms(broker):
+    fsyncs = histogram_count(broker, "warren_log_fsync_seconds")
+    confirms = histogram_count(broker, "warren_confirm_latency_seconds")
+    connection = broker.connect()
+    channel = connection.channel()
+    channel.queue_declare("synced", durable=True)
+    channel.confirm_delivery()
+    # A persistent message is confirmed only after its group commit's fsync.
+    channel.basic_publish("", "synced", b"x", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    samples = scrape(broker)
+    assert samples["warren_log_fsync_seconds_count"][()] > fsyncs
+    assert samples["warren_confirm_latency_seconds_count"][()] > confirms
+    assert samples["warren_log_fsync_seconds_sum"][()] > 0
+    # Cumulative buckets, the last of them every observation.
+    buckets = samples["warren_confirm_latency_seconds_bucket"]
+    assert buckets[(("le", "+Inf"),)] == samples["warren_confirm_latency_seconds_count"][()]
+    assert list(buckets.values()) == sorted(buckets.values())
+
+
+def test_dead_letters_are_counted_by_reason_and_strategy(broker):
+    def counted(reason: str, strategy: str) -> float:
+        samples = scrape(broker).get(f"rabbitmq_global_messages_dead_lettered_{reason}_total", {})
+        labels = (("dead_letter_strategy", strategy), ("queue_type", "rabbit_classic_queue"))
+        return samples.get(labels, 0)
+
+    before = {
+        (reason, strategy): counted(reason, strategy)
+        for reason in ("rejected", "expired", "maxlen")
+        for strategy in ("at_least_once", "disabled")
+    }
+    connection = broker.connect()
+    channel = connection.channel()
+    channel.queue_declare("dl-target")
+    to_target = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dl-target"}
+    for name, arguments in (("dl-source", to_target), ("dl-dropping", {})):
+        channel.queue_declare(name, arguments=arguments)
+        channel.basic_publish("", name, b"r")
+        method, _, _ = channel.basic_get(name)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    channel.queue_declare("dl-ttl", arguments={**to_target, "x-message-ttl": 0})
+    channel.basic_publish("", "dl-ttl", b"e")
+    channel.queue_declare("dl-short", arguments={"x-max-length": 1})
+    for body in (b"1", b"2", b"3"):
+        channel.basic_publish("", "dl-short", body)
+    channel.queue_declare("dl-short", passive=True)
+    deadline = time.monotonic() + 10
+    while channel.queue_declare("dl-target", passive=True).method.message_count < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    connection.close()
+    grown = {key: counted(*key) - value for key, value in before.items()}
+    assert grown == {
+        ("rejected", "at_least_once"): 1,
+        ("rejected", "disabled"): 1,
+        ("expired", "at_least_once"): 1,
+        ("expired", "disabled"): 0,
+        ("maxlen", "at_least_once"): 0,
+        ("maxlen", "disabled"): 2,
+    }
+
+
+def test_an_ack_after_the_visibility_timeout_is_counted_stale(broker):
+    connection = broker.connect()
+    channel = connection.channel()
+    channel.queue_declare("invisible", arguments={"x-visibility-timeout": 100})
+    channel.basic_publish("", "invisible", b"slow")
+    method, _, _ = channel.basic_get("invisible")
+    # Back in the queue once its visibility timeout passed: the first get's tag is stale.
+    deadline = time.monotonic() + 10
+    while (again := channel.basic_get("invisible"))[0] is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    channel.basic_ack(method.delivery_tag)
+    channel.basic_ack(again[0].delivery_tag)
+    channel.queue_declare("invisible", passive=True)
+    samples = scrape(broker, "per-object")
+    assert samples["warren_queue_stale_acks_total"][(("queue", "invisible"), ("vhost", "/"))] == 1
+    assert scrape(broker)["warren_queue_stale_acks_total"][()] >= 1
+    connection.close()

@@ -77,6 +77,47 @@ def test_a_bad_name_regex_is_a_400():
     assert excinfo.value.status == 400
 
 
+QUERIES = st.fixed_dictionaries(
+    {"page": st.sampled_from(["1", "2", "3"]), "page_size": st.sampled_from(["1", "4", "100"])},
+    optional={
+        "sort": st.sampled_from(["", "name", "vhost", "depth", "stats.rate"]),
+        "sort_reverse": st.sampled_from(["true", "false"]),
+        "name": st.sampled_from(["", "q1", "Q", "^b"]),
+        "use_regex": st.sampled_from(["true", "false"]),
+        "columns": st.sampled_from(["name", "name,depth"]),
+    },
+)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["/", "b"]), st.text("qQ1b", max_size=3))), QUERIES)
+def test_a_list_built_per_page_replies_as_the_whole_list_does(names, query):
+    entries = [(vhost, name, depth) for depth, (vhost, name) in enumerate(names)]
+    built = []
+
+    def build(entry):
+        built.append(entry)
+        vhost, name, depth = entry
+        return {"vhost": vhost, "name": name, "depth": depth % 3, "stats": {"rate": -depth}}
+
+    def whole():
+        return listing.listing([build(e) for e in entries], ["vhost", "name"], query, pageable=True)
+
+    try:
+        expected = whole()
+    except ApiError as error:
+        expected = error.error
+    built.clear()
+    try:
+        reply = listing.listing_built_per_page(
+            entries, lambda e: {"vhost": e[0], "name": e[1]}, build, ["vhost", "name"], query
+        )
+    except ApiError as error:
+        reply = error.error
+    assert reply == expected
+    if query.get("sort") in (None, "", "name", "vhost") and isinstance(reply, dict):
+        assert len(built) == reply["item_count"], "items off the page were built"
+
+
 def test_amqp_values_as_json():
     when = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
     shown = values.to_json(

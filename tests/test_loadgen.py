@@ -26,7 +26,7 @@ from pamqp import frame as pamqp_frame
 from warrenmq.amqp import Connection, ConnectionConfig, events, fastpath, frames, testing
 from warrenmq.server.bench import loadgen, roles, wire
 from warrenmq.server.bench import stats as loadgen_stats
-from warrenmq.server.bench.client import BenchError
+from warrenmq.server.bench.client import BenchError, ClientConnection
 from warrenmq.server.bench.roles import Consumer, ConsumerTally, Publisher
 
 shortstr = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
@@ -416,6 +416,30 @@ def test_consumer_records_latency_and_acks_in_batches():
     asyncio.run(scenario())
 
 
+def test_consumer_rejects_every_nth_and_never_acks_a_rejected_tag():
+    async def scenario():
+        connection = FakeConnection()
+        tally = ConsumerTally(expected=4)
+        consumer = Consumer(connection, 2, tally, ack_every=2, reject_every=2)
+        consumer.attach()
+        body = wire.stamped_body(bytes(8), time.monotonic_ns())
+
+        def deliver(tag):
+            return fastpath.encode_deliver(
+                2, "ctag", tag, False, "", "q", wire.PERSISTENT_PROPERTIES, body, 4096
+            )
+
+        feed(consumer, deliver(1) + deliver(2))
+        assert connection.written == [wire.encode_reject(2, 2), wire.encode_ack(2, 1, True)]
+        feed(consumer, deliver(3) + deliver(4))
+        assert connection.written[2:] == [wire.encode_reject(2, 4), wire.encode_ack(2, 3, True)]
+        assert tally.rejected == 2 and tally.done.done()
+        consumer.flush_acks()
+        assert len(connection.written) == 4
+
+    asyncio.run(scenario())
+
+
 # -- whole runs against a broker ------------------------------------------------------------
 
 
@@ -675,7 +699,11 @@ def test_options_are_checked():
     with pytest.raises(ValueError, match="timestamp"):
         loadgen.Options(scenario="e2e", queue="q", size_bytes=4)
     with pytest.raises(ValueError, match="queue type"):
-        loadgen.Options(scenario="publish", queue="q", queue_type="stream")
+        loadgen.Options(scenario="publish", queue="q", queue_type="streams")
+    with pytest.raises(ValueError, match="replay reads a stream"):
+        loadgen.Options(scenario="replay", queue="q", queue_type="classic")
+    with pytest.raises(ValueError, match="needs a prefetch"):
+        loadgen.Options(scenario="replay", queue="q", queue_type="stream", prefetch=0)
 
 
 def test_cli_prints_json(capsys):
@@ -721,6 +749,57 @@ def test_small_runs_against_warren(warren_url):
     assert published["confirmed"] == 3000 and published["nacked"] == 0
     assert end_to_end["received"] == 3000 and end_to_end["redelivered"] == 0
     assert end_to_end["latency_ms_p99"] >= end_to_end["latency_ms_p50"] > 0
+
+
+def test_e2e_with_rejects_ends_once_the_dead_letter_queue_holds_them(warren_url):
+    """`--reject-every 10`: a tenth of the deliveries rejected into QUEUE.dlq; the run counts
+    until they are all there, and deletes both queues."""
+    options = loadgen.Options(
+        scenario="e2e",
+        queue="bench-rejects",
+        messages=3000,
+        window=300,
+        prefetch=100,
+        multi_ack_every=50,
+        reject_every=10,
+        timeout_s=60,
+    )
+    report = asyncio.run(loadgen.run_scenario(warren_url, options))
+    assert report["received"] == 3000 and report["dead_lettered"] == 300
+    assert report["reject_every"] == 10
+
+    async def exists(queue: str) -> bool:
+        connection = await ClientConnection.open(wire.parse_url(warren_url))
+        try:
+            channel = await connection.open_channel()
+            await connection.call(
+                channel, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk
+            )
+            return True
+        except BenchError:
+            return False
+        finally:
+            await connection.close()
+
+    assert not asyncio.run(exists("bench-rejects"))
+    assert not asyncio.run(exists("bench-rejects.dlq"))
+
+
+def test_a_stream_replays_to_several_consumers_at_once(warren_url):
+    replay = loadgen.Options(
+        scenario="replay",
+        queue="bench-replay",
+        queue_type="stream",
+        messages=3000,
+        window=300,
+        consumers=3,
+        prefetch=100,
+        multi_ack_every=50,
+        timeout_s=60,
+    )
+    report = asyncio.run(loadgen.run_scenario(warren_url, replay))
+    assert report["received"] == 9000 and report["first_delivery_ms"] > 0
+    assert report["msgs_per_s"] > 0 and report["fill_msgs_per_s"] > 0
 
 
 REAL_BROKER_URL = os.environ.get("WARREN_BENCH_URL") or os.environ.get("WARREN_REFERENCE_URL")

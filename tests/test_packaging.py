@@ -66,3 +66,10 @@ def test_the_wheel_holds_only_warrenmq_with_every_subpackage(tmp_path):
         for module in (ROOT / folder).rglob("*.py"):
             if "__pycache__" not in module.parts:
                 assert f"warrenmq/{module.relative_to(ROOT).as_posix()}" in names
+    # The web console is package data: every file of it, or the page breaks once installed.
+    for console_file in (ROOT / "server" / "http" / "www").rglob("*"):
+        if console_file.is_file():
+            relative = console_file.relative_to(ROOT).as_posix()
+            assert f"warrenmq/{relative}" in names, (
+                f"{relative} is missing from the wheel: add its folder to pyproject package-data"
+            )

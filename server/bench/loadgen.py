@@ -1,7 +1,8 @@
 """`warren bench publish|e2e|memory`: a load generator for any AMQP 0-9-1 broker, like PerfTest.
 
-Scenarios (each declares its own durable queue, ``x-queue-type`` classic or quorum, purges it,
-and deletes it at the end unless ``--keep-queue``):
+Scenarios (each declares its own durable queue, ``x-queue-type`` classic, quorum or stream,
+purges it (a stream is deleted and declared again instead: streams refuse purges), and deletes
+it at the end unless ``--keep-queue``):
 
 * ``publish`` — publishers with confirms, at most ``--window`` unconfirmed each, send
   ``--messages`` persistent messages of ``--size`` bytes; reports msgs/s from the first
@@ -10,6 +11,10 @@ and deletes it at the end unless ``--keep-queue``):
   consumers with prefetch ``--prefetch`` that ack with ``multiple`` every
   ``--multi-ack-every`` deliveries; reports msgs/s received and the end-to-end latency from
   the send timestamp carried in each body.
+* ``replay`` — fills a stream (``--queue-type stream``) with ``--messages`` confirmed
+  messages, then ``--consumers`` consumers at once read all of it from ``x-stream-offset:
+  first`` (prefetch ``--prefetch``, acks as credit); reports msgs/s received in total and the
+  time from the first basic.consume to the first delivery.
 * ``memory`` — fills the queue with ``--messages`` ready messages and reports how much the
   broker's resident memory grew (``--pid``, read from /proc, so the broker must run on this
   machine).
@@ -45,17 +50,19 @@ from .client import BenchError, ClientConnection, close_all
 from .roles import Consumer, ConsumerTally, Publisher
 from .stats import LatencyHistogram
 
-QUEUE_TYPES = ("classic", "quorum")
+QUEUE_TYPES = ("classic", "quorum", "stream")
 WINDOW_MAX = 1_000_000
 CONNECTIONS_MAX = 64
 PREFETCH_MAX = 65_535  # basic.qos prefetch-count is a short
 BODY_BYTES_MAX = 128 << 20
 _MB = 1_000_000
+DEAD_LETTER_POLL_S = 0.01
 # The figures `--compare` divides, per scenario.
 HEADLINES = {
     "publish": ("msgs_per_s", "confirm_latency_ms_p50", "confirm_latency_ms_p99"),
     "e2e": ("msgs_per_s", "latency_ms_p50", "latency_ms_p99"),
     "memory": ("rss_mb_growth",),
+    "replay": ("msgs_per_s", "first_delivery_ms"),
 }
 
 
@@ -73,6 +80,8 @@ class Options:
     consumers: int = 1
     prefetch: int = 1000
     multi_ack_every: int = 500
+    reject_every: int = 0
+    """e2e: reject every Nth delivery to a dead-letter queue (0: none)."""
     rate_per_s: float | None = None
     warmup: int = 0
     settle_s: float = 2.0
@@ -84,6 +93,10 @@ class Options:
             raise ValueError(f"unknown scenario {self.scenario!r}")
         if self.queue_type not in QUEUE_TYPES:
             raise ValueError(f"queue type must be one of {QUEUE_TYPES}, got {self.queue_type!r}")
+        if self.scenario == "replay" and self.queue_type != "stream":
+            raise ValueError("replay reads a stream: --queue-type stream")
+        if self.queue_type == "stream" and self.prefetch == 0:
+            raise ValueError("a stream consumer needs a prefetch")
         if not 0 <= self.size_bytes <= BODY_BYTES_MAX:
             raise ValueError(f"size must be 0..{BODY_BYTES_MAX} bytes, got {self.size_bytes}")
         if self.scenario == "e2e" and self.size_bytes < wire.TIMESTAMP_BYTES:
@@ -102,6 +115,10 @@ class Options:
         if self.multi_ack_every < 1 or (self.prefetch and self.multi_ack_every > self.prefetch):
             # Acking less often than the prefetch allows would stall the consumer for good.
             raise ValueError("multi-ack-every must be 1..prefetch")
+        if self.reject_every < 0 or self.reject_every == 1:
+            raise ValueError("reject-every must be 0 (none) or at least 2")
+        if self.reject_every and self.queue_type == "stream":
+            raise ValueError("a stream refuses rejects: no --reject-every on a stream")
         if self.rate_per_s is not None and self.rate_per_s <= 0:
             raise ValueError("rate must be positive")
         if self.warmup < 0 or self.warmup >= self.messages:
@@ -147,17 +164,38 @@ def _split(total: int, parts: int) -> list[int]:
     return [share + (1 if index < extra else 0) for index in range(parts)]
 
 
+def dead_letter_queue(options: Options) -> str | None:
+    return f"{options.queue}.dlq" if options.reject_every else None
+
+
 async def _declare(connection: ClientConnection, channel: int, options: Options) -> None:
+    arguments: dict[str, Any] = {"x-queue-type": options.queue_type}
+    dead_letters = dead_letter_queue(options)
+    queues = [options.queue]
+    if dead_letters is not None:
+        await connection.call(
+            channel,
+            commands.Queue.Declare(queue=dead_letters, durable=True, arguments=dict(arguments)),
+            commands.Queue.DeclareOk,
+        )
+        arguments["x-dead-letter-exchange"] = ""
+        arguments["x-dead-letter-routing-key"] = dead_letters
+        queues.append(dead_letters)
+    if options.queue_type == "stream":
+        await connection.call(
+            channel, commands.Queue.Delete(queue=options.queue), commands.Queue.DeleteOk
+        )
     await connection.call(
         channel,
-        commands.Queue.Declare(
-            queue=options.queue, durable=True, arguments={"x-queue-type": options.queue_type}
-        ),
+        commands.Queue.Declare(queue=options.queue, durable=True, arguments=arguments),
         commands.Queue.DeclareOk,
     )
-    await connection.call(
-        channel, commands.Queue.Purge(queue=options.queue), commands.Queue.PurgeOk
-    )
+    # A stream refuses purges: it was deleted and declared again instead.
+    if options.queue_type != "stream":
+        for queue in queues:
+            await connection.call(
+                channel, commands.Queue.Purge(queue=queue), commands.Queue.PurgeOk
+            )
 
 
 async def _ready_count(connection: ClientConnection, channel: int, queue: str) -> int:
@@ -244,7 +282,14 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
         await connection.call(
             channel, commands.Basic.Qos(prefetch_count=options.prefetch), commands.Basic.QosOk
         )
-        consumer = Consumer(connection, channel, tally, options.multi_ack_every, options.warmup)
+        consumer = Consumer(
+            connection,
+            channel,
+            tally,
+            options.multi_ack_every,
+            options.warmup,
+            options.reject_every,
+        )
         consumer.attach()
         await connection.call(
             channel, commands.Basic.Consume(queue=options.queue), commands.Basic.ConsumeOk
@@ -256,20 +301,68 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
     await asyncio.gather(tally.done, *(publisher.done for publisher in publishers))
     for consumer in consumers:
         consumer.flush_acks()
+    end_ns = tally.done.result()
+    dead_letters = dead_letter_queue(options)
+    if dead_letters is not None:
+        # Done once the dead-letter queue holds every rejected message too.
+        channel = await run.connections[0].open_channel()
+        while await _ready_count(run.connections[0], channel, dead_letters) < tally.rejected:
+            await asyncio.sleep(DEAD_LETTER_POLL_S)
+        end_ns = time.monotonic_ns()
     report = _publish_report(run)
     start_ns = min(publisher.start_ns for publisher in publishers)
-    seconds = max((tally.done.result() - start_ns) / 1e9, 1e-9)
+    seconds = max((end_ns - start_ns) / 1e9, 1e-9)
     report.update(
         {
             "seconds": round(seconds, 3),
             "received": tally.received,
             "redelivered": tally.redelivered,
+            "dead_lettered": tally.rejected,
             "unstamped": tally.unstamped,
             "msgs_per_s": round(tally.received / seconds, 1),
             **{key: value for key, value in tally.histogram.summary_ms().items() if key != "count"},
         }
     )
     return report
+
+
+async def _run_replay(address: wire.BrokerAddress, options: Options, run: _Run) -> dict[str, Any]:
+    publishers = await _start_publishers(address, options, False, run)
+    for publisher in publishers:
+        publisher.start()
+    await asyncio.gather(*(publisher.done for publisher in publishers))
+    filled = _publish_report(run)
+    tally = run.tally = ConsumerTally(options.messages * options.consumers)
+    readers = []
+    for _ in range(options.consumers):
+        connection = await ClientConnection.open(address)
+        run.connections.append(connection)
+        channel = await connection.open_channel()
+        await connection.call(
+            channel, commands.Basic.Qos(prefetch_count=options.prefetch), commands.Basic.QosOk
+        )
+        consumer = Consumer(connection, channel, tally, options.multi_ack_every)
+        consumer.attach()
+        readers.append((connection, channel, consumer))
+    start_ns = time.monotonic_ns()
+    for connection, channel, _ in readers:
+        await connection.call(
+            channel,
+            commands.Basic.Consume(queue=options.queue, arguments={"x-stream-offset": "first"}),
+            commands.Basic.ConsumeOk,
+        )
+    end_ns = await tally.done
+    for _, _, consumer in readers:
+        consumer.flush_acks()
+    seconds = max((end_ns - start_ns) / 1e9, 1e-9)
+    assert tally.first_ns is not None
+    return {
+        "fill_msgs_per_s": filled["publish_msgs_per_s"],
+        "seconds": round(seconds, 3),
+        "received": tally.received,
+        "msgs_per_s": round(tally.received / seconds, 1),
+        "first_delivery_ms": round((tally.first_ns - start_ns) / 1e6, 3),
+    }
 
 
 async def _run_memory(
@@ -321,12 +414,16 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
             report = await _run_publish(address, options, run)
         elif options.scenario == "e2e":
             report = await _run_e2e(address, options, run)
+        elif options.scenario == "replay":
+            report = await _run_replay(address, options, run)
         else:
             report = await _run_memory(address, options, run, admin, channel, pid)
         if not options.keep_queue:
-            await admin.call(
-                channel, commands.Queue.Delete(queue=options.queue), commands.Queue.DeleteOk
-            )
+            for queue in (options.queue, dead_letter_queue(options)):
+                if queue is not None:
+                    await admin.call(
+                        channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk
+                    )
             declared = False
         return report
 
@@ -343,6 +440,9 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
         if admin is not None:
             if declared and not options.keep_queue and admin.error is None:
                 await _delete_quietly(admin, options.queue)
+                dead_letters = dead_letter_queue(options)
+                if dead_letters is not None:
+                    await _delete_quietly(admin, dead_letters)
             await admin.close()
     # The client's own CPU share over the run: near 100 % means it, not the broker, set the pace.
     report["client_cpu_percent"] = round(
@@ -373,8 +473,21 @@ _SCENARIO_OPTIONS = {
         "consumers",
         "prefetch",
         "multi_ack_every",
+        "reject_every",
         "rate_per_s",
         "warmup",
+    ),
+    "replay": (
+        "scenario",
+        "queue",
+        "queue_type",
+        "size_bytes",
+        "messages",
+        "window",
+        "publishers",
+        "consumers",
+        "prefetch",
+        "multi_ack_every",
     ),
     "memory": (
         "scenario",
@@ -504,6 +617,7 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         consumers=getattr(args, "consumers", 1),
         prefetch=prefetch,
         multi_ack_every=ack_every,
+        reject_every=getattr(args, "reject_every", 0),
         rate_per_s=getattr(args, "rate", None),
         warmup=getattr(args, "warmup", 0),
         settle_s=getattr(args, "settle", 2.0),
@@ -585,7 +699,7 @@ def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
 
 
 def register(targets: Any) -> None:
-    """Add `publish`, `e2e` and `memory` to `warren bench`."""
+    """Add `publish`, `e2e`, `replay` and `memory` to `warren bench`."""
     publish = targets.add_parser(
         "publish", help="confirmed publish throughput of persistent messages to a durable queue"
     )
@@ -609,6 +723,13 @@ def register(targets: Any) -> None:
         help="ack (multiple) every K deliveries (default: prefetch / 2)",
     )
     e2e.add_argument(
+        "--reject-every",
+        type=int,
+        default=0,
+        help="reject (no requeue) every Nth delivery into a dead-letter queue, QUEUE.dlq "
+        "(default 0: none)",
+    )
+    e2e.add_argument(
         "--rate",
         type=float,
         help="publish at this steady total rate in msgs/s (default: as fast as possible)",
@@ -620,6 +741,22 @@ def register(targets: Any) -> None:
         help="leave the first M deliveries out of the latency figures",
     )
     e2e.set_defaults(handler=_handle, scenario="e2e")
+
+    replay = targets.add_parser(
+        "replay", help="fill a stream, then consumers read all of it from the first offset"
+    )
+    _common_arguments(replay, 1_000_000)
+    replay.set_defaults(queue_type="stream")
+    replay.add_argument("--consumers", type=int, default=1, help="consumer connections (default 1)")
+    replay.add_argument(
+        "--prefetch", type=int, default=1000, help="basic.qos prefetch-count (default 1000)"
+    )
+    replay.add_argument(
+        "--multi-ack-every",
+        type=int,
+        help="ack (multiple) every K deliveries (default: prefetch / 2)",
+    )
+    replay.set_defaults(handler=_handle, scenario="replay")
 
     memory = targets.add_parser(
         "memory", help="fill a queue with ready messages and report the broker's RSS growth"

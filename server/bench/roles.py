@@ -183,6 +183,7 @@ class ConsumerTally:
         self.received = 0
         self.unstamped = 0
         self.redelivered = 0
+        self.rejected = 0
         self.histogram = LatencyHistogram()
         self.first_ns: int | None = None
         self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -193,7 +194,8 @@ class ConsumerTally:
 
 
 class Consumer:
-    """Consumes with manual acks: one ``basic.ack multiple`` per ``ack_every`` deliveries.
+    """Consumes with manual acks: one ``basic.ack multiple`` per ``ack_every`` deliveries,
+    and with ``reject_every`` N, a ``basic.reject`` (no requeue) of every Nth delivery.
 
     End-to-end latency is the time from the publisher's stamp to the socket read that carried
     the message's last body frame, recorded when at least ``warmup`` messages have arrived.
@@ -206,6 +208,7 @@ class Consumer:
         tally: ConsumerTally,
         ack_every: int,
         warmup: int = 0,
+        reject_every: int = 0,
     ) -> None:
         if ack_every < 1:
             raise ValueError(f"ack_every must be positive, got {ack_every}")
@@ -214,7 +217,9 @@ class Consumer:
         self.tally = tally
         self.ack_every = ack_every
         self.warmup = warmup
+        self.reject_every = reject_every
         self._last_tag = 0
+        self._acked_tag = 0
         self._unacked = 0
         self._body_left = 0
         self._body_first = False
@@ -242,9 +247,15 @@ class Consumer:
                 self._complete.append(0)
             return True
         if frame_type == frames.FRAME_METHOD and wire.method_id(payload) == wire.BASIC_DELIVER_ID:
-            self._last_tag = wire.decode_deliver_tag(payload)
+            tag = wire.decode_deliver_tag(payload)
             if payload[13 + payload[4]] & 1:  # the redelivered bit after tag length + tag
                 self.tally.redelivered += 1
+            if self.reject_every and tag % self.reject_every == 0:
+                # Settled now: the next multiple ack names a later tag and passes over it.
+                self.connection.write(wire.encode_reject(self.channel, tag))
+                self.tally.rejected += 1
+            else:
+                self._last_tag = tag
             return True
         return False
 
@@ -274,7 +285,10 @@ class Consumer:
     def flush_acks(self) -> None:
         """Ack everything delivered so far with one multiple ack."""
         if self._unacked and self.connection.error is None:
-            self.connection.write(wire.encode_ack(self.channel, self._last_tag, True))
+            # Unless every delivery since the last ack was rejected (settled already).
+            if self._last_tag > self._acked_tag:
+                self.connection.write(wire.encode_ack(self.channel, self._last_tag, True))
+                self._acked_tag = self._last_tag
             self._unacked = 0
 
     def writable(self) -> None:

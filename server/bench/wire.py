@@ -28,6 +28,7 @@ PUBLISH_METHOD = 40
 DELIVER_METHOD = 60
 ACK_METHOD = 80
 NACK_METHOD = 120
+REJECT_METHOD = 90
 # (class id << 16 | method id) of the methods the hot path dispatches on.
 BASIC_DELIVER_ID = BASIC_CLASS << 16 | DELIVER_METHOD
 BASIC_ACK_ID = BASIC_CLASS << 16 | ACK_METHOD
@@ -175,6 +176,20 @@ def stamped_body(padding: bytes, timestamp_ns: int) -> bytes:
 def body_timestamp_ns(body: bytes) -> int:
     """The send time that ``stamped_body`` put at the front of a body."""
     return TIMESTAMP.unpack_from(body)[0]
+
+
+def encode_reject(channel: int, delivery_tag: int) -> bytes:
+    """A basic.reject frame, requeue false (the message is dead-lettered or dropped)."""
+    return _ACK_FRAME.pack(
+        frames.FRAME_METHOD,
+        channel,
+        _ACK_PAYLOAD.size,
+        BASIC_CLASS,
+        REJECT_METHOD,
+        delivery_tag,
+        0,
+        frames.FRAME_END,
+    )
 
 
 def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:

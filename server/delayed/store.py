@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from warrenmq.exchanges.router import Exchange
 
+from ..queue.dead_letter_counts import DeadLetterCounts
 from ..queue.work_queue import WorkQueue
 from .message_log import DelayedMessageLog, Held
 
@@ -45,6 +46,8 @@ class DelayedStore(WorkQueue):
             arguments={},
             queue_type="classic",
             batch_records_max=batch_records_max,
+            # Nothing dies in a store (no dead-letter exchange, no limits): none to count.
+            dead_letter_counts=DeadLetterCounts(),
         )
         self._route_due = route_due
         self.hand_offs = 0

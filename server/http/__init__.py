@@ -1,4 +1,5 @@
-"""The HTTP adapter: RabbitMQ's management API and Prometheus metrics, over the same core.
+"""The HTTP adapter: RabbitMQ's management API, Prometheus metrics and a web console, over the
+same core.
 
 * ``listeners.HttpListeners`` — the two aiohttp servers ``warren serve`` runs on its event
   loop (``management_port``, 15672; ``metrics_port``, 15692);
@@ -6,6 +7,7 @@
   resource: ``overview``, ``vhosts``, ``users`` (and permissions), ``exchanges``,
   ``queues``, ``bindings``, ``connections`` (and channels, consumers), ``definitions``;
 * ``metrics`` — /metrics and /metrics/per-object in Prometheus' text format;
+* ``console`` — the web console's files (``www/``) at ``/`` of the management listener;
 * ``auth``, ``errors``, ``listing``, ``values``, ``rates``, ``stats`` — what the handlers
   share: logins and tags, RabbitMQ's error bodies, paging and columns, JSON to AMQP values,
   rates sampled at requests, ``message_stats``;

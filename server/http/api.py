@@ -12,7 +12,7 @@ import enum
 import json
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -141,6 +141,17 @@ class Call:
         self, items: list[dict[str, Any]], defaults: Sequence[str], *, pageable: bool = False
     ) -> web.Response:
         return reply(listing.listing(items, defaults, self.query, pageable=pageable))
+
+    def listing_built_per_page(
+        self,
+        entries: Sequence[Any],
+        keys: Callable[[Any], dict[str, Any]],
+        build: Callable[[Any], dict[str, Any]],
+        defaults: Sequence[str],
+    ) -> web.Response:
+        """A pageable list whose items are built only for the page asked, when its order
+        allows (`listing.listing_built_per_page`)."""
+        return reply(listing.listing_built_per_page(entries, keys, build, defaults, self.query))
 
     def one(self, item: dict[str, Any]) -> web.Response:
         """A single entity, cut to `columns=` when asked."""

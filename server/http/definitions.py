@@ -202,6 +202,7 @@ async def _import_topology(
                 arguments=to_amqp_table(item.get("arguments")),
                 owner=None,  # type: ignore[arg-type]
                 server_named=False,
+                user=None,  # an administrator's import, as rabbit_definitions declares
             )
         )
     for item in _section(document, "bindings"):

@@ -4,10 +4,14 @@ permission on the queue; importing needs write permission on the default exchang
 which the core publishes each message again with its exact property bytes.
 
 Purging is the management API's own DELETE /api/queues/{vhost}/{queue}/contents.
+
+Listing the queues dead letters reach, and redrive tasks (`server/redrive.py`): started on a
+queue, then listed, watched, cancelled and resumed under /api/dlq/redrives.
 """
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import json
 from typing import Any
@@ -16,6 +20,7 @@ from aiohttp import web
 
 from warrenmq.amqp import fastpath
 from warrenmq.dlq.inspect import describe, raw_message
+from warrenmq.dlq.redrive import RedriveSpec, last_death
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
 from warrenmq.server.vhost import Published
 
@@ -116,3 +121,121 @@ async def import_lines(call: Call) -> web.Response:
     if stored.failed:
         raise bad_request("storing the imported messages failed")
     return reply({"imported": len(messages) - refused, "refused": refused})
+
+
+async def list_dead_letter_queues(call: Call) -> web.Response:
+    """GET /api/dlq[/{vhost}]: the queues dead letters can reach (see
+    `VirtualHost.dead_letter_queues`) the caller may read, with their depth and what their
+    messages last died of, by reason and by source queue."""
+    listed = []
+    for vhost_name in call.vhosts():
+        vhost = call.api.host.vhosts.get(vhost_name)
+        if vhost is None:
+            continue
+        for name, sources in vhost.dead_letter_queues().items():
+            if not call.state.can_access(call.caller.name, vhost_name, "read", QUEUE, name):
+                continue
+            queue = vhost.queues.get(name)
+            if queue is None:
+                continue
+            by_reason, by_source = await _census(queue)
+            listed.append(
+                {
+                    "vhost": vhost_name,
+                    "name": name,
+                    "dead_letter_sources": sources,
+                    "messages": queue.ready_count + queue.engine.unacked_count,
+                    "messages_ready": queue.ready_count,
+                    "messages_unacknowledged": queue.engine.unacked_count,
+                    "consumers": queue.consumer_count,
+                    "by_reason": by_reason,
+                    "by_source": by_source,
+                }
+            )
+    return reply(listed)
+
+
+async def _census(queue: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Counts of a queue's messages by the reason and the queue of their last death, read a
+    slice at a time so a large queue does not hold up the event loop."""
+    by_reason: dict[str, int] = {}
+    by_source: dict[str, int] = {}
+    start = 0
+    while not queue.deleted:
+        browsed = queue.engine.browse(start, EXPORT_SLICE)
+        if not browsed:
+            break
+        for message, _ in browsed:
+            death = last_death(message.properties)
+            reason, source = (death.reason, death.queue) if death else ("none", "none")
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+            by_source[source] = by_source.get(source, 0) + 1
+        start = browsed[-1][0].offset + 1
+        await asyncio.sleep(0)
+    return by_reason, by_source
+
+
+async def start_redrive(call: Call) -> web.Response:
+    """POST /api/dlq/{vhost}/{queue}/redrive: start a redrive task (see `RedriveSpec` for
+    the body); 201 with the task. Needs read on the queue and write where it publishes: the
+    exchange asked for, or each source queue's exchange (checked as the task meets them
+    would be too late: the default exchange's write permission stands for them)."""
+    name = _queue_name(call)
+    try:
+        spec = RedriveSpec.from_json(await call.body())
+    except ValueError as error:
+        raise bad_request(str(error)) from None
+    if spec.exchange is not None:
+        if spec.exchange and call.vhost().router.get(spec.exchange) is None:
+            raise object_not_found()
+        call.check("write", EXCHANGE, spec.exchange)
+    else:
+        call.check("write", EXCHANGE, "")
+    try:
+        task = call.api.host.redrives.start(call.vhost().name, name, spec)
+    except LookupError:
+        raise object_not_found() from None
+    except ValueError as error:
+        raise bad_request(str(error)) from None
+    return reply(task.to_json(), status=201)
+
+
+def _task(call: Call) -> Any:
+    task = call.api.host.redrives.tasks.get(call.params["id"])
+    if task is None or not call.state.can_access(
+        call.caller.name, task.vhost, "read", QUEUE, task.queue
+    ):
+        raise object_not_found()
+    return task
+
+
+async def list_redrives(call: Call) -> web.Response:
+    """GET /api/dlq/redrives: every task the caller may see, newest first."""
+    tasks = [
+        task
+        for task in call.api.host.redrives.tasks.values()
+        if call.state.can_access(call.caller.name, task.vhost, "read", QUEUE, task.queue)
+    ]
+    tasks.sort(key=lambda task: task.created_ms, reverse=True)
+    return reply([task.to_json() for task in tasks])
+
+
+async def get_redrive(call: Call) -> web.Response:
+    return reply(_task(call).to_json())
+
+
+async def cancel_redrive(call: Call) -> web.Response:
+    """DELETE /api/dlq/redrives/{id}: stop the task after its current batch."""
+    task = await call.api.host.redrives.cancel(_task(call).id)
+    return reply(task.to_json())
+
+
+async def resume_redrive(call: Call) -> web.Response:
+    """POST /api/dlq/redrives/{id}/resume: run a cancelled or failed task again."""
+    try:
+        task = call.api.host.redrives.resume(_task(call).id)
+    except LookupError:
+        raise object_not_found() from None
+    except ValueError as error:
+        raise bad_request(str(error)) from None
+    return reply(task.to_json())

@@ -14,11 +14,14 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from warrenmq.log.latency import LatencyHistogram
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.metadata import MetadataStore
 from warrenmq.server.queue.consumer import Consumer
+from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 from warrenmq.server.queue.message_counts import MessageCounts
 from warrenmq.server.queue.work_queue import WorkQueue
+from warrenmq.server.redrive import Redrives
 from warrenmq.server.vhost import VirtualHost
 
 
@@ -62,12 +65,15 @@ class ClientConnection(Protocol):
 
 class Host(Protocol):
     config: BrokerConfig
+    confirm_latency: LatencyHistogram
+    dead_letter_counts: DeadLetterCounts
     data_dir: Path
     store: MetadataStore | None
     vhosts: dict[str, VirtualHost]
     connections: Collection[ClientConnection]
     port: int
     """The AMQP listener's port."""
+    redrives: Redrives
 
     def sync_vhosts(self) -> None:
         """Host the vhosts the store holds (and drop those it no longer holds)."""

@@ -6,6 +6,9 @@
 3. basic auth, then the route's `Access` rule: 401;
 4. the handler: the entity (404), the operation's permissions (401), the core call.
 
+Paths outside ``/api/`` are the web console's files (`console.ConsoleFiles`), public as
+RabbitMQ's UI is: the page logs in through the API.
+
 No request ends in a traceback: a refusal is RabbitMQ's status and JSON body, a body larger
 than ``http_body_bytes_max`` is 413, and a failure of the broker itself is logged and
 answered 500 with a JSON body.
@@ -32,11 +35,13 @@ from . import (
     overview,
     policies,
     queues,
+    streams,
     users,
     vhosts,
 )
 from .api import Access, Call, ManagementApi
 from .auth import Caller, log_in
+from .console import ConsoleFiles
 from .errors import ApiError, not_authorised, object_not_found, refused
 
 log = logging.getLogger("warrenmq.server.http")
@@ -45,6 +50,7 @@ Handler = Callable[[Call], Awaitable[web.StreamResponse]]
 METHOD_ORDER = ("HEAD", "GET", "PUT", "POST", "DELETE", "OPTIONS")
 # A binding's destination type in its path: "q" (queue) or "e" (exchange).
 DESTINATION_TYPE_PARAM = "dtype"
+API_PREFIX = "api"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +204,23 @@ ROUTES: tuple[Route, ...] = (
         PUT=policies.put_policy,
         DELETE=policies.delete_policy,
     ),
+    # Before /api/dlq/{vhost}: a vhost named "redrives" has its queues in GET /api/dlq only.
+    route("/api/dlq/redrives", VHOST, GET=dlq.list_redrives),
+    route("/api/dlq/redrives/{id}", VHOST, GET=dlq.get_redrive, DELETE=dlq.cancel_redrive),
+    route("/api/dlq/redrives/{id}/resume", VHOST, POST=dlq.resume_redrive),
+    route("/api/dlq", VHOST, GET=dlq.list_dead_letter_queues),
+    route("/api/dlq/{vhost}", VHOST, GET=dlq.list_dead_letter_queues),
+    route("/api/dlq/{vhost}/{queue}/redrive", VHOST, POST=dlq.start_redrive),
     route("/api/dlq/{vhost}/{queue}/messages", VHOST, GET=dlq.browse),
     route("/api/dlq/{vhost}/{queue}/export", VHOST, GET=dlq.export),
     route("/api/dlq/{vhost}/{queue}/import", VHOST, POST=dlq.import_lines),
+    route("/api/streams", ANY, GET=streams.list_streams),
+    route("/api/streams/{vhost}", VHOST, GET=streams.list_streams),
+    route("/api/groups", ANY, GET=streams.list_groups),
+    route("/api/groups/{vhost}", VHOST, GET=streams.list_groups),
+    route("/api/super-streams", ANY, GET=streams.list_super_streams),
+    route("/api/super-streams/{vhost}", VHOST, GET=streams.list_super_streams),
+    route("/api/super-streams/{vhost}/{name}", VHOST, PUT=streams.put_super_stream),
     route("/api/aliveness-test/{vhost}", VHOST, GET=overview.aliveness),
     route("/api/health/checks/alarms", ANY, GET=overview.no_alarms),
     route("/api/health/checks/local-alarms", ANY, GET=overview.no_alarms),
@@ -256,9 +276,14 @@ def authorise(route_: Route, caller: Caller, params: dict[str, str], api: Manage
 
 
 def application(api: ManagementApi, body_bytes_max: int) -> web.Application:
+    console = ConsoleFiles.load()
+
     async def dispatch(request: web.Request) -> web.StreamResponse:
         try:
-            return await _dispatch(api, request)
+            parts = segments(request)
+            if parts[0] != API_PREFIX:
+                return console.respond(request.method, parts)
+            return await _dispatch(api, request, parts)
         except ApiError as error:
             return error.response()
         except (RoutingError, replies.ProtocolError) as error:
@@ -286,8 +311,10 @@ async def _sync_external_changes(api: ManagementApi) -> None:
     api.host.sync_vhosts()
 
 
-async def _dispatch(api: ManagementApi, request: web.Request) -> web.StreamResponse:
-    route_, params = find(segments(request))
+async def _dispatch(
+    api: ManagementApi, request: web.Request, parts: list[str]
+) -> web.StreamResponse:
+    route_, params = find(parts)
     method = "GET" if request.method == "HEAD" else request.method
     if method == "OPTIONS":
         return web.Response(status=200, headers={"Allow": route_.allowed})

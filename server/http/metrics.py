@@ -7,10 +7,14 @@ and connection (``channel`` too: RabbitMQ labels a connection's samples with its
 under that name). Both carry the totals
 (``rabbitmq_connections``, ``_channels``, ``_consumers``, ``_queues``) and
 ``rabbitmq_build_info`` / ``rabbitmq_identity_info``. Warren adds its own under ``warren_``:
-each queue's stored messages, message log size and segment count.
+each queue's stored messages, message log size and segment count, and stale acks (after a
+visibility timeout); the log's fsync and the publisher confirms' latency as histograms.
+RabbitMQ 3.10's dead-letter counters (`rabbitmq_global_messages_dead_lettered_*_total`) count
+every queue's, including those deleted since.
 
-Nothing is counted for the metrics: a scrape reads the counters the broker keeps anyway
-(`MessageCounts`, queue depths) on the event loop, then formats the text in a thread.
+Little is counted for the metrics: a scrape reads the counters the broker keeps anyway
+(`MessageCounts`, queue depths) on the event loop, then formats the text in a thread. The
+histograms take one observation per fsync and per tick, never per message.
 """
 
 from __future__ import annotations
@@ -20,11 +24,20 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 import warrenmq
+from warrenmq.dlq.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REASONS, REJECTED
+from warrenmq.log.partition import FSYNC_LATENCY
+from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 
 from .api import RABBITMQ_VERSION, ManagementApi
 from .connections import connection_name, open_connections
@@ -70,7 +83,22 @@ QUEUE_METRICS: tuple[tuple[str, str, str, Any], ...] = (
         "Segment files of the queue's message log",
         lambda q: q.engine.message_log_segments,
     ),
+    (
+        "warren_queue_stale_acks_total",
+        "counter",
+        "Acks and rejects of deliveries that a visibility timeout had already given back",
+        lambda q: q.stale_settles,
+    ),
 )
+# rabbitmq_global_messages_dead_lettered_<reason>_total's help texts (rabbit_global_counters).
+DEAD_LETTERED_HELP = {
+    REJECTED: "Total number of messages dead-lettered due to basic.reject or basic.nack",
+    EXPIRED: "Total number of messages dead-lettered due to message TTL exceeded",
+    MAXLEN: "Total number of messages dead-lettered due to overflow drop-head or "
+    "reject-publish-dlx",
+    DELIVERY_LIMIT: "Total number of messages dead-lettered due to delivery-limit exceeded",
+}
+assert set(DEAD_LETTERED_HELP) == set(REASONS)
 CHANNEL_METRICS: tuple[tuple[str, str, str, Any], ...] = (
     ("rabbitmq_channel_consumers", "gauge", "Consumers on a channel", lambda c: len(c.consumers)),
     (
@@ -253,7 +281,49 @@ def collect(api: ManagementApi, per_object: bool) -> list[Metric]:
         labels=["rabbitmq_node", "rabbitmq_cluster"],
     )
     identity.add_metric([api.node, api.node], 1)
-    return [*families, build, identity]
+    return [
+        *families,
+        *_dead_lettered(api.host.dead_letter_counts),
+        *_latencies(api),
+        build,
+        identity,
+    ]
+
+
+def _dead_lettered(counts: DeadLetterCounts) -> Iterator[Metric]:
+    """The process's dead letters, one family per reason, labelled as RabbitMQ 3.10 labels
+    them (`queue_type` is the module that implements the type: rabbit_classic_queue ...)."""
+    by_reason: dict[str, list[tuple[list[str], int]]] = {reason: [] for reason in REASONS}
+    for (queue_type, strategy, reason), messages in list(counts.counts.items()):
+        by_reason[reason].append(([f"rabbit_{queue_type}_queue", strategy], messages))
+    for reason in REASONS:
+        family = CounterMetricFamily(
+            f"rabbitmq_global_messages_dead_lettered_{reason}_total",
+            DEAD_LETTERED_HELP[reason],
+            labels=["queue_type", "dead_letter_strategy"],
+        )
+        for labels, messages in by_reason[reason]:
+            family.add_metric(labels, messages)
+        yield family
+
+
+def _latencies(api: ManagementApi) -> Iterator[Metric]:
+    for name, help_text, histogram in (
+        (
+            "warren_log_fsync_seconds",
+            "Time a log's group commit spent in fsync (one observation per commit, which "
+            "covers every file written since the last)",
+            FSYNC_LATENCY,
+        ),
+        (
+            "warren_confirm_latency_seconds",
+            "Time from the first publish of a tick to its publisher confirms going out (one "
+            "observation per tick: a batch of confirms)",
+            api.host.confirm_latency,
+        ),
+    ):
+        buckets = [(floatToGoString(bound), count) for bound, count in histogram.cumulative()]
+        yield HistogramMetricFamily(name, help_text, buckets=buckets, sum_value=histogram.sum_s)
 
 
 def _published(channels: list[tuple[list[str], Any]], per_object: bool) -> Metric:

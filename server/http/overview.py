@@ -217,6 +217,7 @@ async def aliveness(call: Call) -> web.Response:
             arguments={},
             owner=None,  # type: ignore[arg-type]
             server_named=False,
+            user=call.caller.name,
         )
     )
     outcome = sync(vhost.publish, "", ALIVENESS_QUEUE, _NO_PROPERTIES, ALIVENESS_MESSAGE, False)

@@ -68,15 +68,26 @@ def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None)
     return item
 
 
-def vhost_queues(api: ManagementApi, vhost: str) -> list[dict]:
+def vhost_records(api: ManagementApi, vhost: str) -> list[tuple[QueueRecord, WorkQueue | None]]:
+    """A vhost's queues: each declaration, and its live queue if it is hosted."""
     hosted = api.host.vhosts.get(vhost)
     queues = hosted.queues if hosted is not None else {}
-    return [queue_json(api, r, queues.get(r.name)) for r in api.state.queues(vhost).values()]
+    return [(record, queues.get(record.name)) for record in api.state.queues(vhost).values()]
+
+
+def vhost_queues(api: ManagementApi, vhost: str) -> list[dict]:
+    return [queue_json(api, record, queue) for record, queue in vhost_records(api, vhost)]
+
+
+def _sort_keys(entry: tuple[QueueRecord, WorkQueue | None]) -> dict[str, str]:
+    return {"vhost": entry[0].vhost, "name": entry[0].name}
 
 
 async def list_queues(call: Call) -> web.Response:
-    items = [item for vhost in call.vhosts() for item in vhost_queues(call.api, vhost)]
-    return call.listing(items, DEFAULT_SORT, pageable=True)
+    entries = [entry for vhost in call.vhosts() for entry in vhost_records(call.api, vhost)]
+    return call.listing_built_per_page(
+        entries, _sort_keys, lambda entry: queue_json(call.api, *entry), DEFAULT_SORT
+    )
 
 
 def _record(call: Call) -> QueueRecord:
@@ -132,6 +143,7 @@ async def put_queue(call: Call) -> web.Response:
             arguments=arguments,
             owner=NO_OWNER,
             server_named=False,
+            user=call.caller.name,
         )
     )
     return no_content() if existed else created()

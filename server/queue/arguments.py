@@ -8,8 +8,8 @@ them. Redeclaration (equivalence) is the metadata state machine's check.
 
 Queue types: "classic" and "quorum" both become Warren's log-backed queue (quorum queues
 keep their own restrictions: durable, not exclusive, not auto-delete, no priorities or lazy
-mode). "stream" is refused with the text RabbitMQ gives for a type it does not know, until
-Warren's streams exist.
+mode). "stream" is Warren's retained stream: its checks are ``server/stream/arguments``,
+which runs those of `DECLARE_CHECKS` that apply to a stream.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from warrenmq.exchanges.errors import PreconditionFailed as precondition_failed
 from warrenmq.exchanges.field_values import amqp_type_name
 
-QUEUE_TYPES_SUPPORTED = ("classic", "quorum")
+QUEUE_TYPES_SUPPORTED = ("classic", "quorum", "stream")
 # RabbitMQ's ?MAX_EXPIRY_TIMER: the largest TTL or expiry an Erlang timer accepts.
 EXPIRY_MS_MAX = 4_294_967_295
 PRIORITY_MAX = 255
@@ -35,7 +35,8 @@ _INTEGER_TYPES = (
 )
 _OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 _QUEUE_MODES = ("default", "lazy")
-_LEADER_LOCATORS = ("client-local", "random", "least-leaders")
+# 3.10's rabbit_queue_location: "balanced" too (and the older names).
+_LEADER_LOCATORS = ("client-local", "random", "least-leaders", "balanced")
 _MAX_AGE_UNITS = ("Y", "M", "D", "h", "m", "s")
 _QUORUM_REFUSED_ARGUMENTS = ("x-max-priority", "x-queue-mode")
 
@@ -126,7 +127,7 @@ def _check_dead_letter_routing_key(value: Any, arguments: Mapping[str, Any]) -> 
     return None
 
 
-def _check_max_age(value: Any, _arguments: Mapping[str, Any]) -> str | None:
+def check_max_age(value: Any, _arguments: Mapping[str, Any]) -> str | None:
     text = _text(value)
     if text is None:
         return f"{{unacceptable_type,{_type_of(value)}}}"
@@ -155,7 +156,7 @@ DECLARE_CHECKS: tuple[tuple[str, Check], ...] = (
         _one_of(QUEUE_TYPES_SUPPORTED, lambda text: f"\"unsupported queue type '{text}'\""),
     ),
     ("x-quorum-initial-group-size", _check_positive_int),
-    ("x-max-age", _check_max_age),
+    ("x-max-age", check_max_age),
     ("x-stream-max-segment-size-bytes", _check_non_negative_int),
     ("x-initial-cluster-size", _check_positive_int),
     ("x-queue-leader-locator", _one_of(_LEADER_LOCATORS, lambda text: "invalid_queue_locator_arg")),
@@ -177,7 +178,7 @@ def resource(kind: str, name: str, vhost: str) -> str:
     return f"{kind} '{name}' in vhost '{vhost}'"
 
 
-def _check(
+def check_arguments(
     checks: tuple[tuple[str, Check], ...], queue: str, vhost: str, arguments: Mapping[str, Any]
 ) -> None:
     for key, check in checks:
@@ -198,7 +199,7 @@ def check_declare(
     arguments: Mapping[str, Any],
 ) -> str:
     """Validate a new queue's arguments; returns its type ("classic" or "quorum")."""
-    _check(DECLARE_CHECKS, queue, vhost, arguments)
+    check_arguments(DECLARE_CHECKS, queue, vhost, arguments)
     declared_type = queue_type(arguments)
     if declared_type == "quorum":
         # rabbit_quorum_queue:declare's order: arguments, auto-delete, exclusive, durable.
@@ -220,4 +221,4 @@ def queue_type(arguments: Mapping[str, Any]) -> str:
 
 
 def check_consume(queue: str, vhost: str, arguments: Mapping[str, Any]) -> None:
-    _check(CONSUME_CHECKS, queue, vhost, arguments)
+    check_arguments(CONSUME_CHECKS, queue, vhost, arguments)

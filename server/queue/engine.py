@@ -99,6 +99,11 @@ class QueueEngine(Protocol):
         """Return in-flight messages to be delivered again (redelivered)."""
         ...
 
+    def settle_redeliveries(self, offsets: Iterable[int]) -> int:
+        """Acknowledge messages waiting to be delivered again, without delivering them;
+        returns how many were waiting."""
+        ...
+
     def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
         """Up to `count_max` unacknowledged messages from offset `start` on, each with whether
         it is in flight, without delivering them."""

@@ -502,6 +502,23 @@ class LogQueue:
                 returned += 1
         return returned
 
+    def settle_redeliveries(self, offsets: Iterable[int]) -> int:
+        """Acknowledge messages waiting to be delivered again (after a restart, the ones
+        that may have been delivered before) without delivering them; returns how many."""
+        wanted = set(offsets)
+        waiting = self._redeliver
+        kept = [offset for offset in waiting if offset not in wanted]
+        if len(kept) == len(waiting):
+            return 0
+        for offset in wanted.intersection(waiting):
+            self._counts.pop(offset, None)
+            self._acked.add(offset)
+            self._pend(offset, offset + 1)
+        settled = len(waiting) - len(kept)
+        heapq.heapify(kept)
+        self._redeliver = kept
+        return settled
+
     def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
         """Up to `count_max` messages not yet acknowledged, at or after offset `start`, in
         offset order, each with whether it is in flight; nothing is delivered or counted."""

@@ -170,6 +170,13 @@ class PriorityQueue:
             if level in self._levels
         )
 
+    def settle_redeliveries(self, offsets: Iterable[int]) -> int:
+        return sum(
+            self._levels[level].settle_redeliveries(level_offsets)
+            for level, level_offsets in self._split(offsets).items()
+            if level in self._levels
+        )
+
     def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
         """`LogQueue.browse` over every level, in the order of the offsets handed out
         (offset, then level)."""

@@ -46,7 +46,7 @@ from warrenmq.amqp import fastpath
 from warrenmq.amqp import properties as props
 from warrenmq.dlq.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REJECTED
 from warrenmq.log import RawRecord
-from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX, batch_bounds
+from warrenmq.log.batch import staged_batch_bounds
 
 from .arguments import EXPIRY_MS_MAX
 from .consumer import (
@@ -56,6 +56,7 @@ from .consumer import (
     ROTATING,
     Consumer,
 )
+from .dead_letter_counts import DeadLetterCounts
 from .engine import Message, QueueEngine
 from .message_counts import MessageCounts
 
@@ -107,10 +108,12 @@ class WorkQueue:
         arguments: Mapping[str, Any],
         queue_type: str,
         batch_records_max: int,
+        dead_letter_counts: DeadLetterCounts,
         effective_arguments: Mapping[str, Any] | None = None,
     ) -> None:
         """`arguments` are the declared ones; `effective_arguments` (by default the same) are
-        what the queue enforces: the declared ones merged with its policy (`policy.py`)."""
+        what the queue enforces: the declared ones merged with its policy (`policy.py`).
+        `dead_letter_counts` counts the messages that die here (the process's totals)."""
         assert batch_records_max > 0
         self.vhost = vhost
         self.name = name
@@ -134,6 +137,8 @@ class WorkQueue:
         # per-message expirations are not checked).
         self.has_expiring = False
         self.stale_settles = 0
+        """Acks and rejects of deliveries their visibility timeout had already given back."""
+        self._dead_letter_counts = dead_letter_counts
         self._requeued: list[int] = []
         self._backing_off: list[tuple[int, int]] = []
         """(when ready again, offset): a heap."""
@@ -251,6 +256,7 @@ class WorkQueue:
         if self.reject_when_full and self._full(len(record[3])):
             if self.dead_letter_refused and self.dead_letter_exchange is not None:
                 self.dead_letters.append((Message(-1, 0, *record, False, 0), MAXLEN))
+                self._count_deaths(MAXLEN, 1)
             return False
         self._staged.append(record)
         self._staged_publishers.append(publisher)
@@ -287,7 +293,10 @@ class WorkQueue:
         self._staged_publishers = []
         staged_bytes, self._staged_bytes = self._staged_bytes, 0
         count = written = len(staged)
-        for start, end in self._batch_bounds(staged, staged_bytes):
+        bounds = staged_batch_bounds(
+            staged, staged_bytes, self._batch_records_max, self.engine.batch_bytes_max
+        )
+        for start, end in bounds:
             try:
                 self.engine.append(staged if end - start == count else staged[start:end], now_ms)
             except Exception as error:
@@ -312,18 +321,6 @@ class WorkQueue:
         self.staged_persistent = False
         if not self.consumers:
             self.enforce_length()
-
-    def _batch_bounds(self, staged: list[RawRecord], staged_bytes: int) -> list[tuple[int, int]]:
-        step = self._batch_records_max
-        count = len(staged)
-        # When everything staged would fit one batch, any run of `step` records fits too:
-        # the common tick needs no measuring.
-        if (
-            staged_bytes + count * RECORD_OVERHEAD_BYTES_MAX + HEADER_BYTES
-            <= self.engine.batch_bytes_max
-        ):
-            return [(start, min(start + step, count)) for start in range(0, count, step)]
-        return batch_bounds(staged, step, self.engine.batch_bytes_max)
 
     def take_written(self) -> tuple[list[Any], list[Any], bool]:
         """(publishers whose records were written, publishers whose writes failed, whether
@@ -565,7 +562,9 @@ class WorkQueue:
         """Drop the head message (expired, or beyond a length limit), or dead-letter it;
         False when there is none to take now."""
         if self.dead_letter_exchange is None:
-            return self._drop_one()
+            dropped = self._drop_one()
+            self._count_deaths(reason, int(dropped))
+            return dropped
         taken = self.engine.take_many(1)
         if not taken:
             return False
@@ -573,6 +572,7 @@ class WorkQueue:
         if self.bytes_max is not None:
             self.ready_bytes -= len(message.body)
         self.dead_letters.append((message, reason))
+        self._count_deaths(reason, 1)
         return True
 
     def _drop_one(self) -> bool:
@@ -629,6 +629,7 @@ class WorkQueue:
             if excess > 0:
                 if self.bytes_max is None and self.dead_letter_exchange is None:
                     dropped = self.engine.drop_head(excess)
+                    self._count_deaths(MAXLEN, dropped)
                 else:
                     while dropped < excess and self._remove_head(MAXLEN):
                         dropped += 1
@@ -646,6 +647,12 @@ class WorkQueue:
                 self._in_flight_bytes.pop(offset, None)
         self.engine.ack_many(offsets)
 
+    def settle_recovered(self, offsets: list[int]) -> None:
+        """Dead letters a crash kept here after their targets stored them: they leave
+        without being delivered (see `DeadLetterJournal`). Right after a restart, so
+        `ready_bytes` (counted from zero then) never held them."""
+        self.engine.settle_redeliveries(offsets)
+
     def reject(self, offsets: list[int]) -> None:
         """Deliveries rejected without requeue: dead-lettered, or dropped without a DLX."""
         if self.deleted:
@@ -654,12 +661,20 @@ class WorkQueue:
 
     def _die(self, offsets: list[int], reason: str) -> None:
         if self.dead_letter_exchange is None:
+            self._count_deaths(reason, len(offsets))
             self.ack(offsets)
             return
         if self.bytes_max is not None:
             for offset in offsets:
                 self._in_flight_bytes.pop(offset, None)
-        self.dead_letters += [(message, reason) for message in self.engine.in_flight(offsets)]
+        dying = [(message, reason) for message in self.engine.in_flight(offsets)]
+        self._count_deaths(reason, len(dying))
+        self.dead_letters += dying
+
+    def _count_deaths(self, reason: str, messages: int) -> None:
+        self._dead_letter_counts.add(
+            self.queue_type, self.dead_letter_exchange is not None, reason, messages
+        )
 
     def stale_settled(self) -> None:
         self.stale_settles += 1

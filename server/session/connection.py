@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from pamqp import commands
@@ -24,13 +24,13 @@ from warrenmq.amqp import events, frames, replies
 from warrenmq.amqp.connection import Connection, ConnectionConfig
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
-from warrenmq.exchanges.field_values import amqp_type_name
 from warrenmq.exchanges.router import EXCHANGE_TYPE_NAMES
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.errors import (
     access_refused,
     command_invalid,
     from_routing,
+    internal_error,
     not_allowed,
     not_found,
     not_implemented,
@@ -39,6 +39,7 @@ from warrenmq.server.errors import (
 from warrenmq.server.queue.consumer import ConsumedQueue
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
+from warrenmq.server.stream.cursor import Cursor
 from warrenmq.server.vhost import (
     REPLY_TO_PREFIX,
     REPLY_TO_QUEUE,
@@ -52,7 +53,6 @@ from warrenmq.server.vhost import (
 
 from .channel import BrokerChannel, monotonic_ms
 
-DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
 # The pseudo-queue a consumer publishes to (default exchange, on the channel holding the
 # deliveries) to keep deliveries invisible longer: header x-delivery-tag (a tag or an array of
 # tags), optionally x-visibility-timeout (ms from now; default: the queue's). Never stored;
@@ -567,6 +567,10 @@ class BrokerConnection(asyncio.Protocol):
     def _settle(self, number: int, delivery_tag: int, multiple: bool, requeue: bool | None) -> None:
         channel = self.channels[number]
         taken = channel.take(delivery_tag, multiple)
+        if requeue is not None:
+            for entry in taken:
+                if isinstance(entry.queue, Cursor):
+                    entry.queue.refuse_nack()
         if channel.tx:
             channel.hold(taken, requeue)
             return
@@ -733,27 +737,7 @@ def _queue_declare(
     elif name.startswith("amq."):
         raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
     conn.check("configure", QUEUE, name)
-    if name not in vhost.queues:
-        _check_dead_letter_exchange(conn, name, method.arguments or {})
     return _queue_declare_new(conn, channel, method, name, server_named)
-
-
-def _check_dead_letter_exchange(
-    conn: BrokerConnection, queue: str, arguments: Mapping[str, Any]
-) -> None:
-    """rabbit_channel's check for a new queue with a dead-letter exchange: its name must be
-    a string, and the user needs read access to the queue and write access to the exchange
-    (the queue will publish there on the user's behalf)."""
-    exchange = arguments.get(DEAD_LETTER_EXCHANGE)
-    if exchange is None:
-        return
-    if not isinstance(exchange, (str, bytes)):
-        raise precondition_failed(
-            f"invalid type '{amqp_type_name(exchange)}' for arg '{DEAD_LETTER_EXCHANGE}' in "
-            f"queue '{queue}' in vhost '{conn.vhost.name}'"
-        )
-    conn.check("read", QUEUE, queue)
-    conn.check("write", EXCHANGE, exchange.decode() if isinstance(exchange, bytes) else exchange)
 
 
 async def _queue_declare_new(
@@ -772,6 +756,7 @@ async def _queue_declare_new(
         arguments=method.arguments or {},
         owner=conn.owner,
         server_named=server_named,
+        user=conn.username,
     )
     if exclusive:
         conn.exclusive_queues[queue.name] = queue
@@ -936,6 +921,9 @@ def _get_reply(
 def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
     if not method.requeue:
         raise not_implemented("requeue=false")
+    if any(isinstance(entry.queue, Cursor) for entry in channel.unacked.values()):
+        # RabbitMQ's channel crashes requeueing a stream's deliveries.
+        raise internal_error("")
     for queue in channel.requeue_all():
         conn.broker.want_dispatch(queue)
     if isinstance(method, commands.Basic.Recover):

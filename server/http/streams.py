@@ -1,0 +1,154 @@
+"""Streams over HTTP (Warren's; `warren streams …` calls these): the streams of a vhost with
+their retained offsets and tracked offsets, the super streams with their partitions, and the
+creation of a super stream.
+
+    GET /api/streams[/{vhost}]                  every stream (queue of type stream)
+    GET /api/groups[/{vhost}]                   consumer groups: members, assignments,
+                                                committed offsets and lag per partition
+    GET /api/super-streams[/{vhost}]            every super stream exchange and its partitions
+    PUT /api/super-streams/{vhost}/{name}       {"partitions": N}: 201 created, 204 existed
+
+Creating one needs configure permission on the exchange and on every partition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from warrenmq.exchanges.binding import EXCHANGE, QUEUE
+from warrenmq.exchanges.super_stream import SUPER_STREAM, SuperStreamExchange
+from warrenmq.server.stream.groups import GROUP_TAG_PREFIX
+from warrenmq.server.stream.stream import Stream
+from warrenmq.server.stream.super_stream import (
+    PARTITIONS_ARGUMENT,
+    PARTITIONS_MAX,
+    partition_names,
+)
+
+from .api import Call, core, created, no_content, vhost_missing
+from .errors import bad_request, not_authorised
+
+DEFAULT_SORT = ("vhost", "name")
+
+
+def stream_json(vhost: str, stream: Stream) -> dict[str, Any]:
+    log = stream.log
+    return {
+        "name": stream.name,
+        "vhost": vhost,
+        "first_offset": log.start_offset,
+        "next_offset": log.end_offset,
+        "messages": log.end_offset - log.start_offset,
+        "bytes": log.size_bytes,
+        "segments": log.segment_count,
+        "consumers": stream.consumer_count,
+        "tracked_offsets": dict(stream.tracked.items()),
+        "producers": len(dict(stream.producers.items())),
+        "duplicates_dropped": stream.producers.duplicates,
+    }
+
+
+async def list_streams(call: Call) -> web.Response:
+    items = []
+    for name in call.vhosts():
+        vhost = call.api.host.vhosts.get(name)
+        if vhost is None:
+            continue
+        items += [
+            stream_json(name, queue) for queue in vhost.queues.values() if isinstance(queue, Stream)
+        ]
+    return call.listing(items, DEFAULT_SORT)
+
+
+async def list_super_streams(call: Call) -> web.Response:
+    items = []
+    for name in call.vhosts():
+        for exchange in call.state.router(name).exchanges():
+            if isinstance(exchange.table, SuperStreamExchange):
+                items.append(
+                    {
+                        "name": exchange.name,
+                        "vhost": name,
+                        "partitions": [d.name for d in exchange.table.partitions()],
+                    }
+                )
+    return call.listing(items, DEFAULT_SORT)
+
+
+def _groups(vhost: Any, name: str) -> list[dict[str, Any]]:
+    """The groups of a vhost: those with members, then those that only have committed
+    offsets left (every member gone)."""
+    items = [{"vhost": name, **group.describe()} for group in vhost.groups.values()]
+    active = {(item["super_stream"], item["group"]) for item in items}
+    for exchange in vhost.router.exchanges():
+        if not isinstance(exchange.table, SuperStreamExchange):
+            continue
+        partitions = [vhost.queues.get(d.name) for d in exchange.table.partitions()]
+        streams = [p for p in partitions if isinstance(p, Stream)]
+        committed: dict[str, dict[str, int]] = {}
+        for stream in streams:
+            for tag, offset in stream.tracked.items():
+                if tag.startswith(GROUP_TAG_PREFIX):
+                    committed.setdefault(tag[len(GROUP_TAG_PREFIX) :], {})[stream.name] = offset
+        for group, offsets in sorted(committed.items()):
+            if (exchange.name, group) in active:
+                continue
+            items.append(
+                {
+                    "vhost": name,
+                    "super_stream": exchange.name,
+                    "group": group,
+                    "members": [],
+                    "partitions": [
+                        {
+                            "partition": stream.name,
+                            "member": None,
+                            "moving": False,
+                            "committed_offset": offsets.get(stream.name),
+                            "lag": stream.log.end_offset
+                            - offsets.get(stream.name, stream.log.start_offset),
+                        }
+                        for stream in streams
+                    ],
+                }
+            )
+    return items
+
+
+async def list_groups(call: Call) -> web.Response:
+    items = []
+    for name in call.vhosts():
+        vhost = call.api.host.vhosts.get(name)
+        if vhost is not None:
+            items += _groups(vhost, name)
+    return call.listing(items, ("vhost", "super_stream", "group"))
+
+
+async def put_super_stream(call: Call) -> web.Response:
+    if call.params["vhost"] not in call.state.vhosts:
+        raise vhost_missing()
+    vhost = call.vhost()
+    name = call.params["name"]
+    partitions = (await call.body()).get("partitions")
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise bad_request(f"partitions must be a whole number from 1 to {PARTITIONS_MAX}")
+    if name.startswith("amq."):
+        raise not_authorised("Access refused.")
+    call.check("configure", EXCHANGE, name)
+    if 1 <= partitions <= PARTITIONS_MAX:
+        for partition in partition_names(name, partitions):
+            call.check("configure", QUEUE, partition)
+    existed = call.state.router(vhost.name).get(name) is not None
+    await core(
+        vhost.declare_exchange(
+            name,
+            SUPER_STREAM,
+            durable=True,
+            auto_delete=False,
+            internal=False,
+            arguments={PARTITIONS_ARGUMENT: partitions},
+        )
+    )
+    return no_content() if existed else created()

@@ -1,0 +1,228 @@
+"""Consumer groups on super streams (Warren's): `basic.consume` on a super stream's name with
+`x-consumer-group: G` makes the consumer a member of G.
+
+Each partition has at most one active member of G, and the partitions are spread evenly
+(partition i goes to the (i mod members)-th member, in the order they joined). When members
+join or leave the partitions are reassigned cooperatively: a partition that moves stops
+being delivered by its old owner at once, but goes to its new owner only once every delivery
+the old one holds from it is acked (or returned: the old owner is gone, its deliveries count
+as never acked). The new owner resumes from G's committed offset on the partition, so order
+per partition holds across rebalances, and nothing acked is delivered to G again.
+
+G's committed offset on a partition is a tracked offset of that partition stream
+(`tracked_offsets`, under the tag `group:G`): the end of the contiguous acked prefix,
+durable. A partition with no committed offset starts where the member's `x-stream-offset`
+says (by default "next"). Deliveries carry `x-stream-offset` and `x-stream-partition` (the
+partition stream's name). A member's prefetch applies to each of its partitions.
+
+Pure bookkeeping on top of `Stream.attach`: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from warrenmq.server.queue.consumer import Consumer, ConsumerChannel
+
+from . import offset_spec
+from .cursor import Cursor, partition_entry
+from .filter import StreamFilter
+from .stream import Stream
+
+GROUP_ARGUMENT = "x-consumer-group"
+GROUP_TAG_PREFIX = "group:"
+
+
+def group_tag(group: str) -> str:
+    """The tracked-offset tag under which a group's committed offsets are kept."""
+    return GROUP_TAG_PREFIX + group
+
+
+class Member:
+    """One member of a group: the consumer its channel holds (`consumer`, never delivered
+    to itself) and one consumer per partition it owns."""
+
+    # The ConsumedQueue of `consumer`: nothing is ever delivered through it.
+    consumer_timeout_ms: int | None = None
+    visibility_timeout_ms: int | None = None
+
+    def __init__(
+        self,
+        group: Group,
+        tag: str,
+        channel: ConsumerChannel,
+        spec: offset_spec.OffsetSpec,
+        stream_filter: StreamFilter | None,
+        prefetch_count: int,
+    ) -> None:
+        self.group = group
+        self.spec = spec
+        self.filter = stream_filter
+        self.owned: dict[int, Consumer] = {}
+        """Partition index -> the consumer reading it for this member."""
+        self.consumer = Consumer(tag, channel, self, False, False, 0, prefetch_count)
+
+    # Deliveries come from the partitions' consumers and are settled with their cursors; the
+    # member's own consumer has none to settle, free or unblock.
+    def ack(self, offsets: list[int]) -> None:
+        """Nothing: see above."""
+
+    def reject(self, offsets: list[int]) -> None:
+        """Nothing: see above."""
+
+    def requeue(self, offsets: list[int]) -> None:
+        """Nothing: see above."""
+
+    def stale_settled(self) -> None:
+        """Nothing: see above."""
+
+    def prefetch_freed(self, consumer: Consumer) -> None:
+        """Nothing: see above."""
+
+    def unblock(self, consumer: Consumer) -> None:
+        """Nothing: see above."""
+
+
+class Group:
+    """One consumer group of one super stream: members, who owns which partition, and the
+    partitions on their way from one member to another."""
+
+    def __init__(
+        self,
+        super_stream: str,
+        name: str,
+        partitions: Sequence[Stream],
+        wake: Callable[[Cursor], None],
+    ) -> None:
+        self.super_stream = super_stream
+        self.name = name
+        self.partitions = list(partitions)
+        self.tag = group_tag(name)
+        self.members: list[Member] = []
+        self._moving: dict[int, tuple[Cursor, Member]] = {}
+        """Partitions taken from a member (its cursor, the member) whose deliveries from
+        them are not all acked yet."""
+        self._wake = wake
+
+    def join(
+        self,
+        tag: str,
+        channel: ConsumerChannel,
+        spec: offset_spec.OffsetSpec,
+        stream_filter: StreamFilter | None,
+        prefetch_count: int,
+    ) -> Consumer:
+        member = Member(self, tag, channel, spec, stream_filter, prefetch_count)
+        self.members.append(member)
+        self.rebalance()
+        return member.consumer
+
+    def leave(self, member: Member) -> None:
+        """A member cancelled or its channel closed: its deliveries are returned (its
+        partitions move at once, from the last offset it acked)."""
+        if member not in self.members:
+            return
+        self.members.remove(member)
+        for index in list(member.owned):
+            self._release(member, index)
+        for index, (_, previous) in list(self._moving.items()):
+            if previous is member:
+                self._settle_move(index)
+        self.rebalance()
+
+    def owner(self, index: int) -> Member | None:
+        for member in self.members:
+            if index in member.owned:
+                return member
+        return None
+
+    def rebalance(self) -> None:
+        """Move every partition towards its target owner, cooperatively."""
+        members = self.members
+        for index in range(len(self.partitions)):
+            target = members[index % len(members)] if members else None
+            current = self.owner(index)
+            if current is target:
+                continue
+            if current is not None:
+                self._revoke(current, index)
+            if target is not None and index not in self._moving:
+                self._assign(target, index)
+
+    def _revoke(self, member: Member, index: int) -> None:
+        """Stop delivering partition `index` to `member`; it moves once its deliveries are
+        all acked."""
+        consumer = member.owned.pop(index)
+        cursor = consumer.queue
+        assert isinstance(cursor, Cursor)
+        cursor.stream.remove_consumer(consumer)
+        if cursor.holds_unacked:
+            self._moving[index] = (cursor, member)
+            cursor.on_drained = lambda: self._settle_move(index)
+        else:
+            self._commit(index, cursor)
+
+    def _release(self, member: Member, index: int) -> None:
+        """A leaving member's partition: what it did not ack is returned."""
+        consumer = member.owned.pop(index)
+        cursor = consumer.queue
+        assert isinstance(cursor, Cursor)
+        cursor.stream.remove_consumer(consumer)
+        self._commit(index, cursor)
+
+    def _commit(self, index: int, cursor: Cursor) -> None:
+        self.partitions[index].tracked.set(self.tag, cursor.tracked_offset)
+
+    def _settle_move(self, index: int) -> None:
+        moving = self._moving.pop(index, None)
+        if moving is None:
+            return
+        cursor = moving[0]
+        cursor.on_drained = None
+        self._commit(index, cursor)
+        self.rebalance()
+
+    def _assign(self, member: Member, index: int) -> None:
+        partition = self.partitions[index]
+        committed = partition.tracked.get(self.tag)
+        if committed is None:
+            start = partition.start_offset(member.spec)
+        else:
+            start = max(committed, partition.log.start_offset)
+        consumer = partition.attach(
+            member.consumer.tag,
+            member.consumer.channel,
+            start,
+            tracked_tag=self.tag,
+            stream_filter=member.filter,
+            exclusive=False,
+            prefetch_count=member.consumer.prefetch_count,
+        )
+        cursor = consumer.queue
+        assert isinstance(cursor, Cursor)
+        cursor.partition_entry = partition_entry(partition.name)
+        member.owned[index] = consumer
+        self._wake(cursor)
+
+    def describe(self) -> dict[str, Any]:
+        """Members, assignments, committed offsets and lag, for the HTTP API."""
+        partitions = []
+        for index, partition in enumerate(self.partitions):
+            owner = self.owner(index)
+            committed = partition.tracked.get(self.tag)
+            partitions.append(
+                {
+                    "partition": partition.name,
+                    "member": None if owner is None else owner.consumer.tag,
+                    "moving": index in self._moving,
+                    "committed_offset": committed,
+                    "lag": partition.log.end_offset - (committed or partition.log.start_offset),
+                }
+            )
+        return {
+            "super_stream": self.super_stream,
+            "group": self.name,
+            "members": [member.consumer.tag for member in self.members],
+            "partitions": partitions,
+        }

@@ -1,0 +1,115 @@
+"""Super streams end to end: `warren streams add-super` and `warren streams list` against an
+in-process broker's HTTP API, the exchange declared over AMQP with its partition count,
+publishes routed by the stream clients' hash, all of it kept across a restart."""
+
+from __future__ import annotations
+
+import json
+
+import pika
+from brokers import ThreadBroker
+
+from warrenmq.exchanges.super_stream import partition_index
+from warrenmq.server import cli
+
+
+def warren(broker, capsys, *argv: str) -> tuple[int, str, str]:
+    status = cli.main(["streams", *argv, "--url", broker.management_url])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def counts(channel, name: str, partitions: int) -> list[int]:
+    return [
+        channel.queue_declare(f"{name}-{order}", passive=True).method.message_count
+        for order in range(partitions)
+    ]
+
+
+def test_add_super_list_route_and_restart(tmp_path, capsys):
+    broker = ThreadBroker(tmp_path / "data").start()
+    try:
+        assert warren(broker, capsys, "add-super", "orders", "--partitions", "3")[0] == 0
+        # Again: nothing changes.
+        assert warren(broker, capsys, "add-super", "orders", "--partitions", "3")[0] == 0
+        status, _, error = warren(broker, capsys, "add-super", "bad", "--partitions", "0")
+        assert status == 1 and "x-super-stream-partitions" in error
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.exchange_declare(
+            "events", "x-super-stream", durable=True, arguments={"x-super-stream-partitions": 2}
+        )
+        channel.confirm_delivery()
+        keys = [f"customer-{i}" for i in range(30)]
+        for key in keys:
+            channel.basic_publish("orders", key, key.encode())
+            channel.basic_publish("events", key, key.encode())
+        channel.basic_publish(
+            "orders", "any", b"pinned", pika.BasicProperties(headers={"x-stream-partition": 1})
+        )
+        expected = [sum(partition_index(k, 3) == order for k in keys) for order in range(3)]
+        expected[1] += 1
+        assert counts(channel, "orders", 3) == expected
+        events = [sum(partition_index(k, 2) == order for k in keys) for order in range(2)]
+        assert counts(channel, "events", 2) == events
+        connection.close()
+
+        status, out, _ = warren(broker, capsys, "list", "--json")
+        listed = json.loads(out)
+        assert [s["partitions"] for s in listed["super_streams"]] == [
+            ["events-0", "events-1"],
+            ["orders-0", "orders-1", "orders-2"],
+        ]
+        assert {s["name"]: s["messages"] for s in listed["streams"]} == {
+            **{f"orders-{order}": expected[order] for order in range(3)},
+            **{f"events-{order}": events[order] for order in range(2)},
+        }
+        status, out, _ = warren(broker, capsys, "list")
+        assert status == 0 and "super stream orders: orders-0, orders-1, orders-2" in out
+
+        broker.stop()
+        broker = ThreadBroker(tmp_path / "data").start()
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("orders", keys[0], b"after")
+        expected[partition_index(keys[0], 3)] += 1
+        assert counts(channel, "orders", 3) == expected
+        connection.close()
+    finally:
+        broker.stop()
+
+
+def test_warren_groups_shows_members_assignments_and_lag(tmp_path, capsys):
+    broker = ThreadBroker(tmp_path / "data").start()
+    try:
+        assert warren(broker, capsys, "add-super", "pay", "--partitions", "2")[0] == 0
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for i in range(10):
+            channel.basic_publish("pay", f"k{i}", b"x")
+        member = connection.channel()
+        member.basic_qos(prefetch_count=100)
+        member.basic_consume(
+            "pay",
+            lambda ch, method, properties, body: ch.basic_ack(method.delivery_tag),
+            consumer_tag="m1",
+            arguments={"x-consumer-group": "g1", "x-stream-offset": "first"},
+        )
+        connection.process_data_events(time_limit=1)
+        status = cli.main(["groups", "--json", "--url", broker.management_url])
+        groups = json.loads(capsys.readouterr().out)
+        assert status == 0
+        assert [(g["group"], g["members"]) for g in groups] == [("g1", ["m1"])]
+        assert {p["partition"]: (p["member"], p["lag"]) for p in groups[0]["partitions"]} == {
+            "pay-0": ("m1", 0),
+            "pay-1": ("m1", 0),
+        }
+        connection.close()
+        # No member left: the committed offsets stay, and show.
+        status = cli.main(["groups", "--url", broker.management_url])
+        out = capsys.readouterr().out
+        assert status == 0 and "group g1 on pay: no members" in out
+    finally:
+        broker.stop()
