@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from warrenmq.amqp import properties as props
 from warrenmq.exchanges.errors import PreconditionFailed
 from warrenmq.log import LogConfig
+from warrenmq.server import durable_files
 from warrenmq.server.queue.consumer import BLOCKED_BY_PREFETCH, ROTATING
 from warrenmq.server.stream import offset_spec
 from warrenmq.server.stream.arguments import log_config
@@ -291,6 +294,36 @@ def test_a_tracked_tag_resumes_without_an_offset_and_a_generated_one_does_not(tm
         ("amq.ctag-y", 0): 4,
         ("mine", 1): 0,
     }
+
+
+@pytest.mark.timeout(30)
+def test_a_commit_arriving_as_the_previous_write_ends_waits_for_it(tmp_path, monkeypatch):
+    """Every cursor of a stream commits its tracked offsets. A commit that started in the
+    loop pass where the previous write's result arrived used to spin on that finished write
+    without yielding, so the write's own commit never resumed and the broker hung."""
+    write_returned = threading.Event()
+    replace = durable_files.replace
+
+    def replace_and_tell(path, text):
+        replace(path, text)
+        write_returned.set()
+
+    monkeypatch.setattr(durable_files, "replace", replace_and_tell)
+    offsets = TrackedOffsets(tmp_path)
+
+    async def two_commits():
+        offsets.set("a", 1)
+        first = asyncio.ensure_future(offsets.commit())
+        await asyncio.sleep(0)
+        # Block the loop until the executor has handed the write's result back to it.
+        assert write_returned.wait(10)
+        time.sleep(0.2)
+        offsets.set("a", 2)
+        second = asyncio.ensure_future(offsets.commit())
+        await asyncio.gather(first, second)
+
+    asyncio.run(two_commits())
+    assert TrackedOffsets(tmp_path).get("a") == 2
 
 
 @given(

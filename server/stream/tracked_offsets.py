@@ -42,7 +42,7 @@ class TrackedOffsets:
         except FileNotFoundError:
             self._offsets = {}
         self._changed = False
-        self._writing: asyncio.Future[None] | None = None
+        self._writing = asyncio.Lock()
 
     def get(self, tag: str) -> int | None:
         return self._offsets.get(tag)
@@ -66,21 +66,17 @@ class TrackedOffsets:
         return self._changed
 
     async def commit(self) -> None:
-        """Make the offsets as they are now durable (one write at a time)."""
-        while self._writing is not None:
-            await asyncio.shield(self._writing)
-        if not self._changed:
-            return
-        self._changed = False
-        snapshot = dict(self._offsets)
-        loop = asyncio.get_running_loop()
-        self._writing = loop.run_in_executor(
-            None, durable_files.replace, self.path, json.dumps(snapshot)
-        )
-        try:
-            await self._writing
-        except BaseException:
-            self._changed = True
-            raise
-        finally:
-            self._writing = None
+        """Make the offsets as they are now durable (one write at a time: every cursor of the
+        stream commits through here)."""
+        async with self._writing:
+            if not self._changed:
+                return
+            self._changed = False
+            snapshot = dict(self._offsets)
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, durable_files.replace, self.path, json.dumps(snapshot)
+                )
+            except BaseException:
+                self._changed = True
+                raise
