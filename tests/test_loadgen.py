@@ -704,6 +704,17 @@ def test_options_are_checked():
         loadgen.Options(scenario="replay", queue="q", queue_type="classic")
     with pytest.raises(ValueError, match="needs a prefetch"):
         loadgen.Options(scenario="replay", queue="q", queue_type="stream", prefetch=0)
+    with pytest.raises(ValueError, match="one replay consumer"):
+        loadgen.Options(
+            scenario="replay", queue="q", queue_type="stream", consumers=2, start="middle"
+        )
+    with pytest.raises(ValueError, match="start must be"):
+        loadgen.Options(scenario="replay", queue="q", queue_type="stream", start="last")
+    with pytest.raises(ValueError, match="consumers must be 1..64"):
+        loadgen.Options(scenario="e2e", queue="q", consumers=65)
+    assert loadgen.Options(scenario="replay", queue="q", queue_type="stream", consumers=10_000)
+    with pytest.raises(ValueError, match="consumers must be 1..10000"):
+        loadgen.Options(scenario="replay", queue="q", queue_type="stream", consumers=10_001)
 
 
 def test_cli_prints_json(capsys):
@@ -800,6 +811,45 @@ def test_a_stream_replays_to_several_consumers_at_once(warren_url):
     report = asyncio.run(loadgen.run_scenario(warren_url, replay))
     assert report["received"] == 9000 and report["first_delivery_ms"] > 0
     assert report["msgs_per_s"] > 0 and report["fill_msgs_per_s"] > 0
+
+
+def test_more_replay_consumers_than_connections_share_them_and_rss_is_sampled(warren_process):
+    url = warren_process.start().url
+    replay = loadgen.Options(
+        scenario="replay",
+        queue="bench-replay-many",
+        queue_type="stream",
+        messages=200,
+        window=100,
+        consumers=loadgen.CONNECTIONS_MAX + 6,
+        prefetch=100,
+        multi_ack_every=50,
+        timeout_s=60,
+    )
+    report = asyncio.run(loadgen.run_scenario(url, replay, warren_process.process.pid))
+    assert report["received"] == 200 * (loadgen.CONNECTIONS_MAX + 6)
+    assert report["rss_mb_peak"] >= report["rss_mb_before_consumers"] > 0
+
+
+def test_a_seek_starts_at_the_middle_of_the_fill(warren_url):
+    # Paced over about three seconds, as AMQP timestamps are whole seconds.
+    seek = loadgen.Options(
+        scenario="replay",
+        queue="bench-seek",
+        queue_type="stream",
+        messages=300,
+        window=10,
+        rate_per_s=100,
+        prefetch=100,
+        multi_ack_every=50,
+        timeout_s=60,
+        start="middle",
+    )
+    report = asyncio.run(loadgen.run_scenario(warren_url, seek))
+    assert report["received"] >= 1 and report["first_delivery_ms"] > 0
+    assert 0 < report["seek_to_s"] <= report["fill_s"]
+    # The first message at or after the middle second: never one from the first half.
+    assert 0.3 <= report["first_message_fill_fraction"] <= 1
 
 
 REAL_BROKER_URL = os.environ.get("WARREN_BENCH_URL") or os.environ.get("WARREN_REFERENCE_URL")

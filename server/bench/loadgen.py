@@ -14,7 +14,11 @@ it at the end unless ``--keep-queue``):
 * ``replay`` — fills a stream (``--queue-type stream``) with ``--messages`` confirmed
   messages, then ``--consumers`` consumers at once read all of it from ``x-stream-offset:
   first`` (prefetch ``--prefetch``, acks as credit); reports msgs/s received in total and the
-  time from the first basic.consume to the first delivery.
+  time from the first basic.consume to the first delivery. With ``--pid`` it also samples the
+  broker's resident memory while the consumers read (``--consumers`` up to 10,000, spread over
+  at most 64 connections, a channel each). ``--start middle`` seeks instead: one consumer
+  starts at the AMQP timestamp halfway through the fill and stops at its first delivery;
+  reports the time to it and where in the fill that message was published (0..1).
 * ``memory`` — fills the queue with ``--messages`` ready messages and reports how much the
   broker's resident memory grew (``--pid``, read from /proc, so the broker must run on this
   machine).
@@ -34,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
+import math
 import os
 import secrets
 import sys
@@ -53,6 +59,9 @@ from .stats import LatencyHistogram
 QUEUE_TYPES = ("classic", "quorum", "stream")
 WINDOW_MAX = 1_000_000
 CONNECTIONS_MAX = 64
+CONSUMERS_MAX = 10_000
+REPLAY_STARTS = ("first", "middle")
+RSS_SAMPLE_S = 0.2
 PREFETCH_MAX = 65_535  # basic.qos prefetch-count is a short
 BODY_BYTES_MAX = 128 << 20
 _MB = 1_000_000
@@ -62,7 +71,7 @@ HEADLINES = {
     "publish": ("msgs_per_s", "confirm_latency_ms_p50", "confirm_latency_ms_p99"),
     "e2e": ("msgs_per_s", "latency_ms_p50", "latency_ms_p99"),
     "memory": ("rss_mb_growth",),
-    "replay": ("msgs_per_s", "first_delivery_ms"),
+    "replay": ("msgs_per_s", "first_delivery_ms", "rss_mb_peak_growth"),
 }
 
 
@@ -87,6 +96,8 @@ class Options:
     settle_s: float = 2.0
     keep_queue: bool = False
     timeout_s: float = 600.0
+    start: str = "first"
+    """replay: read from the first offset, or seek to the time halfway through the fill."""
 
     def __post_init__(self) -> None:
         if self.scenario not in HEADLINES:
@@ -95,6 +106,12 @@ class Options:
             raise ValueError(f"queue type must be one of {QUEUE_TYPES}, got {self.queue_type!r}")
         if self.scenario == "replay" and self.queue_type != "stream":
             raise ValueError("replay reads a stream: --queue-type stream")
+        if self.start not in REPLAY_STARTS:
+            raise ValueError(f"start must be one of {REPLAY_STARTS}, got {self.start!r}")
+        if self.start == "middle" and (self.scenario != "replay" or self.consumers != 1):
+            raise ValueError("--start middle seeks with one replay consumer")
+        if self.start == "middle" and self.size_bytes < wire.TIMESTAMP_BYTES:
+            raise ValueError(f"a seek needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
         if self.queue_type == "stream" and self.prefetch == 0:
             raise ValueError("a stream consumer needs a prefetch")
         if not 0 <= self.size_bytes <= BODY_BYTES_MAX:
@@ -103,11 +120,12 @@ class Options:
             raise ValueError(f"e2e needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
         if self.messages < 1 or not 1 <= self.window <= WINDOW_MAX:
             raise ValueError(f"need messages >= 1 and window 1..{WINDOW_MAX}")
-        if (
-            not 1 <= self.publishers <= CONNECTIONS_MAX
-            or not 1 <= self.consumers <= CONNECTIONS_MAX
-        ):
-            raise ValueError(f"publishers and consumers must be 1..{CONNECTIONS_MAX}")
+        if not 1 <= self.publishers <= CONNECTIONS_MAX:
+            raise ValueError(f"publishers must be 1..{CONNECTIONS_MAX}")
+        # A replay's consumers share connections, a channel each.
+        consumers_max = CONSUMERS_MAX if self.scenario == "replay" else CONNECTIONS_MAX
+        if not 1 <= self.consumers <= consumers_max:
+            raise ValueError(f"consumers must be 1..{consumers_max}")
         if self.publishers > self.messages:
             raise ValueError("more publishers than messages")
         if not 0 <= self.prefetch <= PREFETCH_MAX:
@@ -326,17 +344,26 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
     return report
 
 
-async def _run_replay(address: wire.BrokerAddress, options: Options, run: _Run) -> dict[str, Any]:
-    publishers = await _start_publishers(address, options, False, run)
+async def _run_replay(
+    address: wire.BrokerAddress, options: Options, run: _Run, pid: int | None
+) -> dict[str, Any]:
+    seek = options.start == "middle"
+    fill_start_s = time.time()
+    publishers = await _start_publishers(address, options, seek, run)
     for publisher in publishers:
         publisher.start()
     await asyncio.gather(*(publisher.done for publisher in publishers))
+    fill_end_s = time.time()
     filled = _publish_report(run)
-    tally = run.tally = ConsumerTally(options.messages * options.consumers)
-    readers = []
-    for _ in range(options.consumers):
+    run.tally = tally = ConsumerTally(1 if seek else options.messages * options.consumers)
+    connections = []
+    for _ in range(min(options.consumers, CONNECTIONS_MAX)):
         connection = await ClientConnection.open(address)
         run.connections.append(connection)
+        connections.append(connection)
+    readers = []
+    for index in range(options.consumers):
+        connection = connections[index % len(connections)]
         channel = await connection.open_channel()
         await connection.call(
             channel, commands.Basic.Qos(prefetch_count=options.prefetch), commands.Basic.QosOk
@@ -344,25 +371,78 @@ async def _run_replay(address: wire.BrokerAddress, options: Options, run: _Run) 
         consumer = Consumer(connection, channel, tally, options.multi_ack_every)
         consumer.attach()
         readers.append((connection, channel, consumer))
+    if seek:
+        # AMQP timestamps are whole seconds: the first second that starts in the fill's
+        # second half.
+        middle_s = math.ceil((fill_start_s + fill_end_s) / 2)
+        start: Any = datetime.datetime.fromtimestamp(middle_s, datetime.UTC)
+    else:
+        start = "first"
+    rss_before = read_rss_bytes(pid) if pid is not None else None
+    rss_peak = _RssPeak(pid) if pid is not None else None
     start_ns = time.monotonic_ns()
     for connection, channel, _ in readers:
         await connection.call(
             channel,
-            commands.Basic.Consume(queue=options.queue, arguments={"x-stream-offset": "first"}),
+            commands.Basic.Consume(queue=options.queue, arguments={"x-stream-offset": start}),
             commands.Basic.ConsumeOk,
         )
-    end_ns = await tally.done
+    try:
+        end_ns = await tally.done
+    finally:
+        if rss_peak is not None:
+            rss_peak.stop()
     for _, _, consumer in readers:
         consumer.flush_acks()
     seconds = max((end_ns - start_ns) / 1e9, 1e-9)
     assert tally.first_ns is not None
-    return {
+    report: dict[str, Any] = {
         "fill_msgs_per_s": filled["publish_msgs_per_s"],
         "seconds": round(seconds, 3),
         "received": tally.received,
         "msgs_per_s": round(tally.received / seconds, 1),
         "first_delivery_ms": round((tally.first_ns - start_ns) / 1e6, 3),
     }
+    if seek:
+        fill_ns = max(publisher.done.result() for publisher in publishers) - min(
+            publisher.start_ns for publisher in publishers
+        )
+        first_stamp_ns = tally.first_stamp_ns
+        report["seek_to_s"] = round(middle_s - fill_start_s, 3)
+        report["fill_s"] = round(fill_end_s - fill_start_s, 3)
+        if first_stamp_ns:
+            fill_start_ns = min(publisher.start_ns for publisher in publishers)
+            report["first_message_fill_fraction"] = round(
+                (first_stamp_ns - fill_start_ns) / max(fill_ns, 1), 4
+            )
+        del report["msgs_per_s"]
+    if rss_before is not None and rss_peak is not None:
+        report.update(
+            {
+                "rss_mb_before_consumers": round(rss_before / _MB, 1),
+                "rss_mb_peak": round(rss_peak.peak / _MB, 1),
+                "rss_mb_peak_growth": round((rss_peak.peak - rss_before) / _MB, 1),
+            }
+        )
+    return report
+
+
+class _RssPeak:
+    """The highest resident memory of a process, sampled on the loop until stopped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = read_rss_bytes(pid)
+        self._task = asyncio.ensure_future(self._sample())
+
+    async def _sample(self) -> None:
+        while True:
+            await asyncio.sleep(RSS_SAMPLE_S)
+            self.peak = max(self.peak, read_rss_bytes(self.pid))
+
+    def stop(self) -> None:
+        self.peak = max(self.peak, read_rss_bytes(self.pid))
+        self._task.cancel()
 
 
 async def _run_memory(
@@ -415,7 +495,7 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
         elif options.scenario == "e2e":
             report = await _run_e2e(address, options, run)
         elif options.scenario == "replay":
-            report = await _run_replay(address, options, run)
+            report = await _run_replay(address, options, run, pid)
         else:
             report = await _run_memory(address, options, run, admin, channel, pid)
         if not options.keep_queue:
@@ -488,6 +568,7 @@ _SCENARIO_OPTIONS = {
         "consumers",
         "prefetch",
         "multi_ack_every",
+        "start",
     ),
     "memory": (
         "scenario",
@@ -623,6 +704,7 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         settle_s=getattr(args, "settle", 2.0),
         keep_queue=args.keep_queue,
         timeout_s=args.timeout,
+        start=getattr(args, "start", "first"),
     )
 
 
@@ -698,6 +780,11 @@ def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
     )
 
 
+def _pid_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pid", type=int, help="the broker's process id (on this machine)")
+    parser.add_argument("--compare-pid", type=int, help="the compared broker's process id")
+
+
 def register(targets: Any) -> None:
     """Add `publish`, `e2e`, `replay` and `memory` to `warren bench`."""
     publish = targets.add_parser(
@@ -747,7 +834,12 @@ def register(targets: Any) -> None:
     )
     _common_arguments(replay, 1_000_000)
     replay.set_defaults(queue_type="stream")
-    replay.add_argument("--consumers", type=int, default=1, help="consumer connections (default 1)")
+    replay.add_argument(
+        "--consumers",
+        type=int,
+        default=1,
+        help=f"consumers, a channel each on at most {CONNECTIONS_MAX} connections (default 1)",
+    )
     replay.add_argument(
         "--prefetch", type=int, default=1000, help="basic.qos prefetch-count (default 1000)"
     )
@@ -756,14 +848,21 @@ def register(targets: Any) -> None:
         type=int,
         help="ack (multiple) every K deliveries (default: prefetch / 2)",
     )
+    replay.add_argument(
+        "--start",
+        choices=REPLAY_STARTS,
+        default="first",
+        help="first: read everything; middle: seek one consumer to the time halfway through "
+        "the fill and time its first delivery (default first)",
+    )
+    _pid_arguments(replay)
     replay.set_defaults(handler=_handle, scenario="replay")
 
     memory = targets.add_parser(
         "memory", help="fill a queue with ready messages and report the broker's RSS growth"
     )
     _common_arguments(memory, 1_000_000)
-    memory.add_argument("--pid", type=int, help="the broker's process id (on this machine)")
-    memory.add_argument("--compare-pid", type=int, help="the compared broker's process id")
+    _pid_arguments(memory)
     memory.add_argument(
         "--settle",
         type=float,

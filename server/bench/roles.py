@@ -186,6 +186,8 @@ class ConsumerTally:
         self.rejected = 0
         self.histogram = LatencyHistogram()
         self.first_ns: int | None = None
+        self.first_stamp_ns = 0
+        """The send stamp of the first message received (0: unstamped)."""
         self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     def fail(self, error: BenchError) -> None:
@@ -267,6 +269,7 @@ class Consumer:
         now_ns = time.monotonic_ns()
         if tally.first_ns is None:
             tally.first_ns = now_ns
+            tally.first_stamp_ns = complete[0]
         record = tally.histogram.record
         warm_from = self.warmup - tally.received
         for index, stamp_ns in enumerate(complete):
