@@ -1,9 +1,10 @@
-"""`warren streams list|add-super` and `warren groups`: streams, super streams and consumer
-groups of a running broker, through its HTTP API (`--url`, `--user`, `--password`,
-`--vhost`, as every such command).
+"""`warren streams list|add-super|delete-super` and `warren groups`: streams, super streams
+and consumer groups of a running broker, through its HTTP API (`--url`, `--user`,
+`--password`, `--vhost`, as every such command).
 
     warren streams add-super invoices --partitions 3   # exchange + invoices-0 … invoices-2
     warren streams list                                # streams, offsets, tracked offsets
+    warren streams delete-super invoices               # the exchange and its partitions
     warren groups                                      # members, assignments, offsets, lag
 """
 
@@ -27,6 +28,12 @@ def register(commands: Any) -> None:
     add.add_argument("--partitions", type=int, required=True, help="how many partitions")
     add_connection_arguments(add)
     add.set_defaults(handler=handler(_add_super))
+    delete = actions.add_parser(
+        "delete-super", help="delete a super stream's exchange and its partition streams"
+    )
+    delete.add_argument("name")
+    add_connection_arguments(delete)
+    delete.set_defaults(handler=handler(_delete_super))
     groups = commands.add_parser(
         "groups", help="consumer groups: members, assignments, committed offsets, lag"
     )
@@ -63,6 +70,11 @@ def _add_super(args: Any) -> None:
         body={"partitions": args.partitions},
     )
     print(f"super stream {args.name}: {args.partitions} partitions")
+
+
+def _delete_super(args: Any) -> None:
+    request_json(args, "DELETE", "api", "super-streams", args.vhost, args.name)
+    print(f"super stream {args.name} deleted, with its partitions")
 
 
 def _groups(args: Any) -> None:

@@ -1119,6 +1119,23 @@ class VirtualHost:
     async def delete_exchange(self, name: str, *, if_unused: bool) -> None:
         await self._apply(mc.DeleteExchange(self.name, name, if_unused=if_unused))
 
+    async def delete_super_stream(self, name: str) -> list[str]:
+        """The super stream's exchange, then its partition streams, as `rabbitmq-streams
+        delete_super_stream` does (exchange.delete alone leaves the partitions, as in
+        RabbitMQ). Returns the partitions deleted; 404 unless `name` is a super stream."""
+        exchange = self.router.get(name)
+        if exchange is None or not isinstance(exchange.table, SuperStreamExchange):
+            rs = queue_arguments.resource("exchange", name, self.name)
+            raise NotFound(f"no super stream: {rs}")
+        partitions = [self.queues.get(d.name) for d in exchange.table.partitions()]
+        await self.delete_exchange(name, if_unused=False)
+        deleted = []
+        for partition in partitions:
+            if isinstance(partition, Stream):
+                await self.delete_queue(partition)
+                deleted.append(partition.name)
+        return deleted
+
     # -- bindings -------------------------------------------------------------------------
 
     async def bind(

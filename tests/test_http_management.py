@@ -186,6 +186,23 @@ def test_resource_permissions_are_checked_as_for_amqp(api):
     assert user.delete(path("api", "queues", vhost, "ok.q")).status == 204
 
 
+def test_deleting_a_super_stream_needs_configure_on_it_and_every_partition(api):
+    vhost = add_vhost(api)
+    created = api.put(path("api", "super-streams", vhost, "ok.s"), {"partitions": 2})
+    assert created.status == 201
+    exchange_only = add_user(api, "management", {vhost: ("^ok\\.s$", "", "")})
+    refused = exchange_only.delete(path("api", "super-streams", vhost, "ok.s"))
+    assert (refused.status, refused.json["reason"]) == (401, "Access refused.")
+    listed = api.get(path("api", "super-streams", vhost)).json
+    assert [s["partitions"] for s in listed] == [["ok.s-0", "ok.s-1"]]
+    everything = add_user(api, "management", {vhost: ("^ok\\.", "", "")})
+    assert everything.delete(path("api", "super-streams", vhost, "ok.s")).status == 204
+    assert api.get(path("api", "super-streams", vhost)).json == []
+    assert api.get(path("api", "queues", vhost)).json == []
+    missing = api.delete(path("api", "super-streams", vhost, "ok.s"))
+    assert missing.status == 404 and "no super stream" in missing.json["reason"]
+
+
 # -- queues ---------------------------------------------------------------------------------------
 
 

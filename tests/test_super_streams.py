@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pika
+import pytest
 from brokers import ThreadBroker
 
 from warrenmq.exchanges.super_stream import partition_index
@@ -111,5 +112,46 @@ def test_warren_groups_shows_members_assignments_and_lag(tmp_path, capsys):
         status = cli.main(["groups", "--url", broker.management_url])
         out = capsys.readouterr().out
         assert status == 0 and "group g1 on pay: no members" in out
+    finally:
+        broker.stop()
+
+
+def test_delete_super_removes_the_exchange_and_its_partitions_for_good(tmp_path, capsys):
+    broker = ThreadBroker(tmp_path / "data").start()
+    try:
+        assert warren(broker, capsys, "add-super", "orders", "--partitions", "3")[0] == 0
+        assert warren(broker, capsys, "add-super", "kept", "--partitions", "1")[0] == 0
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("orders", "k", b"gone with it")
+        connection.close()
+        status, out, _ = warren(broker, capsys, "delete-super", "orders")
+        assert status == 0 and "orders deleted" in out
+        status, _, error = warren(broker, capsys, "delete-super", "orders")
+        assert status == 1 and "no super stream" in error
+        # A plain exchange is not a super stream: refused, and left alone.
+        status, _, error = warren(broker, capsys, "delete-super", "amq.direct")
+        assert status == 1 and "no super stream" in error
+
+        def listed() -> dict:
+            return json.loads(warren(broker, capsys, "list", "--json")[1])
+
+        assert [s["name"] for s in listed()["super_streams"]] == ["kept"]
+        assert [s["name"] for s in listed()["streams"]] == ["kept-0"]
+        broker.stop()
+        broker = ThreadBroker(tmp_path / "data").start()
+        assert [s["name"] for s in listed()["streams"]] == ["kept-0"]
+        connection = broker.connect()
+        channel = connection.channel()
+        for name in ("orders-0", "orders-1", "orders-2"):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                channel.queue_declare(name, passive=True)
+            assert closed.value.reply_code == 404
+            channel = connection.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            channel.exchange_declare("orders", passive=True)
+        assert closed.value.reply_code == 404
+        connection.close()
     finally:
         broker.stop()

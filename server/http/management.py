@@ -220,7 +220,12 @@ ROUTES: tuple[Route, ...] = (
     route("/api/groups/{vhost}", VHOST, GET=streams.list_groups),
     route("/api/super-streams", ANY, GET=streams.list_super_streams),
     route("/api/super-streams/{vhost}", VHOST, GET=streams.list_super_streams),
-    route("/api/super-streams/{vhost}/{name}", VHOST, PUT=streams.put_super_stream),
+    route(
+        "/api/super-streams/{vhost}/{name}",
+        VHOST,
+        PUT=streams.put_super_stream,
+        DELETE=streams.delete_super_stream,
+    ),
     route("/api/aliveness-test/{vhost}", VHOST, GET=overview.aliveness),
     route("/api/health/checks/alarms", ANY, GET=overview.no_alarms),
     route("/api/health/checks/local-alarms", ANY, GET=overview.no_alarms),

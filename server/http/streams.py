@@ -7,6 +7,7 @@ creation of a super stream.
                                                 committed offsets and lag per partition
     GET /api/super-streams[/{vhost}]            every super stream exchange and its partitions
     PUT /api/super-streams/{vhost}/{name}       {"partitions": N}: 201 created, 204 existed
+    DELETE /api/super-streams/{vhost}/{name}    the exchange and its partition streams
 
 Creating one needs configure permission on the exchange and on every partition.
 """
@@ -152,3 +153,17 @@ async def put_super_stream(call: Call) -> web.Response:
         )
     )
     return no_content() if existed else created()
+
+
+async def delete_super_stream(call: Call) -> web.Response:
+    if call.params["vhost"] not in call.state.vhosts:
+        raise vhost_missing()
+    vhost = call.vhost()
+    name = call.params["name"]
+    call.check("configure", EXCHANGE, name)
+    exchange = call.state.router(vhost.name).get(name)
+    if exchange is not None and isinstance(exchange.table, SuperStreamExchange):
+        for partition in exchange.table.partitions():
+            call.check("configure", QUEUE, partition.name)
+    await core(vhost.delete_super_stream(name))
+    return no_content()
