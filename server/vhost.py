@@ -900,10 +900,22 @@ class VirtualHost:
         for consumer in list(queue.consumers.values()):
             queue.remove_consumer(consumer)
             consumer.channel.cancel(consumer, "queue deleted")
+        if isinstance(queue, Stream):
+            self._dissolve_groups_of(queue)
         queue.deleted = True
         queue.engine.delete()
         # The tick stops the timers of a deleted queue.
         self._wake(queue)
+
+    def _dissolve_groups_of(self, partition: Stream) -> None:
+        """A deleted partition ends the consumer groups reading it: their members are
+        cancelled as a deleted queue's consumers are (a group on a super stream declared
+        again starts afresh)."""
+        for key, group in list(self.groups.items()):
+            if partition in group.partitions:
+                del self.groups[key]
+                for member in group.dissolve():
+                    member.consumer.channel.cancel(member.consumer, "queue deleted")
 
     # -- consuming ------------------------------------------------------------------------
 

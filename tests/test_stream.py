@@ -296,6 +296,24 @@ def test_a_tracked_tag_resumes_without_an_offset_and_a_generated_one_does_not(tm
     }
 
 
+def test_acks_after_the_stream_is_deleted_commit_nothing(tmp_path):
+    """A delivery acked once its stream is gone must not write the offsets again (the write
+    would make the deleted stream's directory anew)."""
+    stream = open_stream(tmp_path)
+    publish(stream, [b"a", b"b"])
+    channel = Channel()
+    consumer = stream.add_consumer(
+        "mine", channel, OffsetSpec(Start.FIRST), {}, exclusive=False, prefetch_count=9
+    )
+    stream.dispatch(NOW_MS)
+    stream.remove_consumer(consumer)
+    stream.deleted = True
+    stream.engine.delete()
+    consumer.queue.ack([0, 1])
+    assert not consumer.queue.needs_commit
+    assert not stream.engine.directory.exists()
+
+
 @pytest.mark.timeout(30)
 def test_a_commit_arriving_as_the_previous_write_ends_waits_for_it(tmp_path, monkeypatch):
     """Every cursor of a stream commits its tracked offsets. A commit that started in the

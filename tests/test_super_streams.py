@@ -155,3 +155,49 @@ def test_delete_super_removes_the_exchange_and_its_partitions_for_good(tmp_path,
         connection.close()
     finally:
         broker.stop()
+
+
+def test_deleting_a_super_stream_cancels_its_groups_members(tmp_path, capsys):
+    broker = ThreadBroker(tmp_path / "data").start()
+    try:
+        assert warren(broker, capsys, "add-super", "pay", "--partitions", "2")[0] == 0
+        connection = broker.connect()
+        publisher = connection.channel()
+        publisher.confirm_delivery()
+        for i in range(10):
+            publisher.basic_publish("pay", f"k{i}", b"old")
+        member = connection.channel()
+        member.basic_qos(prefetch_count=100)
+        cancelled, received = [], []
+
+        def consume(tag: str) -> None:
+            member.basic_consume(
+                "pay",
+                lambda ch, method, properties, body: (
+                    received.append(body),
+                    ch.basic_ack(method.delivery_tag),
+                ),
+                consumer_tag=tag,
+                arguments={"x-consumer-group": "g1", "x-stream-offset": "first"},
+            )
+
+        member.add_on_cancel_callback(cancelled.append)
+        consume("m1")
+        connection.process_data_events(time_limit=1)
+        assert received == [b"old"] * 10
+        assert warren(broker, capsys, "delete-super", "pay")[0] == 0
+        connection.process_data_events(time_limit=1)
+        assert [frame.method.consumer_tag for frame in cancelled] == ["m1"]
+        assert cli.main(["groups", "--json", "--url", broker.management_url]) == 0
+        assert json.loads(capsys.readouterr().out) == []
+
+        # Declared again, the super stream's group starts afresh on the new partitions.
+        assert warren(broker, capsys, "add-super", "pay", "--partitions", "2")[0] == 0
+        publisher.basic_publish("pay", "k1", b"new")
+        received.clear()
+        consume("m2")
+        connection.process_data_events(time_limit=1)
+        assert received == [b"new"]
+        connection.close()
+    finally:
+        broker.stop()

@@ -158,7 +158,10 @@ class Cursor:
 
     @property
     def needs_commit(self) -> bool:
-        return self.tracked_tag is not None and self.stream.tracked.changed
+        # A deleted stream's offsets went with its directory.
+        return (
+            self.tracked_tag is not None and not self.stream.deleted and self.stream.tracked.changed
+        )
 
     async def commit(self) -> None:
         """Make the stream's tracked offsets durable (the tick calls it after acks)."""

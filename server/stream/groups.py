@@ -131,6 +131,19 @@ class Group:
                 self._settle_move(index)
         self.rebalance()
 
+    def dissolve(self) -> list[Member]:
+        """A partition was deleted: the group ends. What its members acked stays committed on
+        the partitions left; the members are returned, for their channels to cancel."""
+        members, self.members = self.members, []
+        for member in members:
+            for index in list(member.owned):
+                self._release(member, index)
+        for index in list(self._moving):
+            cursor = self._moving.pop(index)[0]
+            cursor.on_drained = None
+            self._commit(index, cursor)
+        return members
+
     def owner(self, index: int) -> Member | None:
         for member in self.members:
             if index in member.owned:
