@@ -1094,12 +1094,19 @@ class VirtualHost:
         auto_delete: bool,
         internal: bool,
         arguments: Mapping[str, Any],
+        user: str | None,
     ) -> None:
         """exchange.declare; a super stream exchange declared with a partition count also
-        gets its partition streams (`super_stream.partitions`)."""
+        gets its partition streams (`super_stream.partitions`), which `user` (None: the
+        broker or an administrator's import) must be allowed to configure too."""
         partitions = None
         if type_name == SUPER_STREAM:
             partitions = super_stream.partition_count(name, self.name, arguments)
+            if partitions is not None and user is not None:
+                for partition in super_stream.partition_names(name, partitions):
+                    self.store.state.check_resource_access(
+                        user, self.name, "configure", QUEUE, partition
+                    )
         await self._apply(
             mc.DeclareExchange(
                 self.name,

@@ -186,6 +186,35 @@ def test_resource_permissions_are_checked_as_for_amqp(api):
     assert user.delete(path("api", "queues", vhost, "ok.q")).status == 204
 
 
+def test_declaring_a_super_stream_needs_configure_on_every_partition(api, broker):
+    vhost = add_vhost(api)
+    api.put(path("api", "users", "sslimited"), {"password": "pw", "tags": "management"})
+    granted = {"configure": "^ok\\.s$", "write": "", "read": ""}
+    assert api.put(path("api", "permissions", vhost, "sslimited"), granted).status == 201
+    user = api.as_user("sslimited", "pw")
+    refused = user.put(path("api", "super-streams", vhost, "ok.s"), {"partitions": 2})
+    assert (refused.status, refused.json["reason"]) == (401, "Access refused.")
+    by_type = {"type": "x-super-stream", "arguments": {"x-super-stream-partitions": 2}}
+    refused = user.put(path("api", "exchanges", vhost, "ok.s"), by_type)
+    assert (refused.status, refused.json["reason"]) == (401, "Access refused.")
+    connection = broker.connect(
+        virtual_host=vhost, credentials=pika.PlainCredentials("sslimited", "pw")
+    )
+    channel = connection.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.exchange_declare(
+            "ok.s", "x-super-stream", arguments={"x-super-stream-partitions": 2}
+        )
+    assert closed.value.reply_code == 403
+    assert closed.value.reply_text == (
+        f"ACCESS_REFUSED - access to queue 'ok.s-0' in vhost '{vhost}' refused for user 'sslimited'"
+    )
+    connection.close()
+    # Nothing was made of any of the three declares.
+    assert api.get(path("api", "super-streams", vhost)).json == []
+    assert api.get(path("api", "queues", vhost)).json == []
+
+
 def test_deleting_a_super_stream_needs_configure_on_it_and_every_partition(api):
     vhost = add_vhost(api)
     created = api.put(path("api", "super-streams", vhost, "ok.s"), {"partitions": 2})

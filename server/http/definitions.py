@@ -186,6 +186,7 @@ async def _import_topology(
                 auto_delete=parse_bool(item.get("auto_delete"), False),
                 internal=parse_bool(item.get("internal"), False),
                 arguments=to_amqp_table(item.get("arguments")),
+                user=None,  # an administrator's import
             )
         )
     for item in _section(document, "queues"):

@@ -88,6 +88,7 @@ async def put_exchange(call: Call) -> web.Response:
             auto_delete=auto_delete,
             internal=internal,
             arguments=arguments,
+            user=call.caller.name,
         )
     )
     return no_content() if existed else created()

@@ -25,7 +25,6 @@ from warrenmq.server.stream.stream import Stream
 from warrenmq.server.stream.super_stream import (
     PARTITIONS_ARGUMENT,
     PARTITIONS_MAX,
-    partition_names,
 )
 
 from .api import Call, core, created, no_content, vhost_missing
@@ -137,10 +136,8 @@ async def put_super_stream(call: Call) -> web.Response:
         raise bad_request(f"partitions must be a whole number from 1 to {PARTITIONS_MAX}")
     if name.startswith("amq."):
         raise not_authorised("Access refused.")
+    # The core checks the partitions' permissions.
     call.check("configure", EXCHANGE, name)
-    if 1 <= partitions <= PARTITIONS_MAX:
-        for partition in partition_names(name, partitions):
-            call.check("configure", QUEUE, partition)
     existed = call.state.router(vhost.name).get(name) is not None
     await core(
         vhost.declare_exchange(
@@ -150,6 +147,7 @@ async def put_super_stream(call: Call) -> web.Response:
             auto_delete=False,
             internal=False,
             arguments={PARTITIONS_ARGUMENT: partitions},
+            user=call.caller.name,
         )
     )
     return no_content() if existed else created()

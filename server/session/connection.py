@@ -681,6 +681,7 @@ async def _exchange_declare(
             auto_delete=method.auto_delete,
             internal=method.internal,
             arguments=method.arguments or {},
+            user=conn.username,
         )
     if not method.nowait:
         conn.reply(channel, commands.Exchange.DeclareOk())
