@@ -8,6 +8,8 @@ restart. Every test passes against the reference RabbitMQ too.
 from __future__ import annotations
 
 import datetime
+import socket
+import threading
 import time
 
 import pika
@@ -540,3 +542,91 @@ def test_a_consumer_group_shares_partitions_and_takes_over_a_gone_member(
         lambda: {b for _, _, b in got["a"]} >= {str(i).encode() for i in range(30, 60)},
     )
     assert {p for p, _, _ in got["a"][-30:]} == {f"{uid}-0", f"{uid}-1", f"{uid}-2"}
+
+
+@pytest.mark.warren_only  # RabbitMQ has single active consumers on super streams only over
+# its stream protocol
+def test_three_members_joining_and_leaving_under_load(connection, open_connection, uid):
+    """While a publisher keeps publishing, a, b and c join one by one, then a dies, then b:
+    every message reaches the group, and each partition's deliveries,
+    in the order they were handled, are its offsets from 0 without a gap or a repeat (one
+    member at a time, each taking over where the last one acked)."""
+    total = 3000
+    channel = connection.channel()
+    channel.exchange_declare(
+        uid, "x-super-stream", durable=True, arguments={"x-super-stream-partitions": 3}
+    )
+    published = 0
+    publisher_error: list[BaseException] = []
+
+    def publish_all():
+        try:
+            nonlocal published
+            publisher = open_connection()
+            publishing = publisher.channel()
+            publishing.confirm_delivery()
+            for i in range(total):
+                publishing.basic_publish(uid, f"key-{i}", str(i).encode())
+                published = i + 1
+        except BaseException as error:  # reported by the test's thread
+            publisher_error.append(error)
+
+    handled: list[tuple[str, int, str, bytes]] = []
+    members: dict[str, tuple[pika.BlockingConnection, object]] = {}
+
+    def join(name):
+        member_connection = open_connection()
+        member = member_connection.channel()
+        member.basic_qos(prefetch_count=50)
+
+        def on_message(ch, method, properties, body):
+            headers = properties.headers
+            handled.append((headers["x-stream-partition"], headers["x-stream-offset"], name, body))
+            ch.basic_ack(method.delivery_tag)
+
+        tag = member.basic_consume(
+            uid, on_message, arguments={"x-consumer-group": "g", "x-stream-offset": "first"}
+        )
+        members[name] = (member_connection, (member, tag))
+
+    def die(name):
+        """The member's process dies: its socket goes without a word (pika's own close would
+        nack the deliveries it holds, and a stream closes the connection on a nack)."""
+        member_connection = members.pop(name)[0]
+        member_connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            run_events(member_connection, 1)
+
+    def run_members_until(condition, timeout_s=60.0):
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"published {published}, handled {len(handled)}"
+            assert not publisher_error, publisher_error
+            for member_connection, _ in list(members.values()):
+                if member_connection.is_open:
+                    run_events(member_connection, 0.01)
+
+    thread = threading.Thread(target=publish_all, daemon=True)
+    join("a")
+    thread.start()
+    run_members_until(lambda: published >= 500)
+    join("b")
+    run_members_until(lambda: published >= 1000)
+    join("c")
+    run_members_until(lambda: published >= 1500)
+    die("a")
+    run_members_until(lambda: published >= 2000)
+    die("b")
+    thread.join(60)
+    assert not publisher_error and published == total
+    run_members_until(lambda: len({body for *_, body in handled}) == total)
+    run_events(members["c"][0], 0.3)
+
+    assert {body for *_, body in handled} == {str(i).encode() for i in range(total)}
+    handlers = {name for _, _, name, _ in handled}
+    assert handlers == {"a", "b", "c"}
+    for partition in (f"{uid}-0", f"{uid}-1", f"{uid}-2"):
+        offsets = [offset for p, offset, _, _ in handled if p == partition]
+        assert offsets == list(range(len(offsets))), partition
+    # c alone owns every partition at the end.
+    assert {name for _, _, name, _ in handled[-30:]} == {"c"}
