@@ -176,3 +176,87 @@ def test_an_ack_after_the_visibility_timeout_is_counted_stale(broker):
     assert samples["warren_queue_stale_acks_total"][(("queue", "invisible"), ("vhost", "/"))] == 1
     assert scrape(broker)["warren_queue_stale_acks_total"][()] >= 1
     connection.close()
+
+
+def ack_below(offset_max: int):
+    """A consumer callback that acks the deliveries below `offset_max` of each partition and
+    holds the rest unacked: the committed (tracked) offset stops at `offset_max`."""
+
+    def on_message(channel, method, properties, body) -> None:
+        if properties.headers["x-stream-offset"] < offset_max:
+            channel.basic_ack(method.delivery_tag)
+
+    return on_message
+
+
+def labelled(**labels: str) -> tuple:
+    """Labels as `scrape` keys them."""
+    return tuple(sorted(labels.items()))
+
+
+def wait_for(broker, registry: str, name: str, labels: tuple, value: float) -> dict:
+    """The scrape once `name{labels}` reads `value` (the broker commits acks as it runs)."""
+    deadline = time.monotonic() + 10
+    while True:
+        samples = scrape(broker, registry)
+        if samples.get(name, {}).get(labels) == value or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def test_consumer_group_lag_per_partition_and_per_group(broker):
+    api = HttpApi(broker.management_url)
+    assert api.put(path("api", "super-streams", "/", "lagging"), {"partitions": 2}).status == 201
+    connection = broker.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for partition, count in ((0, 6), (1, 4)):
+        pinned = pika.BasicProperties(headers={"x-stream-partition": partition})
+        for _ in range(count):
+            channel.basic_publish("lagging", "any", b"m", pinned)
+    member = connection.channel()
+    member.basic_qos(prefetch_count=100)
+    member.basic_consume(
+        "lagging",
+        ack_below(2),
+        consumer_tag="lag-member",
+        arguments={"x-consumer-group": "billing", "x-stream-offset": "first"},
+    )
+    connection.process_data_events(time_limit=0.5)
+    group = labelled(vhost="/", group="billing", stream="lagging")
+    first = labelled(vhost="/", group="billing", stream="lagging", partition="lagging-0")
+    samples = wait_for(broker, "per-object", "warren_consumer_group_lag", first, 4)
+    lags = samples["warren_consumer_group_lag"]
+    assert lags[first] == 4
+    assert lags[labelled(vhost="/", group="billing", stream="lagging", partition="lagging-1")] == 2
+    assert scrape(broker)["warren_consumer_group_lag"][group] == 6
+    # The group's committed offsets are not counted again as plain tracked offsets.
+    tracked = scrape(broker, "per-object").get("warren_stream_tracked_offset_lag", {})
+    assert not [labels for labels in tracked if dict(labels)["stream"].startswith("lagging")]
+    connection.close()
+    # Every member gone: the committed offsets remain, and so does the lag.
+    assert (
+        wait_for(broker, "", "warren_consumer_group_lag", group, 6)["warren_consumer_group_lag"][
+            group
+        ]
+        == 6
+    )
+
+
+def test_a_tracked_consumers_lag_is_the_stream_after_its_acked_prefix(broker):
+    connection = broker.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("tracked-lag", durable=True, arguments={"x-queue-type": "stream"})
+    for _ in range(5):
+        channel.basic_publish("", "tracked-lag", b"m")
+    channel.basic_qos(prefetch_count=100)
+    channel.basic_consume(
+        "tracked-lag", ack_below(3), consumer_tag="reader", arguments={"x-stream-offset": "first"}
+    )
+    connection.process_data_events(time_limit=0.5)
+    labels = labelled(vhost="/", stream="tracked-lag", tag="reader")
+    samples = wait_for(broker, "per-object", "warren_stream_tracked_offset_lag", labels, 2)
+    assert samples["warren_stream_tracked_offset_lag"][labels] == 2
+    assert scrape(broker)["warren_stream_tracked_offset_lag"][()] >= 2
+    connection.close()

@@ -216,6 +216,7 @@ ROUTES: tuple[Route, ...] = (
     route("/api/dlq/{vhost}/{queue}/import", VHOST, POST=dlq.import_lines),
     route("/api/streams", ANY, GET=streams.list_streams),
     route("/api/streams/{vhost}", VHOST, GET=streams.list_streams),
+    route("/api/streams/{vhost}/{name}", VHOST, GET=streams.get_stream),
     route("/api/groups", ANY, GET=streams.list_groups),
     route("/api/groups/{vhost}", VHOST, GET=streams.list_groups),
     route("/api/super-streams", ANY, GET=streams.list_super_streams),

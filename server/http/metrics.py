@@ -8,7 +8,9 @@ under that name). Both carry the totals
 (``rabbitmq_connections``, ``_channels``, ``_consumers``, ``_queues``) and
 ``rabbitmq_build_info`` / ``rabbitmq_identity_info``. Warren adds its own under ``warren_``:
 each queue's stored messages, message log size and segment count, and stale acks (after a
-visibility timeout); the log's fsync and the publisher confirms' latency as histograms.
+visibility timeout); the log's fsync and the publisher confirms' latency as histograms;
+consumer groups' lag (``warren_consumer_group_lag``: per partition on ``/metrics/per-object``,
+per group on ``/metrics``) and tracked offsets' lag (``warren_stream_tracked_offset_lag``).
 RabbitMQ 3.10's dead-letter counters (`rabbitmq_global_messages_dead_lettered_*_total`) count
 every queue's, including those deleted since.
 
@@ -38,9 +40,12 @@ import warrenmq
 from warrenmq.dlq.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REASONS, REJECTED
 from warrenmq.log.partition import FSYNC_LATENCY
 from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
+from warrenmq.server.stream.groups import GROUP_TAG_PREFIX
+from warrenmq.server.stream.stream import Stream
 
 from .api import RABBITMQ_VERSION, ManagementApi
 from .connections import connection_name, open_connections
+from .streams import groups_of
 
 REGISTRIES = ("per-object",)
 
@@ -283,6 +288,8 @@ def collect(api: ManagementApi, per_object: bool) -> list[Metric]:
     identity.add_metric([api.node, api.node], 1)
     return [
         *families,
+        _group_lags(api, per_object),
+        _tracked_offset_lags(queues, per_object),
         *_dead_lettered(api.host.dead_letter_counts),
         *_latencies(api),
         build,
@@ -305,6 +312,51 @@ def _dead_lettered(counts: DeadLetterCounts) -> Iterator[Metric]:
         for labels, messages in by_reason[reason]:
             family.add_metric(labels, messages)
         yield family
+
+
+def _group_lags(api: ManagementApi, per_object: bool) -> Metric:
+    """Each consumer group's lag: per partition, or (aggregated) summed per group, which
+    keeps /metrics at one sample per group however many partitions its super stream has.
+    Groups whose members are all gone still count: their committed offsets remain."""
+    labels = ["vhost", "group", "stream"] + (["partition"] if per_object else [])
+    family = GaugeMetricFamily(
+        "warren_consumer_group_lag",
+        "Messages between a consumer group's committed offset and the end of a partition",
+        labels=labels,
+    )
+    for vhost in list(api.host.vhosts.values()):
+        for group in groups_of(vhost, vhost.name):
+            group_labels = [vhost.name, group["group"], group["super_stream"]]
+            if per_object:
+                for partition in group["partitions"]:
+                    family.add_metric([*group_labels, partition["partition"]], partition["lag"])
+            else:
+                family.add_metric(group_labels, sum(p["lag"] for p in group["partitions"]))
+    return family
+
+
+def _tracked_offset_lags(queues: list[tuple[list[str], Any]], per_object: bool) -> Metric:
+    """The lag of every tracked offset of a stream (consumer groups' are in
+    warren_consumer_group_lag), per tag, or (aggregated) their sum."""
+    family = GaugeMetricFamily(
+        "warren_stream_tracked_offset_lag",
+        "Messages between a tracked consumer's offset and the end of its stream",
+        labels=["vhost", "stream", "tag"] if per_object else [],
+    )
+    total = 0
+    for labels, queue in queues:
+        if not isinstance(queue, Stream):
+            continue
+        for tag, offset in queue.tracked.items():
+            if tag.startswith(GROUP_TAG_PREFIX):
+                continue
+            if per_object:
+                family.add_metric([*labels, tag], queue.lag(offset))
+            else:
+                total += queue.lag(offset)
+    if not per_object:
+        family.add_metric([], total)
+    return family
 
 
 def _latencies(api: ManagementApi) -> Iterator[Metric]:

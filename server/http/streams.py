@@ -3,6 +3,7 @@ their retained offsets and tracked offsets, the super streams with their partiti
 creation of a super stream.
 
     GET /api/streams[/{vhost}]                  every stream (queue of type stream)
+    GET /api/streams/{vhost}/{name}             one stream, its tracked offsets with their lag
     GET /api/groups[/{vhost}]                   consumer groups: members, assignments,
                                                 committed offsets and lag per partition
     GET /api/super-streams[/{vhost}]            every super stream exchange and its partitions
@@ -27,18 +28,26 @@ from warrenmq.server.stream.super_stream import (
     PARTITIONS_MAX,
 )
 
-from .api import Call, core, created, no_content, vhost_missing
-from .errors import bad_request, not_authorised
+from .api import Call, ManagementApi, core, created, no_content, vhost_missing
+from .errors import bad_request, not_authorised, object_not_found
+from .stats import QUEUE_STATS, detailed, queue_counts
+from .values import to_json
 
 DEFAULT_SORT = ("vhost", "name")
 
 
-def stream_json(vhost: str, stream: Stream) -> dict[str, Any]:
+def stream_json(api: ManagementApi, vhost: str, stream: Stream) -> dict[str, Any]:
+    """A stream's offsets, storage, consumers and retention. `messages`, `segments`,
+    `consumers`, `arguments` and `message_stats` are named as RabbitMQ's /api/queues names
+    them for a stream; the retention limits are the effective ones (declared or a policy's)."""
     log = stream.log
+    config = log.config
     return {
         "name": stream.name,
         "vhost": vhost,
+        "type": stream.queue_type,
         "first_offset": log.start_offset,
+        "last_offset": log.end_offset - 1 if log.end_offset > log.start_offset else None,
         "next_offset": log.end_offset,
         "messages": log.end_offset - log.start_offset,
         "bytes": log.size_bytes,
@@ -47,6 +56,13 @@ def stream_json(vhost: str, stream: Stream) -> dict[str, Any]:
         "tracked_offsets": dict(stream.tracked.items()),
         "producers": len(dict(stream.producers.items())),
         "duplicates_dropped": stream.producers.duplicates,
+        "arguments": to_json(stream.arguments),
+        "max_age_ms": stream.retention_ms,
+        "max_length_bytes": config.retention_bytes,
+        "max_segment_size_bytes": config.segment_bytes_max,
+        "message_stats": detailed(
+            api.rates, stream, "messages", QUEUE_STATS, queue_counts(stream.counts)
+        ),
     }
 
 
@@ -57,9 +73,24 @@ async def list_streams(call: Call) -> web.Response:
         if vhost is None:
             continue
         items += [
-            stream_json(name, queue) for queue in vhost.queues.values() if isinstance(queue, Stream)
+            stream_json(call.api, name, queue)
+            for queue in vhost.queues.values()
+            if isinstance(queue, Stream)
         ]
     return call.listing(items, DEFAULT_SORT)
+
+
+async def get_stream(call: Call) -> web.Response:
+    """One stream, with the lag of each tracked offset: the messages from it to the end."""
+    vhost = call.vhost()
+    stream = vhost.queues.get(call.params["name"])
+    if not isinstance(stream, Stream):
+        raise object_not_found()
+    item = stream_json(call.api, vhost.name, stream)
+    item["tracked_offset_lags"] = {
+        tag: stream.lag(offset) for tag, offset in stream.tracked.items()
+    }
+    return call.one(item)
 
 
 async def list_super_streams(call: Call) -> web.Response:
@@ -77,7 +108,7 @@ async def list_super_streams(call: Call) -> web.Response:
     return call.listing(items, DEFAULT_SORT)
 
 
-def _groups(vhost: Any, name: str) -> list[dict[str, Any]]:
+def groups_of(vhost: Any, name: str) -> list[dict[str, Any]]:
     """The groups of a vhost: those with members, then those that only have committed
     offsets left (every member gone)."""
     items = [{"vhost": name, **group.describe()} for group in vhost.groups.values()]
@@ -107,8 +138,7 @@ def _groups(vhost: Any, name: str) -> list[dict[str, Any]]:
                             "member": None,
                             "moving": False,
                             "committed_offset": offsets.get(stream.name),
-                            "lag": stream.log.end_offset
-                            - offsets.get(stream.name, stream.log.start_offset),
+                            "lag": stream.lag(offsets.get(stream.name)),
                         }
                         for stream in streams
                     ],
@@ -122,7 +152,7 @@ async def list_groups(call: Call) -> web.Response:
     for name in call.vhosts():
         vhost = call.api.host.vhosts.get(name)
         if vhost is not None:
-            items += _groups(vhost, name)
+            items += groups_of(vhost, name)
     return call.listing(items, ("vhost", "super_stream", "group"))
 
 

@@ -230,7 +230,7 @@ class Group:
                     "member": None if owner is None else owner.consumer.tag,
                     "moving": index in self._moving,
                     "committed_offset": committed,
-                    "lag": partition.log.end_offset - (committed or partition.log.start_offset),
+                    "lag": partition.lag(committed),
                 }
             )
         return {

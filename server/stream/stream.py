@@ -123,6 +123,9 @@ class Stream:
     # A stream dead-letters nothing (the DLQ tools ask every queue).
     dead_letter_exchange = None
     dead_letter_routing_key = None
+    # No visibility timeout gives a stream's deliveries back, so no ack comes stale (the
+    # metrics ask every queue).
+    stale_settles = 0
 
     def __init__(
         self,
@@ -167,6 +170,14 @@ class Stream:
         config = stream_arguments.log_config(self._base_config, effective)
         self.log.config = config
         self.retention_ms = config.retention_ms
+
+    def lag(self, offset: int | None) -> int:
+        """Messages from `offset` (a tracked or committed offset; None: the first retained)
+        to the end. Messages retention already deleted are not counted: nobody can consume
+        them any more."""
+        log = self.log
+        start = log.start_offset if offset is None else max(offset, log.start_offset)
+        return max(0, log.end_offset - start)
 
     # -- publishing -----------------------------------------------------------------------
 
