@@ -342,3 +342,85 @@ def test_an_address_that_is_not_percent_encoded_utf8_shows_the_overview(broker, 
     wait(driver, lambda d: text(d, "#view h1") == "Queues", "no queues")
     driver.execute_script("location.hash = '#/queues/%E0%A4'")
     wait(driver, lambda d: text(d, "#view h1") == "Overview", "no overview for a bad address")
+
+
+PAYMENTS = "console-payments"
+SETTLERS = "console-settlers"
+SETTLER = "console-settler"
+# Messages published to each partition of PAYMENTS; the group acks only each one's first.
+PER_PARTITION = (4, 5, 6)
+
+
+def put_super_stream_and_group(broker: WarrenProcess):
+    """A super stream with a message count of its own on each partition, and a consumer group
+    member that acks the first message of each partition and holds the rest: the group's
+    committed offset is 1 everywhere, its lag the rest. The member's connection is returned
+    open (closing it would keep the lag but drop the member)."""
+    connection = broker.connect()
+    channel = connection.channel()
+    channel.exchange_declare(
+        PAYMENTS,
+        "x-super-stream",
+        durable=True,
+        arguments={"x-super-stream-partitions": len(PER_PARTITION)},
+    )
+    channel.confirm_delivery()
+    for partition, messages in enumerate(PER_PARTITION):
+        pinned = pika.BasicProperties(headers={"x-stream-partition": partition})
+        for _ in range(messages):
+            channel.basic_publish(PAYMENTS, "any", b"payment", pinned)
+
+    def ack_the_first(member, method, properties, body) -> None:
+        if properties.headers["x-stream-offset"] == 0:
+            member.basic_ack(method.delivery_tag)
+
+    member = connection.channel()
+    member.basic_qos(prefetch_count=100)
+    member.basic_consume(
+        PAYMENTS,
+        ack_the_first,
+        consumer_tag=SETTLER,
+        arguments={"x-consumer-group": SETTLERS, "x-stream-offset": "first"},
+    )
+    connection.process_data_events(time_limit=0.5)
+    return connection
+
+
+def test_the_streams_and_groups_views_show_partitions_and_lag(broker, driver):
+    connection = put_super_stream_and_group(broker)
+    partitions = [f"{PAYMENTS}-{index}" for index in range(len(PER_PARTITION))]
+    log_in(driver, broker.management_url, "guest", "guest")
+    wait(driver, lambda d: "guest (administrator)" in text(d, "#user"), "not logged in")
+    Select(driver.find_element(By.ID, "refresh")).select_by_value("2")
+
+    # Streams: the super stream with its partitions and their sum, each partition's offsets.
+    driver.find_element(By.CSS_SELECTOR, 'nav a[data-view="streams"]').click()
+    row = wait(driver, lambda d: row_cells(d, f"super/{VHOST}/{PAYMENTS}"), "no super stream")
+    assert row[:4] == [VHOST, PAYMENTS, ", ".join(partitions), str(sum(PER_PARTITION))]
+    for name, messages in zip(partitions, PER_PARTITION, strict=True):
+        cells = wait(driver, lambda d, name=name: row_cells(d, f"{VHOST}/{name}"), f"no {name}")
+        # Messages, segments, first and last offset, consumers (the group's member).
+        assert [cells[2], *cells[4:8]] == [str(messages), "1", "0", str(messages - 1), "1"]
+    assert driver.find_elements(By.CSS_SELECTOR, 'figure[data-chart="Published to streams"] svg')
+    screenshot(driver, "console-streams")
+
+    # A partition's page: its retention, and the group's tracked offset with its lag.
+    click(driver, By.LINK_TEXT, partitions[2], "no link to the partition")
+    wait(driver, lambda d: partitions[2] in text(d, "#view h1"), "the stream's page did not open")
+    facts = wait(driver, lambda d: text(d, "dl.facts"), "no details")
+    assert "Last offset\n5" in facts and "Max age\nnone" in facts
+    tracked = wait(driver, lambda d: row_cells(d, f"group:{SETTLERS}"), "no tracked offset")
+    assert tracked == [f"group:{SETTLERS}", "1", str(PER_PARTITION[2] - 1)]
+    screenshot(driver, "console-stream")
+
+    # Consumer groups: the member, who owns which partition, committed offsets, lag.
+    driver.find_element(By.CSS_SELECTOR, 'nav a[data-view="groups"]').click()
+    group = f"{VHOST}/{PAYMENTS}/{SETTLERS}"
+    for name, messages in zip(partitions, PER_PARTITION, strict=True):
+        cells = wait(driver, lambda d, name=name: row_cells(d, f"{group}/{name}"), f"no {name}")
+        assert cells == [name, SETTLER, "1", str(messages - 1)]
+    assert text(driver, f'section[data-group="{group}"] [data-members]') == SETTLER
+    lagging = driver.find_elements(By.CSS_SELECTOR, f'section[data-group="{group}"] td .lagging')
+    assert len(lagging) == len(PER_PARTITION), "the lag is not highlighted"
+    screenshot(driver, "console-groups")
+    connection.close()

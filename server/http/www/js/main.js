@@ -15,8 +15,11 @@ import deadLetters from "./views/dead_letters.js";
 import deadLetterQueues from "./views/dead_letter_queues.js";
 import redrive from "./views/redrive.js";
 import redriveTask from "./views/redrive_task.js";
+import streams from "./views/streams.js";
+import stream from "./views/stream.js";
+import groups from "./views/groups.js";
 
-const VIEWS = [overview, connections, queues, queue, deadLetterQueues, deadLetters, redrive, redriveTask];
+const VIEWS = [overview, connections, queues, queue, streams, stream, groups, deadLetterQueues, deadLetters, redrive, redriveTask];
 const MONITOR_TAGS = ["administrator", "monitoring"];
 const REFRESH_KEY = "warren.refresh_s";
 // 401s that end the session (RabbitMQ answers 401 to a refused operation too).
