@@ -45,7 +45,7 @@ from warrenmq.server.stream.stream import Stream
 
 from .api import RABBITMQ_VERSION, ManagementApi
 from .connections import connection_name, open_connections
-from .streams import groups_of
+from .streams import group_lags
 
 REGISTRIES = ("per-object",)
 
@@ -325,13 +325,13 @@ def _group_lags(api: ManagementApi, per_object: bool) -> Metric:
         labels=labels,
     )
     for vhost in list(api.host.vhosts.values()):
-        for group in groups_of(vhost, vhost.name):
-            group_labels = [vhost.name, group["group"], group["super_stream"]]
+        for super_stream, group, lags in group_lags(vhost):
+            labels = [vhost.name, group, super_stream]
             if per_object:
-                for partition in group["partitions"]:
-                    family.add_metric([*group_labels, partition["partition"]], partition["lag"])
+                for partition, lag in lags:
+                    family.add_metric([*labels, partition], lag)
             else:
-                family.add_metric(group_labels, sum(p["lag"] for p in group["partitions"]))
+                family.add_metric(labels, sum(lag for _, lag in lags))
     return family
 
 
