@@ -200,6 +200,17 @@ def test_age_retention_runs_on_the_timer(tmp_path):
     assert stream.log.segment_count == 1 and stream.log.start_offset == 4
 
 
+def test_lag_counts_only_what_retention_kept_from_the_offset_on(tmp_path):
+    stream = open_stream(tmp_path, **{"x-stream-max-segment-size-bytes": 100, "x-max-age": "10s"})
+    for i in range(5):
+        publish(stream, [b"y" * 80], now_ms=NOW_MS + i)
+    assert (stream.lag(None), stream.lag(0), stream.lag(3), stream.lag(5)) == (5, 5, 2, 0)
+    stream.run_timers(NOW_MS + 20_000)
+    assert stream.log.start_offset == 4
+    # Offsets 0-3 are gone: an offset behind the first retained lags by what is left.
+    assert (stream.lag(None), stream.lag(0), stream.lag(2), stream.lag(4)) == (1, 1, 1, 1)
+
+
 def test_last_is_the_last_chunk_after_a_reopen(tmp_path):
     stream = open_stream(tmp_path)
     publish(stream, [b"a"])
