@@ -319,6 +319,11 @@ class PartitionLog:
     def segment_count(self) -> int:
         return len(self._segments)
 
+    @property
+    def segment_bases(self) -> list[int]:
+        """The first offset of each segment, oldest first (retention deletes whole ones)."""
+        return list(self._bases)
+
     # -- writing ---------------------------------------------------------------------------
 
     def append(

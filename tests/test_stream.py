@@ -211,6 +211,79 @@ def test_lag_counts_only_what_retention_kept_from_the_offset_on(tmp_path):
     assert (stream.lag(None), stream.lag(0), stream.lag(2), stream.lag(4)) == (1, 1, 1, 1)
 
 
+# One publish: (records, body bytes each, ms since the previous publish, run the age timer).
+retention_steps = st.lists(
+    st.tuples(st.integers(1, 5), st.integers(0, 300), st.integers(0, 4_000), st.booleans()),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(100, 2_000),
+    st.one_of(st.none(), st.integers(1, 5_000)),
+    st.one_of(st.none(), st.integers(1, 20)),
+    retention_steps,
+)
+def test_retention_keeps_a_suffix_of_whole_chunks_within_its_limits(
+    tmp_path_factory, segment_bytes, length_bytes, age_s, steps
+):
+    """Random publishes under random segment, size and age limits: what is retained is
+    always the newest published messages, whole segments of whole chunks, never the newest
+    chunk; a deletion is justified by the age limit (every message in it older than the
+    limit) or by the size limit (what stays is still at least the limit); the log never holds
+    much more than the size limit, nor, once the timer ran, a segment wholly past the age.
+    A reopened stream keeps exactly the same messages."""
+    directory = tmp_path_factory.mktemp("retention")
+    arguments = {"x-stream-max-segment-size-bytes": segment_bytes}
+    if length_bytes is not None:
+        arguments["x-max-length-bytes"] = length_bytes
+    if age_s is not None:
+        arguments["x-max-age"] = f"{age_s}s"
+    stream = open_stream(directory, **arguments)
+    published: list[tuple[bytes, int]] = []  # (body, publish time) by offset
+    chunk_starts: list[int] = []
+    chunk_bytes_max = 5 * (300 + 200)
+    now = NOW_MS
+    for count, size, advance, run_timer in steps:
+        now += advance
+        start_before = stream.log.start_offset
+        chunk_starts.append(len(published))
+        bodies = [f"{len(published) + i}:".encode().ljust(size, b"x") for i in range(count)]
+        publish(stream, bodies, now_ms=now)
+        published += [(body, now) for body in bodies]
+        if run_timer and age_s is not None:
+            stream.run_timers(now)
+        log = stream.log
+        start = log.start_offset
+        assert log.end_offset == len(published)
+        assert start in chunk_starts and start <= chunk_starts[-1]
+        retained = [message.body for message, _ in stream.engine.browse(start, len(published))]
+        assert retained == [body for body, _ in published[start:]]
+        age_limit_ms = None if age_s is None else now - age_s * 1000
+        aged_until = start_before
+        if age_limit_ms is not None:
+            while aged_until < start and published[aged_until][1] < age_limit_ms:
+                aged_until += 1
+        if aged_until < start:
+            assert length_bytes is not None and log.size_bytes >= length_bytes
+        if length_bytes is not None:
+            assert log.size_bytes < length_bytes + 2 * (segment_bytes + chunk_bytes_max)
+        bases = log.segment_bases
+        assert bases[0] == start and set(bases) <= set(chunk_starts)
+        if run_timer and age_limit_ms is not None and len(bases) > 1:
+            # The oldest segment stays only while it holds a message within the age limit.
+            assert any(t >= age_limit_ms for _, t in published[bases[0] : bases[1]])
+    kept = stream.log.start_offset
+    asyncio.run(stream.engine.shutdown())
+    reopened = open_stream(directory, **arguments)
+    assert reopened.log.start_offset == kept
+    retained = [message.body for message, _ in reopened.engine.browse(kept, len(published))]
+    assert retained == [body for body, _ in published[kept:]]
+    asyncio.run(reopened.engine.shutdown())
+
+
 def test_last_is_the_last_chunk_after_a_reopen(tmp_path):
     stream = open_stream(tmp_path)
     publish(stream, [b"a"])
