@@ -852,6 +852,30 @@ def test_a_seek_starts_at_the_middle_of_the_fill(warren_url):
     assert 0.3 <= report["first_message_fill_fraction"] <= 1
 
 
+def test_a_cold_replay_drops_the_page_cache_between_the_fill_and_the_reads(
+    warren_url, tmp_path, monkeypatch
+):
+    control = tmp_path / "drop_caches"
+    control.write_text("0\n")
+    monkeypatch.setattr(loadgen, "DROP_CACHES", str(control))
+    cold = loadgen.Options(
+        scenario="replay",
+        queue="bench-cold",
+        queue_type="stream",
+        messages=50,
+        window=10,
+        prefetch=100,
+        multi_ack_every=50,
+        timeout_s=60,
+        cold=True,
+    )
+    report = asyncio.run(loadgen.run_scenario(warren_url, cold))
+    assert report["received"] == 50
+    assert control.read_text() == "3\n"
+    with pytest.raises(ValueError, match="--cold"):
+        loadgen.Options(scenario="e2e", queue="q", cold=True)
+
+
 REAL_BROKER_URL = os.environ.get("WARREN_BENCH_URL") or os.environ.get("WARREN_REFERENCE_URL")
 
 

@@ -19,6 +19,8 @@ it at the end unless ``--keep-queue``):
   at most 64 connections, a channel each). ``--start middle`` seeks instead: one consumer
   starts at the AMQP timestamp halfway through the fill and stops at its first delivery;
   reports the time to it and where in the fill that message was published (0..1).
+  ``--cold`` drops the kernel's page cache between the fill and the reads (root only), so
+  the reads come from disk.
 * ``memory`` — fills the queue with ``--messages`` ready messages and reports how much the
   broker's resident memory grew (``--pid``, read from /proc, so the broker must run on this
   machine).
@@ -98,6 +100,8 @@ class Options:
     timeout_s: float = 600.0
     start: str = "first"
     """replay: read from the first offset, or seek to the time halfway through the fill."""
+    cold: bool = False
+    """replay: drop the kernel's page cache between the fill and the reads."""
 
     def __post_init__(self) -> None:
         if self.scenario not in HEADLINES:
@@ -110,6 +114,8 @@ class Options:
             raise ValueError(f"start must be one of {REPLAY_STARTS}, got {self.start!r}")
         if self.start == "middle" and (self.scenario != "replay" or self.consumers != 1):
             raise ValueError("--start middle seeks with one replay consumer")
+        if self.cold and self.scenario != "replay":
+            raise ValueError("--cold reads a replay from disk")
         if self.start == "middle" and self.size_bytes < wire.TIMESTAMP_BYTES:
             raise ValueError(f"a seek needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
         if self.queue_type == "stream" and self.prefetch == 0:
@@ -344,6 +350,17 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
     return report
 
 
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache() -> None:
+    """Write back dirty pages, then have the kernel drop its clean page cache (root only), so
+    the brokers read the stream from disk as after a reboot."""
+    os.sync()
+    with open(DROP_CACHES, "w") as control:
+        control.write("3\n")
+
+
 async def _run_replay(
     address: wire.BrokerAddress, options: Options, run: _Run, pid: int | None
 ) -> dict[str, Any]:
@@ -355,6 +372,8 @@ async def _run_replay(
     await asyncio.gather(*(publisher.done for publisher in publishers))
     fill_end_s = time.time()
     filled = _publish_report(run)
+    if options.cold:
+        await asyncio.to_thread(drop_page_cache)
     run.tally = tally = ConsumerTally(1 if seek else options.messages * options.consumers)
     connections = []
     for _ in range(min(options.consumers, CONNECTIONS_MAX)):
@@ -705,6 +724,7 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         keep_queue=args.keep_queue,
         timeout_s=args.timeout,
         start=getattr(args, "start", "first"),
+        cold=getattr(args, "cold", False),
     )
 
 
@@ -854,6 +874,12 @@ def register(targets: Any) -> None:
         default="first",
         help="first: read everything; middle: seek one consumer to the time halfway through "
         "the fill and time its first delivery (default first)",
+    )
+    replay.add_argument(
+        "--cold",
+        action="store_true",
+        help=f"drop the page cache after the fill (writes {DROP_CACHES}: root), so reads "
+        "come from disk",
     )
     _pid_arguments(replay)
     replay.set_defaults(handler=_handle, scenario="replay")
