@@ -852,6 +852,36 @@ def test_a_seek_starts_at_the_middle_of_the_fill(warren_url):
     assert 0.3 <= report["first_message_fill_fraction"] <= 1
 
 
+def test_a_memory_run_holding_every_other_delivery_acks_exactly_the_rest(warren_process):
+    url = warren_process.start().url
+    held = loadgen.Options(
+        scenario="memory",
+        queue="bench-held",
+        messages=200,
+        window=50,
+        settle_s=0.2,
+        hold_every=2,
+        keep_queue=True,
+        timeout_s=60,
+    )
+    report = asyncio.run(loadgen.run_scenario(url, held, warren_process.process.pid))
+    assert (report["ready"], report["unacked"], report["ready_after_consume"]) == (200, 100, 0)
+    assert report["rss_mb_held"] > 0 and "rss_mb_growth_held" in report
+
+    async def ready_now():
+        connection = await ClientConnection.open(wire.parse_url(url))
+        try:
+            channel = await connection.open_channel()
+            return await loadgen._ready_count(connection, channel, "bench-held")
+        finally:
+            await connection.close()
+
+    # The consumer's connection is gone: what it held, and only that, is back.
+    assert asyncio.run(ready_now()) == 100
+    with pytest.raises(ValueError, match="--hold-every"):
+        loadgen.Options(scenario="e2e", queue="q", hold_every=2)
+
+
 def test_a_cold_replay_drops_the_page_cache_between_the_fill_and_the_reads(
     warren_url, tmp_path, monkeypatch
 ):

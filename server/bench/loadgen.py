@@ -23,7 +23,8 @@ it at the end unless ``--keep-queue``):
   the reads come from disk.
 * ``memory`` — fills the queue with ``--messages`` ready messages and reports how much the
   broker's resident memory grew (``--pid``, read from /proc, so the broker must run on this
-  machine).
+  machine). ``--hold-every N`` then consumes the queue with one consumer that leaves every
+  Nth delivery unacknowledged, and reports the resident memory with those held.
 
 ``--compare URL`` runs the same scenario against a second broker right after the first, in the
 same process, and prints both reports and their ratio (first / second) for the headline
@@ -72,7 +73,7 @@ DEAD_LETTER_POLL_S = 0.01
 HEADLINES = {
     "publish": ("msgs_per_s", "confirm_latency_ms_p50", "confirm_latency_ms_p99"),
     "e2e": ("msgs_per_s", "latency_ms_p50", "latency_ms_p99"),
-    "memory": ("rss_mb_growth",),
+    "memory": ("rss_mb_growth", "rss_mb_growth_held"),
     "replay": ("msgs_per_s", "first_delivery_ms", "rss_mb_peak_growth"),
 }
 
@@ -102,6 +103,9 @@ class Options:
     """replay: read from the first offset, or seek to the time halfway through the fill."""
     cold: bool = False
     """replay: drop the kernel's page cache between the fill and the reads."""
+    hold_every: int = 0
+    """memory: after the fill, one consumer takes every message and leaves every Nth
+    unacknowledged (0: no consumer)."""
 
     def __post_init__(self) -> None:
         if self.scenario not in HEADLINES:
@@ -116,6 +120,8 @@ class Options:
             raise ValueError("--start middle seeks with one replay consumer")
         if self.cold and self.scenario != "replay":
             raise ValueError("--cold reads a replay from disk")
+        if self.hold_every and (self.scenario != "memory" or self.hold_every < 2):
+            raise ValueError("--hold-every N (N >= 2) holds deliveries in the memory scenario")
         if self.start == "middle" and self.size_bytes < wire.TIMESTAMP_BYTES:
             raise ValueError(f"a seek needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
         if self.queue_type == "stream" and self.prefetch == 0:
@@ -493,7 +499,42 @@ async def _run_memory(
                 "rss_bytes_per_message": round((rss_after - rss_before) / options.messages, 1),
             }
         )
+    if options.hold_every:
+        report.update(await _hold_deliveries(address, options, run, admin, channel))
+        if rss_before is not None:
+            rss_held = read_rss_bytes(pid)
+            report["rss_mb_held"] = round(rss_held / _MB, 1)
+            report["rss_mb_growth_held"] = round((rss_held - rss_before) / _MB, 1)
     return report
+
+
+async def _hold_deliveries(
+    address: wire.BrokerAddress,
+    options: Options,
+    run: _Run,
+    admin: ClientConnection,
+    admin_channel: int,
+) -> dict[str, Any]:
+    """One consumer without a prefetch limit takes the whole queue, acking all but every
+    `hold_every`th delivery; returns the settle time after the last delivery arrived."""
+    tally = run.tally = ConsumerTally(options.messages)
+    connection = await ClientConnection.open(address)
+    run.connections.append(connection)
+    channel = await connection.open_channel()
+    await connection.call(channel, commands.Basic.Qos(prefetch_count=0), commands.Basic.QosOk)
+    consumer = Consumer(connection, channel, tally, 1, hold_every=options.hold_every)
+    consumer.attach()
+    await connection.call(
+        channel, commands.Basic.Consume(queue=options.queue), commands.Basic.ConsumeOk
+    )
+    await tally.done
+    # The acks are sent; a passive declare on another connection orders nothing, so give
+    # the broker the settle time to apply them before reading its memory.
+    await asyncio.sleep(options.settle_s)
+    return {
+        "unacked": tally.held,
+        "ready_after_consume": await _ready_count(admin, admin_channel, options.queue),
+    }
 
 
 async def run_scenario(url: str, options: Options, pid: int | None = None) -> dict[str, Any]:
@@ -598,6 +639,7 @@ _SCENARIO_OPTIONS = {
         "window",
         "publishers",
         "settle_s",
+        "hold_every",
     ),
 }
 
@@ -725,6 +767,7 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         timeout_s=args.timeout,
         start=getattr(args, "start", "first"),
         cold=getattr(args, "cold", False),
+        hold_every=getattr(args, "hold_every", 0),
     )
 
 
@@ -894,6 +937,14 @@ def register(targets: Any) -> None:
         type=float,
         default=2.0,
         help="seconds to wait before each RSS reading (default 2)",
+    )
+    memory.add_argument(
+        "--hold-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then one consumer takes every message, leaves every Nth unacknowledged and "
+        "acks the rest; reports the RSS with those held (N >= 2)",
     )
     memory.set_defaults(handler=_handle, scenario="memory")
 

@@ -184,6 +184,8 @@ class ConsumerTally:
         self.unstamped = 0
         self.redelivered = 0
         self.rejected = 0
+        self.held = 0
+        """Deliveries a consumer left unacknowledged on purpose (``hold_every``)."""
         self.histogram = LatencyHistogram()
         self.first_ns: int | None = None
         self.first_stamp_ns = 0
@@ -197,7 +199,9 @@ class ConsumerTally:
 
 class Consumer:
     """Consumes with manual acks: one ``basic.ack multiple`` per ``ack_every`` deliveries,
-    and with ``reject_every`` N, a ``basic.reject`` (no requeue) of every Nth delivery.
+    and with ``reject_every`` N, a ``basic.reject`` (no requeue) of every Nth delivery. With
+    ``hold_every`` N it leaves every Nth delivery unacknowledged and acks each other one
+    alone (a multiple ack would take the held ones too).
 
     End-to-end latency is the time from the publisher's stamp to the socket read that carried
     the message's last body frame, recorded when at least ``warmup`` messages have arrived.
@@ -211,6 +215,7 @@ class Consumer:
         ack_every: int,
         warmup: int = 0,
         reject_every: int = 0,
+        hold_every: int = 0,
     ) -> None:
         if ack_every < 1:
             raise ValueError(f"ack_every must be positive, got {ack_every}")
@@ -220,6 +225,7 @@ class Consumer:
         self.ack_every = ack_every
         self.warmup = warmup
         self.reject_every = reject_every
+        self.hold_every = hold_every
         self._last_tag = 0
         self._acked_tag = 0
         self._unacked = 0
@@ -256,6 +262,11 @@ class Consumer:
                 # Settled now: the next multiple ack names a later tag and passes over it.
                 self.connection.write(wire.encode_reject(self.channel, tag))
                 self.tally.rejected += 1
+            elif self.hold_every:
+                if tag % self.hold_every == 0:
+                    self.tally.held += 1
+                else:
+                    self.connection.write(wire.encode_ack(self.channel, tag, False))
             else:
                 self._last_tag = tag
             return True
