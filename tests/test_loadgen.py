@@ -872,7 +872,7 @@ def test_a_memory_run_holding_every_other_delivery_acks_exactly_the_rest(warren_
         connection = await ClientConnection.open(wire.parse_url(url))
         try:
             channel = await connection.open_channel()
-            return await loadgen._ready_count(connection, channel, "bench-held")
+            return await loadgen.ready_count(connection, channel, "bench-held")
         finally:
             await connection.close()
 

@@ -228,7 +228,7 @@ async def _declare(connection: ClientConnection, channel: int, options: Options)
             )
 
 
-async def _ready_count(connection: ClientConnection, channel: int, queue: str) -> int:
+async def ready_count(connection: ClientConnection, channel: int, queue: str) -> int:
     declare_ok = await connection.call(
         channel, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk
     )
@@ -336,7 +336,7 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
     if dead_letters is not None:
         # Done once the dead-letter queue holds every rejected message too.
         channel = await run.connections[0].open_channel()
-        while await _ready_count(run.connections[0], channel, dead_letters) < tally.rejected:
+        while await ready_count(run.connections[0], channel, dead_letters) < tally.rejected:
             await asyncio.sleep(DEAD_LETTER_POLL_S)
         end_ns = time.monotonic_ns()
     report = _publish_report(run)
@@ -486,7 +486,7 @@ async def _run_memory(
     await asyncio.gather(*(publisher.done for publisher in publishers))
     report = _publish_report(run)
     await asyncio.sleep(options.settle_s)
-    report["ready"] = await _ready_count(admin, channel, options.queue)
+    report["ready"] = await ready_count(admin, channel, options.queue)
     if rss_before is not None:
         assert pid is not None
         rss_after = read_rss_bytes(pid)
@@ -533,7 +533,7 @@ async def _hold_deliveries(
     await asyncio.sleep(options.settle_s)
     return {
         "unacked": tally.held,
-        "ready_after_consume": await _ready_count(admin, admin_channel, options.queue),
+        "ready_after_consume": await ready_count(admin, admin_channel, options.queue),
     }
 
 
