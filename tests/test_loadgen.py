@@ -882,6 +882,41 @@ def test_a_memory_run_holding_every_other_delivery_acks_exactly_the_rest(warren_
         loadgen.Options(scenario="e2e", queue="q", hold_every=2)
 
 
+def test_an_e2e_run_beside_a_polling_console_lists_the_idle_queues(warren_process):
+    url = warren_process.start().url
+    watched = loadgen.Options(
+        scenario="e2e",
+        queue="bench-watched",
+        messages=3000,
+        window=100,
+        prefetch=100,
+        multi_ack_every=50,
+        rate_per_s=3000,
+        idle_queues=20,
+        poll_api=warren_process.management_url,
+        poll_every_s=0.1,
+        timeout_s=60,
+    )
+    report = asyncio.run(loadgen.run_scenario(url, watched))
+    assert report["received"] == 3000 and report["api_polls"] >= 2
+    # The measured queue and the idle ones (the dead-letter queue is not asked for).
+    assert report["api_queues_listed"] == 21
+    assert 0 < report["api_poll_ms_p50"] <= report["api_poll_ms_max"]
+
+    async def queues_left():
+        connection = await ClientConnection.open(wire.parse_url(url))
+        try:
+            channel = await connection.open_channel()
+            await loadgen.ready_count(connection, channel, "bench-watched-idle-0")
+        finally:
+            await connection.close()
+
+    with pytest.raises(BenchError, match="NOT_FOUND|404"):
+        asyncio.run(queues_left())
+    with pytest.raises(ValueError, match="--poll-api"):
+        loadgen.Options(scenario="publish", queue="q", poll_api="http://127.0.0.1:1")
+
+
 def test_a_cold_replay_drops_the_page_cache_between_the_fill_and_the_reads(
     warren_url, tmp_path, monkeypatch
 ):

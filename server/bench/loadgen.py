@@ -55,6 +55,7 @@ from typing import Any
 from pamqp import commands
 
 from . import wire
+from .api_poller import ApiPoller
 from .client import BenchError, ClientConnection, close_all
 from .roles import Consumer, ConsumerTally, Publisher
 from .stats import LatencyHistogram
@@ -69,6 +70,7 @@ PREFETCH_MAX = 65_535  # basic.qos prefetch-count is a short
 BODY_BYTES_MAX = 128 << 20
 _MB = 1_000_000
 DEAD_LETTER_POLL_S = 0.01
+IDLE_QUEUES_MAX = 100_000
 # The figures `--compare` divides, per scenario.
 HEADLINES = {
     "publish": ("msgs_per_s", "confirm_latency_ms_p50", "confirm_latency_ms_p99"),
@@ -106,6 +108,11 @@ class Options:
     hold_every: int = 0
     """memory: after the fill, one consumer takes every message and leaves every Nth
     unacknowledged (0: no consumer)."""
+    idle_queues: int = 0
+    """Durable queues declared beside the measured one for the run (for the API to list)."""
+    poll_api: str | None = None
+    """e2e: the broker's management API, polled for /api/queues while the scenario runs."""
+    poll_every_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.scenario not in HEADLINES:
@@ -122,6 +129,10 @@ class Options:
             raise ValueError("--cold reads a replay from disk")
         if self.hold_every and (self.scenario != "memory" or self.hold_every < 2):
             raise ValueError("--hold-every N (N >= 2) holds deliveries in the memory scenario")
+        if self.poll_api is not None and (self.scenario != "e2e" or self.poll_every_s <= 0):
+            raise ValueError("--poll-api polls the API in the e2e scenario, every > 0 s")
+        if not 0 <= self.idle_queues <= IDLE_QUEUES_MAX:
+            raise ValueError(f"idle queues must be 0..{IDLE_QUEUES_MAX}")
         if self.start == "middle" and self.size_bytes < wire.TIMESTAMP_BYTES:
             raise ValueError(f"a seek needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
         if self.queue_type == "stream" and self.prefetch == 0:
@@ -325,12 +336,19 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
             channel, commands.Basic.Consume(queue=options.queue), commands.Basic.ConsumeOk
         )
         consumers.append(consumer)
+    poller = None
+    if options.poll_api is not None:
+        poller = ApiPoller(
+            options.poll_api, address.username, address.password, options.poll_every_s
+        )
+        poller.start()
     publishers = await _start_publishers(address, options, True, run)
     for publisher in publishers:
         publisher.start()
     await asyncio.gather(tally.done, *(publisher.done for publisher in publishers))
     for consumer in consumers:
         consumer.flush_acks()
+    polled = await poller.stop() if poller is not None else {}
     end_ns = tally.done.result()
     dead_letters = dead_letter_queue(options)
     if dead_letters is not None:
@@ -351,6 +369,7 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
             "unstamped": tally.unstamped,
             "msgs_per_s": round(tally.received / seconds, 1),
             **{key: value for key, value in tally.histogram.summary_ms().items() if key != "count"},
+            **polled,
         }
     )
     return report
@@ -550,6 +569,10 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
         channel = await admin.open_channel()
         await _declare(admin, channel, options)
         declared = True
+        for name in _idle_queue_names(options):
+            await admin.call(
+                channel, commands.Queue.Declare(queue=name, durable=True), commands.Queue.DeclareOk
+            )
         if options.scenario == "publish":
             report = await _run_publish(address, options, run)
         elif options.scenario == "e2e":
@@ -583,6 +606,9 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
                 dead_letters = dead_letter_queue(options)
                 if dead_letters is not None:
                     await _delete_quietly(admin, dead_letters)
+            if admin.error is None:
+                for name in _idle_queue_names(options):
+                    await _delete_quietly(admin, name)
             await admin.close()
     # The client's own CPU share over the run: near 100 % means it, not the broker, set the pace.
     report["client_cpu_percent"] = round(
@@ -616,6 +642,9 @@ _SCENARIO_OPTIONS = {
         "reject_every",
         "rate_per_s",
         "warmup",
+        "idle_queues",
+        "poll_api",
+        "poll_every_s",
     ),
     "replay": (
         "scenario",
@@ -647,6 +676,10 @@ _SCENARIO_OPTIONS = {
 def _shown_options(options: Options) -> dict[str, Any]:
     values = asdict(options)
     return {key: values[key] for key in _SCENARIO_OPTIONS[options.scenario]}
+
+
+def _idle_queue_names(options: Options) -> list[str]:
+    return [f"{options.queue}-idle-{index}" for index in range(options.idle_queues)]
 
 
 async def _delete_quietly(admin: ClientConnection, queue: str) -> None:
@@ -768,12 +801,17 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         start=getattr(args, "start", "first"),
         cold=getattr(args, "cold", False),
         hold_every=getattr(args, "hold_every", 0),
+        idle_queues=getattr(args, "idle_queues", 0),
+        poll_api=getattr(args, "poll_api", None),
+        poll_every_s=getattr(args, "poll_every", 1.0),
     )
 
 
 def _handle(args: argparse.Namespace) -> int:
     try:
         options = _options_from_args(args)
+        if options.poll_api is not None and args.compare is not None:
+            raise ValueError("--poll-api watches the --url broker: run it without --compare")
         result = _run_loop(
             lambda: run_bench(
                 options,
@@ -878,6 +916,22 @@ def register(targets: Any) -> None:
         default=0,
         help="reject (no requeue) every Nth delivery into a dead-letter queue, QUEUE.dlq "
         "(default 0: none)",
+    )
+    e2e.add_argument(
+        "--poll-api",
+        metavar="HTTP_URL",
+        help="GET this management API's /api/queues every --poll-every seconds during the "
+        "run, as a web console does (the --url broker's; not with --compare)",
+    )
+    e2e.add_argument(
+        "--poll-every", type=float, default=1.0, help="seconds between polls (default 1)"
+    )
+    e2e.add_argument(
+        "--idle-queues",
+        type=int,
+        default=0,
+        metavar="N",
+        help="declare N more durable queues for the run (for the API to list), deleted after",
     )
     e2e.add_argument(
         "--rate",

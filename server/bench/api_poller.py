@@ -1,0 +1,55 @@
+"""What a web console costs the broker it watches: GET `/api/queues` every `every_s` seconds
+while a scenario runs (the console's queues view refreshes every second), each request's
+time recorded, so `warren bench e2e --poll-api` compares AMQP throughput with and without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+from .client import BenchError
+
+
+class ApiPoller:
+    def __init__(self, api_url: str, username: str, password: str, every_s: float) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.authorization = aiohttp.encode_basic_auth(username, password)
+        self.every_s = every_s
+        self.latencies_ms: list[float] = []
+        self.queues_seen = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> dict[str, Any]:
+        """Stop polling; the polls' figures (a failed poll raises here)."""
+        task, self._task = self._task, None
+        if task is not None:
+            if task.done():
+                task.result()
+            task.cancel()
+        latencies = sorted(self.latencies_ms)
+        return {
+            "api_polls": len(latencies),
+            "api_queues_listed": self.queues_seen,
+            "api_poll_ms_p50": round(latencies[len(latencies) // 2], 2) if latencies else None,
+            "api_poll_ms_max": round(latencies[-1], 2) if latencies else None,
+        }
+
+    async def _poll(self) -> None:
+        headers = {"Authorization": self.authorization}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            while True:
+                started = time.perf_counter()
+                async with session.get(f"{self.api_url}/api/queues") as response:
+                    if response.status != 200:
+                        raise BenchError(f"GET /api/queues: {response.status}")
+                    self.queues_seen = len(await response.json())
+                elapsed = time.perf_counter() - started
+                self.latencies_ms.append(elapsed * 1000)
+                await asyncio.sleep(max(0.0, self.every_s - elapsed))
