@@ -143,11 +143,14 @@ def test_streams_page_and_filter_by_name_as_queues_do(api):
     assert api.put(path("api", "queues", vhost, "page-classic"), {"durable": True}).status == 201
     base = path("api", "streams", vhost)
     paged = api.get(base + "?page=2&page_size=2").json
-    assert {
-        key: paged[key]
-        for key in ("total_count", "filtered_count", "item_count", "page", "page_size")
-    } == {"total_count": 5, "filtered_count": 5, "item_count": 2, "page": 2, "page_size": 2}
-    assert paged["page_count"] == 3
+    assert {key: value for key, value in paged.items() if key != "items"} == {
+        "total_count": 5,
+        "filtered_count": 5,
+        "item_count": 2,
+        "page": 2,
+        "page_size": 2,
+        "page_count": 3,
+    }
     assert [(s["vhost"], s["name"]) for s in paged["items"]] == [
         (vhost, "page-2"),
         (vhost, "page-3"),
