@@ -1,6 +1,7 @@
 """`warren streams list|add-super|delete-super` and `warren groups`: streams, super streams
 and consumer groups of a running broker, through its HTTP API (`--url`, `--user`,
-`--password`, `--vhost`, as every such command).
+`--password`, `--vhost`, as every such command). Lists print as tables (cli_tables), or
+with `--json` as the API's JSON.
 
     warren streams add-super invoices --partitions 3   # exchange + invoices-0 … invoices-2
     warren streams list                                # streams, offsets, tracked offsets
@@ -10,10 +11,40 @@ and consumer groups of a running broker, through its HTTP API (`--url`, `--user`
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .api_client import add_connection_arguments, handler, request_json
+from .cli_tables import Columns, print_json, print_table
+
+STREAM_COLUMNS: Columns = (
+    ("vhost", "vhost"),
+    ("stream", "name"),
+    ("first", "first_offset"),
+    ("last", "last_offset"),
+    ("next", "next_offset"),
+    ("messages", "messages"),
+    ("bytes", "bytes"),
+    ("segments", "segments"),
+    ("consumers", "consumers"),
+    ("tracked offsets", "tracked"),
+)
+SUPER_STREAM_COLUMNS: Columns = (
+    ("vhost", "vhost"),
+    ("super stream", "name"),
+    ("partitions", "partitions"),
+)
+# A row per partition of each group; "members" counts the group's members, those without a
+# partition too.
+GROUP_COLUMNS: Columns = (
+    ("vhost", "vhost"),
+    ("group", "group"),
+    ("super stream", "super_stream"),
+    ("members", "member_count"),
+    ("partition", "partition"),
+    ("owner", "owner"),
+    ("committed", "committed_offset"),
+    ("lag", "lag"),
+)
 
 
 def register(commands: Any) -> None:
@@ -46,17 +77,26 @@ def _list(args: Any) -> None:
     streams = request_json(args, "GET", "api", "streams", args.vhost)
     supers = request_json(args, "GET", "api", "super-streams", args.vhost)
     if args.json:
-        print(json.dumps({"streams": streams, "super_streams": supers}, indent=2))
+        print_json({"streams": streams, "super_streams": supers})
         return
-    print(f"{'stream':<32} {'first':>10} {'next':>10} {'bytes':>12} {'consumers':>9}  tracked")
-    for stream in streams:
-        tracked = ", ".join(f"{tag}={at}" for tag, at in stream["tracked_offsets"].items())
-        print(
-            f"{stream['name']:<32} {stream['first_offset']:>10} {stream['next_offset']:>10} "
-            f"{stream['bytes']:>12} {stream['consumers']:>9}  {tracked}"
+    print_table(
+        STREAM_COLUMNS,
+        [
+            {
+                **stream,
+                "tracked": ", ".join(
+                    f"{tag}={at}" for tag, at in stream["tracked_offsets"].items()
+                ),
+            }
+            for stream in streams
+        ],
+    )
+    if supers:
+        print()
+        print_table(
+            SUPER_STREAM_COLUMNS,
+            [{**item, "partitions": ", ".join(item["partitions"])} for item in supers],
         )
-    for super_stream in supers:
-        print(f"super stream {super_stream['name']}: {', '.join(super_stream['partitions'])}")
 
 
 def _add_super(args: Any) -> None:
@@ -77,18 +117,28 @@ def _delete_super(args: Any) -> None:
     print(f"super stream {args.name} deleted, with its partitions")
 
 
+def _owner(partition: dict[str, Any]) -> str | None:
+    """The member a partition is assigned to; "moving" while it passes to another."""
+    if partition["member"] is None and partition["moving"]:
+        return "moving"
+    return partition["member"]
+
+
 def _groups(args: Any) -> None:
     groups = request_json(args, "GET", "api", "groups", args.vhost)
     if args.json:
-        print(json.dumps(groups, indent=2))
+        print_json(groups)
         return
-    for group in groups:
-        members = ", ".join(group["members"]) or "no members"
-        print(f"group {group['group']} on {group['super_stream']}: {members}")
-        for partition in group["partitions"]:
-            member = partition["member"] or ("moving" if partition["moving"] else "-")
-            committed = partition["committed_offset"]
-            print(
-                f"  {partition['partition']:<32} {member:<24} "
-                f"committed {'-' if committed is None else committed:>10}  lag {partition['lag']}"
-            )
+    print_table(
+        GROUP_COLUMNS,
+        [
+            {
+                **group,
+                **partition,
+                "member_count": len(group["members"]),
+                "owner": _owner(partition),
+            }
+            for group in groups
+            for partition in group["partitions"]
+        ],
+    )

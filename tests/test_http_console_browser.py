@@ -424,3 +424,67 @@ def test_the_streams_and_groups_views_show_partitions_and_lag(broker, driver):
     assert len(lagging) == len(PER_PARTITION), "the lag is not highlighted"
     screenshot(driver, "console-groups")
     connection.close()
+
+
+# More streams than the console's page of 100 holds: the first page, then the second.
+PAGED = [f"console-paged-{index:03}" for index in range(101)]
+# Sorts after PAGED: the second page holds it.
+LONE = "console-single"
+
+
+def stream_keys(driver) -> list[str]:
+    """The data-keys of the streams table's rows (the super streams' are "super/..."), in
+    order."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('tr[data-key]')]"
+        ".map((row) => row.dataset.key).filter((key) => !key.startsWith('super/'))"
+    )
+
+
+def pager(driver) -> str:
+    """The pager's text on one line (its buttons and counts are laid out apart)."""
+    return " ".join(text(driver, ".pager").split())
+
+
+def test_the_streams_view_filters_by_name_and_pages(broker, driver):
+    api = HttpApi(broker.management_url)
+    stream = {"durable": True, "arguments": {"x-queue-type": "stream"}}
+    for name in (*PAGED, LONE):
+        assert api.put(path("api", "queues", VHOST, name), stream).status == 201
+    log_in(driver, broker.management_url, "guest", "guest")
+    wait(driver, lambda d: "guest (administrator)" in text(d, "#user"), "not logged in")
+    Select(driver.find_element(By.ID, "refresh")).select_by_value("2")
+    go(driver, "streams")
+    first_page = [f"{VHOST}/{name}" for name in PAGED[:100]]
+    wait(driver, lambda d: stream_keys(d) == first_page, "not the first 100 streams")
+    assert pager(driver) == "Previous Page 1 of 2 · 102 of 102 streams Next"
+
+    click(driver, By.XPATH, "//p[@class='pager']/button[text()='Next']", "no next page")
+    second_page = [f"{VHOST}/{PAGED[100]}", f"{VHOST}/{LONE}"]
+    wait(driver, lambda d: stream_keys(d) == second_page, "the pager did not move")
+    assert pager(driver) == "Previous Page 2 of 2 · 102 of 102 streams Next"
+    screenshot(driver, "console-streams-second-page")
+
+    # The filter narrows the list to its matches, from the first page.
+    driver.find_element(By.CSS_SELECTOR, "input[type=search]").send_keys("SINGLE")
+    wait(driver, lambda d: stream_keys(d) == [f"{VHOST}/{LONE}"], "the filter did not narrow")
+    assert pager(driver) == "Previous Page 1 of 1 · 1 of 102 streams Next"
+    driver.find_element(By.CSS_SELECTOR, "input[type=search]").send_keys("-none")
+    wait(driver, lambda d: "No streams." in text(d, "#view"), "a filter with no match")
+
+    # Streams deleted under the second page, so many that the API refuses the page (not
+    # one that is merely empty): the view falls back to a page that exists. The slowest
+    # refresh keeps the page from reading the list between the deletions.
+    go(driver, "overview")
+    go(driver, "streams")
+    Select(driver.find_element(By.ID, "refresh")).select_by_value("30")
+    click(driver, By.XPATH, "//p[@class='pager']/button[text()='Next']", "no next page")
+    wait(driver, lambda d: stream_keys(d) == second_page, "the pager did not move")
+    for name in PAGED[:3]:
+        assert api.delete(path("api", "queues", VHOST, name)).status == 204
+    assert api.get(path("api", "streams") + "?page=2").json["error"] == "page_out_of_range"
+    Select(driver.find_element(By.ID, "refresh")).select_by_value("2")
+    remaining = [f"{VHOST}/{name}" for name in (*PAGED[3:], LONE)]
+    wait(driver, lambda d: stream_keys(d) == remaining, "no page after the deletions")
+    assert pager(driver) == "Previous Page 1 of 1 · 99 of 99 streams Next"
+    assert text(driver, "#error") == ""

@@ -130,3 +130,40 @@ def test_groups_lag_per_partition_counts_from_the_committed_offset(module_broker
     expected = {"ledger-0": ("clerk", 1, 4), "ledger-1": ("clerk", 1, 2)}
     assert eventually(partitions, expected) == expected
     connection.close()
+
+
+def test_streams_page_and_filter_by_name_as_queues_do(api):
+    """RabbitMQ's page, page_size, name and use_regex, as the console's streams view sends
+    them: the counts cover streams only, the filter narrows before the page is cut."""
+    vhost = "paged-streams"
+    assert api.put(path("api", "vhosts", vhost)).status == 201
+    stream = {"durable": True, "arguments": {"x-queue-type": "stream"}}
+    for index in range(5):
+        assert api.put(path("api", "queues", vhost, f"page-{index}"), stream).status == 201
+    assert api.put(path("api", "queues", vhost, "page-classic"), {"durable": True}).status == 201
+    base = path("api", "streams", vhost)
+    paged = api.get(base + "?page=2&page_size=2").json
+    assert {key: value for key, value in paged.items() if key != "items"} == {
+        "total_count": 5,
+        "filtered_count": 5,
+        "item_count": 2,
+        "page": 2,
+        "page_size": 2,
+        "page_count": 3,
+    }
+    assert [(s["vhost"], s["name"]) for s in paged["items"]] == [
+        (vhost, "page-2"),
+        (vhost, "page-3"),
+    ]
+    # Whole streams on the page, with their offsets.
+    assert paged["items"][0]["next_offset"] == 0 and "message_stats" in paged["items"][0]
+    filtered = api.get(base + "?page=1&page_size=2&name=PAGE-[134]&use_regex=true").json
+    assert (filtered["filtered_count"], filtered["page_count"]) == (3, 2)
+    assert [s["name"] for s in filtered["items"]] == ["page-1", "page-3"]
+    substring = api.get(path("api", "streams") + "?page=1&name=GE-4&columns=name").json
+    assert substring["items"] == [{"name": "page-4"}]
+    assert api.get(base + "?page=0").json["error"] == "invalid_pagination_parameters"
+    assert api.get(base + "?page=x").status == 400
+    assert api.get(base + "?page=4&page_size=2").json["error"] == "page_out_of_range"
+    # No page asked: the plain list, as before.
+    assert [s["name"] for s in api.get(base).json] == [f"page-{index}" for index in range(5)]

@@ -1,6 +1,7 @@
 """Super streams end to end: `warren streams add-super` and `warren streams list` against an
 in-process broker's HTTP API, the exchange declared over AMQP with its partition count,
-publishes routed by the stream clients' hash, all of it kept across a restart."""
+publishes routed by the stream clients' hash, all of it kept across a restart; `warren groups`
+and the tables both print."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import pika
 import pytest
 from brokers import ThreadBroker
+from printed_tables import printed_tables
 
 from warrenmq.exchanges.super_stream import partition_index
 from warrenmq.server import cli
@@ -65,8 +67,34 @@ def test_add_super_list_route_and_restart(tmp_path, capsys):
             **{f"orders-{order}": expected[order] for order in range(3)},
             **{f"events-{order}": events[order] for order in range(2)},
         }
+        size = {s["name"]: s["bytes"] for s in listed["streams"]}
         status, out, _ = warren(broker, capsys, "list")
-        assert status == 0 and "super stream orders: orders-0, orders-1, orders-2" in out
+        assert status == 0
+        [(stream_headings, streams), (super_headings, supers)] = printed_tables(out)
+        assert stream_headings == [
+            "vhost", "stream", "first", "last", "next", "messages", "bytes", "segments",
+            "consumers", "tracked offsets",
+        ]  # fmt: skip
+        assert {row["stream"]: row for row in streams}["orders-1"] == {
+            "vhost": "/",
+            "stream": "orders-1",
+            "first": "0",
+            "last": str(expected[1] - 1),
+            "next": str(expected[1]),
+            "messages": str(expected[1]),
+            "bytes": str(size["orders-1"]),
+            "segments": "1",
+            "consumers": "0",
+            "tracked offsets": "",
+        }
+        assert [row["stream"] for row in streams] == [
+            "events-0", "events-1", "orders-0", "orders-1", "orders-2"
+        ]  # fmt: skip
+        assert super_headings == ["vhost", "super stream", "partitions"]
+        assert supers == [
+            {"vhost": "/", "super stream": "events", "partitions": "events-0, events-1"},
+            {"vhost": "/", "super stream": "orders", "partitions": "orders-0, orders-1, orders-2"},
+        ]
 
         broker.stop()
         broker = ThreadBroker(tmp_path / "data").start()
@@ -107,11 +135,39 @@ def test_warren_groups_shows_members_assignments_and_lag(tmp_path, capsys):
             "pay-0": ("m1", 0),
             "pay-1": ("m1", 0),
         }
+        committed = {p["partition"]: p["committed_offset"] for p in groups[0]["partitions"]}
+
+        def group_rows(members: str, owner: str) -> list[dict[str, str]]:
+            return [
+                {
+                    "vhost": "/",
+                    "group": "g1",
+                    "super stream": "pay",
+                    "members": members,
+                    "partition": partition,
+                    "owner": owner,
+                    "committed": str(committed[partition]),
+                    "lag": "0",
+                }
+                for partition in ("pay-0", "pay-1")
+            ]
+
+        assert cli.main(["groups", "--url", broker.management_url]) == 0
+        [(headings, rows)] = printed_tables(capsys.readouterr().out)
+        assert headings == [
+            "vhost", "group", "super stream", "members", "partition", "owner", "committed", "lag"
+        ]  # fmt: skip
+        assert rows == group_rows("1", "m1")
         connection.close()
         # No member left: the committed offsets stay, and show.
-        status = cli.main(["groups", "--url", broker.management_url])
-        out = capsys.readouterr().out
-        assert status == 0 and "group g1 on pay: no members" in out
+        assert cli.main(["groups", "--url", broker.management_url]) == 0
+        assert printed_tables(capsys.readouterr().out) == [(headings, group_rows("0", ""))]
+        # They are the partitions' tracked offsets too.
+        status, out, _ = warren(broker, capsys, "list")
+        streams = printed_tables(out)[0][1]
+        assert {row["stream"]: row["tracked offsets"] for row in streams} == {
+            partition: f"group:g1={committed[partition]}" for partition in ("pay-0", "pay-1")
+        }
     finally:
         broker.stop()
 

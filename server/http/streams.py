@@ -2,7 +2,8 @@
 their retained offsets and tracked offsets, the super streams with their partitions, and the
 creation of a super stream.
 
-    GET /api/streams[/{vhost}]                  every stream (queue of type stream)
+    GET /api/streams[/{vhost}]                  every stream (queue of type stream); paged
+                                                and filtered by name as /api/queues is
     GET /api/streams/{vhost}/{name}             one stream, its tracked offsets with their lag
     GET /api/groups[/{vhost}]                   consumer groups: members, assignments,
                                                 committed offsets and lag per partition
@@ -67,18 +68,20 @@ def stream_json(api: ManagementApi, vhost: str, stream: Stream) -> dict[str, Any
     }
 
 
+def _sort_keys(entry: tuple[str, Stream]) -> dict[str, str]:
+    return {"vhost": entry[0], "name": entry[1].name}
+
+
 async def list_streams(call: Call) -> web.Response:
-    items = []
+    entries = []
     for name in call.vhosts():
         vhost = call.api.host.vhosts.get(name)
         if vhost is None:
             continue
-        items += [
-            stream_json(call.api, name, queue)
-            for queue in vhost.queues.values()
-            if isinstance(queue, Stream)
-        ]
-    return call.listing(items, DEFAULT_SORT)
+        entries += [(name, queue) for queue in vhost.queues.values() if isinstance(queue, Stream)]
+    return call.listing_built_per_page(
+        entries, _sort_keys, lambda entry: stream_json(call.api, *entry), DEFAULT_SORT
+    )
 
 
 async def get_stream(call: Call) -> web.Response:

@@ -1,15 +1,19 @@
-// Streams: every stream the user may see with its retained offsets, storage and consumers,
-// the super streams with their partitions, and the rate published to streams over time.
-// /api/streams and /api/super-streams.
+// Streams: the streams the user may see with their retained offsets, storage and consumers,
+// a page at a time and filtered by name as /api/streams pages them; the super streams with
+// their partitions, and the rate published to streams over time. /api/streams and
+// /api/super-streams.
 
 import * as api from "../api.js";
 import { Chart } from "../chart.js";
 import { bytes, count, h, link, rate, replace, table } from "../dom.js";
+import { Pages } from "../pages.js";
 import { ratesOf } from "./overview.js";
 
 export const PUBLISH_SERIES = [{ key: "publish", label: "Published", color: "#c2410c" }];
 
 const streamKey = (stream) => `${stream.vhost}/${stream.name}`;
+// What the super streams' sums and the chart read of every stream, whichever page shows.
+const TOTALS_QUERY = new URLSearchParams({ columns: "vhost,name,messages,bytes,consumers,message_stats.publish_details" });
 
 const STREAM_COLUMNS = [
   { title: "Virtual host", cell: (stream) => stream.vhost },
@@ -43,23 +47,39 @@ function superStreamColumns(byKey) {
 export default {
   path: ["streams"],
   nav: "Streams",
-  mount(container) {
+  mount(container, params, session) {
     const published = new Chart("Published to streams", PUBLISH_SERIES, "/s");
+    const chart = h("div", { className: "charts" });
+    const superStreamResults = h("div");
+    const pages = new Pages(session, "streams");
+    const streamResults = h("div");
+    replace(
+      container,
+      h("h1", {}, "Streams"),
+      chart,
+      h("h2", {}, "Super streams"),
+      superStreamResults,
+      h("h2", {}, "Streams"),
+      h("p", {}, pages.filter),
+      streamResults,
+      pages.pager,
+    );
     return {
       async refresh() {
-        const [streams, superStreams] = await Promise.all([api.get("/api/streams"), api.get("/api/super-streams")]);
-        const total = streams.reduce((sum, stream) => sum + ratesOf(stream.message_stats, PUBLISH_SERIES).publish, 0);
+        const [every, superStreams, listed] = await Promise.all([
+          api.get(`/api/streams?${TOTALS_QUERY}`),
+          api.get("/api/super-streams"),
+          pages.fetch("/api/streams"),
+        ]);
+        const total = every.reduce((sum, stream) => sum + ratesOf(stream.message_stats, PUBLISH_SERIES).publish, 0);
         published.add(Date.now(), { publish: total });
-        const byKey = new Map(streams.map((stream) => [streamKey(stream), stream]));
+        const byKey = new Map(every.map((stream) => [streamKey(stream), stream]));
+        replace(chart, published.render());
         replace(
-          container,
-          h("h1", {}, "Streams"),
-          h("div", { className: "charts" }, published.render()),
-          h("h2", {}, "Super streams"),
+          superStreamResults,
           table(superStreamColumns(byKey), superStreams, { empty: "No super streams.", key: (superStream) => `super/${superStream.vhost}/${superStream.name}` }),
-          h("h2", {}, "Streams"),
-          table(STREAM_COLUMNS, streams, { empty: "No streams.", key: streamKey }),
         );
+        replace(streamResults, table(STREAM_COLUMNS, listed.items, { empty: "No streams.", key: streamKey }));
       },
     };
   },
