@@ -18,8 +18,9 @@ bytes), headers = the AMQP headers, persistent.
 
 POST body: {"records": [{"key"?, "value", "partition"?, "headers"?, "sequence"?}, ...],
 "key_format"?, "value_format"?, "producer"?}, or one record's fields at the top level.
-Formats are "json" (the default: any JSON value, stored as its compact JSON text),
-"string" (a JSON string, stored as UTF-8) or "base64" (bytes). A record goes to its
+`key_format` and `value_format` are "json" (any JSON value, stored as its compact JSON
+text), "string" (a JSON string, stored as UTF-8) or "base64" (bytes); a key is "string" and
+a value "json" unless the request says otherwise. A record goes to its
 `partition` when it names one; else, on a super stream, where the core's publish through the
 super stream exchange routes its key (as an AMQP publisher's, `x-stream-partition` header
 included); else to partition 0. The reply, {"offsets": [{"partition", "offset"}, ...]} in
@@ -36,7 +37,7 @@ GET answers {"records": [{"partition", "offset", "timestamp" (ms), "key", "value
 fsynced records from `offset` (default: the first retained; below it, the first retained),
 read through the stream's own read path. When there are none yet it waits, up to
 `timeout_ms` (0 to 60,000, default 0), for the tick to wake it once one is fsynced: no
-polling. `key_format` and `value_format` are as for POST (default "json"); a key or value
+polling. `key_format` and `value_format` are as for POST, with the same defaults; a key or value
 that is not valid in the asked format (text that is not JSON, bytes that are not UTF-8)
 comes as "string" if it is UTF-8, else "base64", and the record says so in "key_format" or
 "value_format". A record without a routing key has key null. A GET needs read permission on
@@ -80,7 +81,8 @@ from .values import integer, json_type, text, to_amqp, to_json
 
 NAME_BYTES_MAX = 255
 FORMATS = ("json", "string", "base64")
-DEFAULT_FORMAT = "json"
+# A key is a routing key, text; a value is a body, JSON unless said otherwise.
+DEFAULT_FORMATS = {"key_format": "string", "value_format": "json"}
 RECORDS_PER_POST_MAX = 10_000
 LIMIT_DEFAULT = 100
 LIMIT_MAX = 10_000
@@ -140,7 +142,7 @@ def topics_of(vhost: VirtualHost) -> list[Topic]:
 
 
 def _format(given: Any, key: str) -> str:
-    chosen = given.get(key, DEFAULT_FORMAT)
+    chosen = given.get(key, DEFAULT_FORMATS[key])
     if chosen not in FORMATS:
         raise bad_request(f"{key} must be one of {', '.join(FORMATS)}")
     return chosen
