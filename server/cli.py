@@ -41,6 +41,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "warrenmq.server.bench.loadgen",
     "warrenmq.server.queue.bench",
     "warrenmq.server.bench.delayed",
+    "warrenmq.server.bench.topic",
 )
 
 

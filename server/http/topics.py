@@ -148,18 +148,23 @@ def _format(given: Any, key: str) -> str:
     return chosen
 
 
-def _bytes(value: Any, given_as: str, field: str) -> bytes:
-    """A key or value of a request, in its format, as the bytes stored."""
+def _field(index: int, part: str = "") -> str:
+    """How a refusal names a record's field (built only for a refusal: POSTs are hot)."""
+    return f"records[{index}]{part}"
+
+
+def _bytes(value: Any, given_as: str, index: int, part: str) -> bytes:
+    """A record's key or value, in its format, as the bytes stored."""
     if given_as == "json":
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     if not isinstance(value, str):
-        raise bad_request(f"{field} must be a string, got {json_type(value)}")
+        raise bad_request(f"{_field(index, part)} must be a string, got {json_type(value)}")
     if given_as == "string":
         return value.encode()
     try:
         return base64.b64decode(value, validate=True)
     except binascii.Error:
-        raise bad_request(f"{field} is not_base64") from None
+        raise bad_request(f"{_field(index, part)} is not_base64") from None
 
 
 def _shown(data: bytes, asked: str) -> tuple[Any, str]:
@@ -195,38 +200,44 @@ class _Outgoing:
 def _outgoing(
     given: Any, index: int, formats: tuple[str, str], producer: str | None, partitions: int
 ) -> _Outgoing:
-    field = f"records[{index}]"
     if not isinstance(given, dict):
-        raise bad_request(f"{field} must be an object, got {json_type(given)}")
+        raise bad_request(f"{_field(index)} must be an object, got {json_type(given)}")
     if "value" not in given:
-        raise bad_request(f"{field}: [{{key_missing,value}}]")
+        raise bad_request(f"{_field(index)}: [{{key_missing,value}}]")
     key_format, value_format = formats
-    body = _bytes(given["value"], value_format, f"{field}.value")
+    body = _bytes(given["value"], value_format, index, ".value")
     routing_key = ""
     if given.get("key") is not None:
-        key = _bytes(given["key"], key_format, f"{field}.key")
+        key = _bytes(given["key"], key_format, index, ".key")
         if len(key) > NAME_BYTES_MAX:
-            raise bad_request(f"{field}.key is longer than 255 bytes: it is the routing key")
+            raise bad_request(f"{_field(index, '.key')} is longer than 255 bytes: a routing key")
         try:
             routing_key = key.decode("utf-8")
         except UnicodeDecodeError:
-            raise bad_request(f"{field}.key is not UTF-8: it is the routing key") from None
+            raise bad_request(f"{_field(index, '.key')} is not UTF-8: a routing key") from None
     partition = given.get("partition")
     if partition is not None:
         if isinstance(partition, bool) or not isinstance(partition, int):
-            raise bad_request(f"{field}.partition must be a whole number")
+            raise bad_request(f"{_field(index, '.partition')} must be a whole number")
         if not 0 <= partition < partitions:
-            raise bad_request(f"{field}.partition must be from 0 to {partitions - 1}")
+            raise bad_request(f"{_field(index, '.partition')} must be from 0 to {partitions - 1}")
     headers = given.get("headers")
-    if headers is not None and not isinstance(headers, dict):
-        raise bad_request(f"{field}.headers must be an object, got {json_type(headers)}")
-    headers = to_amqp(headers) if headers else {}
-    if any(name in headers for name in _SENDER_SELECTED):
-        raise bad_request(f"{field}: CC and BCC headers would copy it to other partitions")
+    if headers is None:
+        headers = {}
+    elif not isinstance(headers, dict):
+        raise bad_request(
+            f"{_field(index, '.headers')} must be an object, got {json_type(headers)}"
+        )
+    elif headers:
+        headers = to_amqp(headers)
+        if any(name in headers for name in _SENDER_SELECTED):
+            raise bad_request(f"{_field(index)}: CC and BCC headers would copy it elsewhere")
     if producer is not None:
         sequence = given.get("sequence")
         if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
-            raise bad_request(f"{field}.sequence must be a whole number: a producer numbers each")
+            raise bad_request(
+                f"{_field(index, '.sequence')} must be a whole number: a producer numbers each"
+            )
         headers[PRODUCER_ID] = producer
         headers[PRODUCER_SEQUENCE] = sequence
     properties = (
