@@ -93,7 +93,8 @@ async def _measure(args: argparse.Namespace, topic: str) -> dict[str, Any]:
     base = args.url.rstrip("/")
     target = f"{base}/topics/{urllib.parse.quote(topic, safe='')}/messages"
     vhost = {"vhost": args.vhost}
-    login = {"Authorization": aiohttp.BasicAuth(args.user, args.password).encode()}
+    token = base64.b64encode(f"{args.user}:{args.password}".encode()).decode()
+    login = {"Authorization": f"Basic {token}"}
     connector = aiohttp.TCPConnector(limit=args.clients)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     bodies = _batches(args)
