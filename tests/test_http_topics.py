@@ -12,7 +12,7 @@ import time
 
 import pika
 import pytest
-from http_api import HttpApi, add_user, name, path
+from http_api import HttpApi, add_user, eventually, name, path
 
 from warrenmq.exchanges.super_stream import partition_index
 
@@ -56,6 +56,24 @@ def read(api: HttpApi, topic: str, **query) -> list[dict]:
 
 def refusal(reply) -> tuple[int, str]:
     return reply.status, reply.json["reason"]
+
+
+def consume(channel, queue: str, count: int, arguments: dict, tag: str = "") -> list:
+    """(method, properties, body) of each delivery a pika consumer of `queue` gets (and acks),
+    once `count` came (or 10 s passed) and a moment more showed no other."""
+    got = []
+
+    def on_message(ch, method, properties, body):
+        got.append((method, properties, body))
+        ch.basic_ack(method.delivery_tag)
+
+    channel.basic_qos(prefetch_count=100)
+    channel.basic_consume(queue, on_message, consumer_tag=tag or None, arguments=arguments)
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        channel.connection.process_data_events(time_limit=0.1)
+    channel.connection.process_data_events(time_limit=0.3)
+    return got
 
 
 # -- publishing and reading -----------------------------------------------------------------------
@@ -126,18 +144,9 @@ def test_formats_round_trip_and_a_record_says_when_it_cannot_be_shown_as_asked(a
     assert as_string[2]["key"] == '{"id":1}' and "value_format" not in as_string[0]
     # An AMQP consumer gets the stored bytes: the JSON key as the routing key.
     connection = module_broker.connect()
-    channel = connection.channel()
-    channel.basic_qos(prefetch_count=10)
-    got = []
-    channel.basic_consume(
-        topic,
-        lambda ch, method, properties, body: got.append((method.routing_key, body)),
-        arguments={"x-stream-offset": "first"},
-    )
-    deadline = time.monotonic() + 10
-    while len(got) < 3 and time.monotonic() < deadline:
-        connection.process_data_events(time_limit=0.1)
+    delivered = consume(connection.channel(), topic, 3, {"x-stream-offset": "first"})
     connection.close()
+    got = [(method.routing_key, body) for method, _, body in delivered]
     assert got == [("k1", b"plain text"), ("k2", binary), ('{"id":1}', b"{")]
 
 
@@ -157,16 +166,9 @@ def test_amqp_publishes_read_over_http_and_http_posts_consumed_over_amqp(api, mo
         {"trace": "t1"},
     )
     [placed] = post(api, topic, {"key": "from-http", "value": "v", "headers": {"trace": "t2"}})
-    received = []
-    channel.basic_qos(prefetch_count=10)
-    channel.basic_consume(
-        f"{topic}-{placed['partition']}",
-        lambda ch, method, properties, body: received.append((method, properties, body)),
-        arguments={"x-stream-offset": placed["offset"]},
+    received = consume(
+        channel, f"{topic}-{placed['partition']}", 1, {"x-stream-offset": placed["offset"]}
     )
-    deadline = time.monotonic() + 10
-    while not received and time.monotonic() < deadline:
-        connection.process_data_events(time_limit=0.1)
     connection.close()
     [(method, properties, body)] = received
     assert (method.exchange, method.routing_key, body) == (topic, "from-http", b'"v"')
@@ -263,33 +265,28 @@ def test_an_http_commit_is_where_an_amqp_group_member_resumes_and_amqp_acks_show
         ],
     }
     connection = module_broker.connect()
-    channel = connection.channel()
-    channel.basic_qos(prefetch_count=100)
-    received = []
-    channel.basic_consume(
+    delivered = consume(
+        connection.channel(),
         topic,
-        lambda ch, method, properties, body: (
-            received.append(
-                (properties.headers["x-stream-partition"], properties.headers["x-stream-offset"])
-            ),
-            ch.basic_ack(method.delivery_tag),
-        ),
-        consumer_tag="m1",
-        arguments={"x-consumer-group": group, "x-stream-offset": "first"},
+        2,
+        {"x-consumer-group": group, "x-stream-offset": "first"},
+        tag="m1",
     )
-    deadline = time.monotonic() + 10
-    while len(received) < 3 and time.monotonic() < deadline:
-        connection.process_data_events(time_limit=0.1)
+    received = [
+        (properties.headers["x-stream-partition"], properties.headers["x-stream-offset"])
+        for _, properties, _ in delivered
+    ]
     # Offset 3 of partition 0 is the next to read: offsets 3 and 4 there, none below 5 on 1.
     assert sorted(received) == [(f"{topic}-0", 3), (f"{topic}-0", 4)]
     # With a member, the group's acks commit: an HTTP commit is refused.
     assert api.post("/consumer/commit", commit).status == 409
     connection.close()
-    offsets = api.get(f"/consumer/offsets?group={group}&topic={topic}").json["offsets"]
-    assert offsets == [
+    acked = [
         {"topic": topic, "partition": 0, "offset": 5},
         {"topic": topic, "partition": 1, "offset": 5},
     ]
+    target = f"/consumer/offsets?group={group}&topic={topic}"
+    assert eventually(lambda: api.get(target).json["offsets"], acked) == acked
 
 
 def test_commits_are_checked(api):
