@@ -42,6 +42,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "warrenmq.server.queue.bench",
     "warrenmq.server.bench.delayed",
     "warrenmq.server.bench.redrive",
+    "warrenmq.server.bench.topic",
 )
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pika
 import pika.exceptions
 import pytest
 from brokers import ThreadBroker
-from http_api import HttpApi, path
+from http_api import HttpApi, add_user, name, path
 
 
 @pytest.fixture(scope="module")
@@ -26,20 +25,6 @@ def broker(tmp_path_factory):
 @pytest.fixture
 def api(broker) -> HttpApi:
     return HttpApi(broker.management_url)
-
-
-def name(prefix: str = "q") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def add_user(api: HttpApi, tags: str, vhost_permissions: dict[str, tuple[str, str, str]]):
-    """A new user with `tags` and permissions; returns an HttpApi logged in as them."""
-    user = name("user")
-    assert api.put(path("api", "users", user), {"password": "pw", "tags": tags}).status == 201
-    for vhost, (configure, write, read) in vhost_permissions.items():
-        granted = {"configure": configure, "write": write, "read": read}
-        assert api.put(path("api", "permissions", vhost, user), granted).status == 201
-    return api.as_user(user, "pw")
 
 
 def add_vhost(api: HttpApi) -> str:

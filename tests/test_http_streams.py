@@ -4,11 +4,9 @@ partition."""
 
 from __future__ import annotations
 
-import time
-
 import pika
 import pytest
-from http_api import HttpApi, path
+from http_api import HttpApi, eventually, path
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -26,15 +24,6 @@ def ack_below(offset_max: int):
             channel.basic_ack(method.delivery_tag)
 
     return on_message
-
-
-def eventually(read, expected, timeout_s: float = 10.0):
-    """`read()` once it equals `expected` (acks are committed as the broker runs), or its
-    last value."""
-    deadline = time.monotonic() + timeout_s
-    while (value := read()) != expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return value
 
 
 def test_one_stream_shows_offsets_retention_rates_and_tracked_lag(module_broker, api):

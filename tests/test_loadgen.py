@@ -17,6 +17,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from http_api import HttpApi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loop_thread import LoopThread
@@ -24,6 +25,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 
 from warrenmq.amqp import Connection, ConnectionConfig, events, fastpath, frames, testing
+from warrenmq.server import cli
 from warrenmq.server.bench import loadgen, roles, wire
 from warrenmq.server.bench import stats as loadgen_stats
 from warrenmq.server.bench.client import BenchError, ClientConnection
@@ -965,3 +967,35 @@ def test_small_runs_against_a_real_broker(queue_type):
         assert report["confirmed"] == 2000 and report["nacked"] == 0
         if scenario == "e2e":
             assert report["received"] == 2000 and report["latency_ms_p99"] is not None
+
+
+def test_topic_bench_posts_and_reads_every_record_back(start_broker, tmp_path, capsys):
+    broker = start_broker(tmp_path / "data")
+    url = broker.management_url
+    for partitions in ("0", "3"):
+        status = cli.main(
+            [
+                "bench",
+                "topic",
+                "--url",
+                url,
+                "--records",
+                "1500",
+                "--batch",
+                "400",
+                "--clients",
+                "3",
+                "--size",
+                "50",
+                "--partitions",
+                partitions,
+            ]
+        )
+        report = json.loads(capsys.readouterr().out)
+        assert status == 0, report
+        assert report["read_back"] == 1500 and report["partitions"] == max(1, int(partitions))
+        assert report["post_records_per_s"] > 0 and report["get_mb_per_s"] > 0
+    # The bench deleted its topics.
+    assert not [q for q in HttpApi(url).get("/api/queues").json if "bench-topic" in q["name"]]
+    status = cli.main(["bench", "topic", "--url", url, "--batch", "10001"])
+    assert status == 1 and "at most 10000" in json.loads(capsys.readouterr().out)["error"]

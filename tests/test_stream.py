@@ -512,3 +512,49 @@ def test_a_filter_delivers_exactly_the_values_asked_for(tmp_path):
             stream.add_consumer(
                 "x", Channel(), OffsetSpec(Start.FIRST), refused, exclusive=False, prefetch_count=5
             )
+
+
+def test_staged_records_are_written_at_staged_end_and_read_once_fsynced(tmp_path):
+    stream = open_stream(tmp_path)
+    publish(stream, [b"a", b"b"])
+    assert stream.staged_end == 2
+    stream.stage((b"", b"s", b"\x00\x00", b"c"), True)
+    assert stream.staged_end == 3
+    stream.flush(NOW_MS)
+    # Written, not yet fsynced: no reader sees it.
+    assert [r.body for r in stream.read(0, 10, 1 << 20)] == [b"a", b"b"]
+    asyncio.run(stream.commit())
+    assert [(r.offset, r.body) for r in stream.read(1, 10, 1 << 20)] == [(1, b"b"), (2, b"c")]
+    assert [r.body for r in stream.read(0, 1, 1 << 20)] == [b"a"]
+    assert stream.read(3, 10, 1 << 20) == []
+
+
+def test_readers_wake_when_the_tick_dispatches_what_reached_them(tmp_path, monkeypatch):
+    stream = open_stream(tmp_path)
+    publish(stream, [b"a"])
+
+    async def scenario():
+        now = stream.readable(0)
+        assert now is not None and now.done()
+        later = stream.readable(1)
+        further = stream.readable(2)
+        gone = stream.readable(1)
+        assert not (later.done() or further.done() or gone.done())
+        gone.cancel()
+        stream.dispatch(NOW_MS)
+        assert not later.done()
+        stream.stage((b"", b"s", b"\x00\x00", b"b"), True)
+        stream.flush(NOW_MS)
+        stream.dispatch(NOW_MS)
+        assert not later.done()  # written, not fsynced
+        await stream.commit()
+        stream.dispatch(NOW_MS)
+        assert later.done() and not further.done()
+        monkeypatch.setattr("warrenmq.server.stream.stream.READERS_MAX", 2)
+        assert stream.readable(5) is not None
+        assert stream.readable(6) is None
+        stream.deleted = True
+        stream.dispatch(NOW_MS)
+        assert further.done()
+
+    asyncio.run(scenario())

@@ -5,7 +5,8 @@ same core.
   loop (``management_port``, 15672; ``metrics_port``, 15692);
 * ``management`` — the routes and the request cycle (auth, access, errors); one module per
   resource: ``overview``, ``vhosts``, ``users`` (and permissions), ``exchanges``,
-  ``queues``, ``bindings``, ``connections`` (and channels, consumers), ``definitions``;
+  ``queues``, ``bindings``, ``connections`` (and channels, consumers), ``definitions``,
+  ``streams``; ``topics``, the topic API (`/topics/...`, `/consumer/...`);
 * ``metrics`` — /metrics and /metrics/per-object in Prometheus' text format;
 * ``console`` — the web console's files (``www/``) at ``/`` of the management listener;
 * ``auth``, ``errors``, ``listing``, ``values``, ``rates``, ``stats`` — what the handlers

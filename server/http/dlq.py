@@ -26,7 +26,7 @@ from warrenmq.server.vhost import Published
 
 from .api import Call, reply, sync
 from .errors import bad_request, object_not_found
-from .exchanges import _Stored
+from .exchanges import Stored
 
 BROWSE_COUNT_DEFAULT = 20
 BROWSE_COUNT_MAX = 10_000
@@ -109,7 +109,7 @@ async def import_lines(call: Call) -> web.Response:
         scans = [fastpath.scan_properties(properties) for _, properties, _ in messages]
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise bad_request("the body must be JSON lines as the export writes them") from None
-    stored = _Stored()
+    stored = Stored()
     refused = 0
     for (_, properties, body), scan in zip(messages, scans, strict=True):
         persistent, expiring = scan[0] == 2, scan[2] is not None

@@ -102,7 +102,7 @@ async def delete_exchange(call: Call) -> web.Response:
     return no_content()
 
 
-class _Stored:
+class Stored:
     """The publisher the core reports a failed write to (as it does a channel's confirm)."""
 
     failed = False
@@ -111,7 +111,7 @@ class _Stored:
         self.failed = True
 
 
-def _channel_error(code: int, text: str) -> Any:
+def channel_error(code: int, text: str) -> Any:
     """A publish refused as RabbitMQ's HTTP publish answers its channel's closure."""
     return bad_request(f"{code} {replies.format_reply_text(code, text)}")
 
@@ -140,18 +140,18 @@ async def publish(call: Call) -> web.Response:
     call.check("write", EXCHANGE, exchange.name)
     config = call.api.host.config
     if len(message) > config.message_bytes_max:
-        raise _channel_error(
+        raise channel_error(
             replies.PRECONDITION_FAILED,
             f"message size {len(message)} is larger than configured max size "
             f"{config.message_bytes_max}",
         )
     if properties.user_id is not None and properties.user_id != call.caller.name:
-        raise _channel_error(
+        raise channel_error(
             replies.PRECONDITION_FAILED,
             f"user_id property set to '{properties.user_id}' but authenticated user was "
             f"'{call.caller.name}'",
         )
-    stored = _Stored()
+    stored = Stored()
     try:
         if properties.expiration is not None:
             check_expiration(properties.expiration)
@@ -165,9 +165,9 @@ async def publish(call: Call) -> web.Response:
             (stored, 0),
         )
     except RoutingError as error:
-        raise _channel_error(error.reply_code, error.reply_text) from None
+        raise channel_error(error.reply_code, error.reply_text) from None
     except replies.ProtocolError as error:
-        raise _channel_error(error.code, error.text) from None
+        raise channel_error(error.code, error.text) from None
     await call.api.host.after_commit()
     if stored.failed or outcome is Published.REFUSED:
         raise bad_request("rejected Unable to publish message. Check queue limits.")

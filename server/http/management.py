@@ -6,7 +6,10 @@
 3. basic auth, then the route's `Access` rule: 401;
 4. the handler: the entity (404), the operation's permissions (401), the core call.
 
-Paths outside ``/api/`` are the web console's files (`console.ConsoleFiles`), public as
+The topic API (``topics``) has its seed's paths, ``/topics/...`` and ``/consumer/...``, and
+takes its vhost from ``?vhost=`` (default "/"); it runs the same cycle.
+
+Paths outside those are the web console's files (`console.ConsoleFiles`), public as
 RabbitMQ's UI is: the page logs in through the API.
 
 No request ends in a traceback: a refusal is RabbitMQ's status and JSON body, a body larger
@@ -36,6 +39,7 @@ from . import (
     policies,
     queues,
     streams,
+    topics,
     users,
     vhosts,
 )
@@ -50,7 +54,9 @@ Handler = Callable[[Call], Awaitable[web.StreamResponse]]
 METHOD_ORDER = ("HEAD", "GET", "PUT", "POST", "DELETE", "OPTIONS")
 # A binding's destination type in its path: "q" (queue) or "e" (exchange).
 DESTINATION_TYPE_PARAM = "dtype"
-API_PREFIX = "api"
+# The first path segments of the API's routes; any other path is the console's.
+API_ROOTS = frozenset(("api", "topics", "consumer"))
+DEFAULT_VHOST = "/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +64,8 @@ class Route:
     pattern: tuple[str, ...]
     methods: dict[str, Handler]
     access: Access
+    vhost_in_query: bool = False
+    """The vhost is `?vhost=` (default "/"), not a path segment (the topic API)."""
 
     def match(self, segments: list[str]) -> dict[str, str] | None:
         if len(segments) != len(self.pattern):
@@ -80,8 +88,8 @@ class Route:
         return ", ".join(method for method in METHOD_ORDER if method in methods)
 
 
-def route(path: str, access: Access, **methods: Handler) -> Route:
-    return Route(tuple(path.strip("/").split("/")), methods, access)
+def route(path: str, access: Access, *, vhost_in_query: bool = False, **methods: Handler) -> Route:
+    return Route(tuple(path.strip("/").split("/")), methods, access, vhost_in_query)
 
 
 ANY, ADMIN, MONITOR, VHOST = Access.ANY, Access.ADMIN, Access.MONITOR, Access.VHOST
@@ -227,6 +235,15 @@ ROUTES: tuple[Route, ...] = (
         PUT=streams.put_super_stream,
         DELETE=streams.delete_super_stream,
     ),
+    route(
+        "/topics/{topic}/messages",
+        VHOST,
+        vhost_in_query=True,
+        GET=topics.get_messages,
+        POST=topics.post_messages,
+    ),
+    route("/consumer/commit", VHOST, vhost_in_query=True, POST=topics.commit),
+    route("/consumer/offsets", VHOST, vhost_in_query=True, GET=topics.offsets),
     route("/api/aliveness-test/{vhost}", VHOST, GET=overview.aliveness),
     route("/api/health/checks/alarms", ANY, GET=overview.no_alarms),
     route("/api/health/checks/local-alarms", ANY, GET=overview.no_alarms),
@@ -287,7 +304,7 @@ def application(api: ManagementApi, body_bytes_max: int) -> web.Application:
     async def dispatch(request: web.Request) -> web.StreamResponse:
         try:
             parts = segments(request)
-            if parts[0] != API_PREFIX:
+            if parts[0] not in API_ROOTS:
                 return console.respond(request.method, parts)
             return await _dispatch(api, request, parts)
         except ApiError as error:
@@ -321,6 +338,8 @@ async def _dispatch(
     api: ManagementApi, request: web.Request, parts: list[str]
 ) -> web.StreamResponse:
     route_, params = find(parts)
+    if route_.vhost_in_query:
+        params = {**params, "vhost": request.query.get("vhost", DEFAULT_VHOST)}
     method = "GET" if request.method == "HEAD" else request.method
     if method == "OPTIONS":
         return web.Response(status=200, headers={"Allow": route_.allowed})

@@ -12,12 +12,13 @@ Nothing is removed by consuming: each consumer reads through its own `Cursor`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from warrenmq.log import LogConfig, PartitionLog, RawRecord
+from warrenmq.log import LogConfig, PartitionLog, RawRecord, Record
 from warrenmq.log.batch import staged_batch_bounds
 from warrenmq.server.queue.consumer import ROTATING, Consumer, ConsumerChannel
 from warrenmq.server.queue.engine import Message
@@ -35,6 +36,8 @@ log = logging.getLogger("warrenmq.server")
 
 # An age limit is checked at least this often (and on every segment roll).
 RETENTION_CHECK_MS_MAX = 60_000
+# Readers waiting for records to be appended (`readable`), per stream.
+READERS_MAX = 10_000
 
 
 class StreamLog:
@@ -161,6 +164,8 @@ class Stream:
         self.commit_wanted = False
         self._last_chunk: int | None = None
         """The first offset of the newest batch, once known (found in the log after a start)."""
+        self._readers: list[tuple[int, asyncio.Future[None]]] = []
+        """(offset, future) of the readers waiting for a record at or after offset."""
         self.apply_arguments(effective_arguments)
 
     def apply_arguments(self, effective: Mapping[str, Any]) -> None:
@@ -194,6 +199,12 @@ class Stream:
         self._staged_publishers.append(publisher)
         self._staged_bytes += len(record[2]) + len(record[3])
         return True
+
+    @property
+    def staged_end(self) -> int:
+        """The offset the next staged record will be written at: `flush` writes the staged
+        records in order, from the log's end (a duplicate `stage` drops is not staged)."""
+        return self.log.end_offset + len(self._staged)
 
     def flush(self, now_ms: int) -> None:
         """Write what was staged, one batch per tick within the log's bounds; a failed write
@@ -381,8 +392,10 @@ class Stream:
         return False
 
     def dispatch(self, now_ms: int) -> bool:
-        """Hand what was fsynced to every cursor behind it with credit; True if stopped by
-        the bound (the tick calls again)."""
+        """Hand what was fsynced to every cursor behind it with credit, and wake the readers
+        it reached; True if stopped by the bound (the tick calls again)."""
+        if self._readers:
+            self._wake_readers()
         if self.deleted:
             return False
         budget = DISPATCH_DELIVERIES_MAX
@@ -398,3 +411,44 @@ class Stream:
                 if budget <= 0:
                     return True
         return False
+
+    # -- readers (the HTTP topic API) ---------------------------------------------------------
+
+    def read(self, offset: int, count_max: int, bytes_max: int) -> list[Record]:
+        """Fsynced records from `offset` (the first retained, when retention passed it): at
+        most `count_max`, about `bytes_max` of them, at least one when there is one. A cursor
+        reads so: nobody sees a record a crash could take back."""
+        log = self.log
+        start = max(offset, log.start_offset)
+        end = log.durable_offset
+        if start >= end or count_max <= 0:
+            return []
+        return log.read(start, min(count_max, end - start), bytes_max)
+
+    def readable(self, offset: int) -> asyncio.Future[None] | None:
+        """A future resolved once a record at or after `offset` is fsynced (or the stream is
+        deleted); cancelling it is giving up. None when `READERS_MAX` readers wait already."""
+        readers = self._readers
+        if len(readers) >= READERS_MAX:
+            readers[:] = [reader for reader in readers if not reader[1].done()]
+            if len(readers) >= READERS_MAX:
+                return None
+        future = asyncio.get_running_loop().create_future()
+        if self.deleted or self.log.durable_offset > max(offset, self.log.start_offset):
+            future.set_result(None)
+        else:
+            readers.append((offset, future))
+        return future
+
+    def _wake_readers(self) -> None:
+        end = self.log.durable_offset
+        deleted = self.deleted
+        waiting = []
+        for offset, future in self._readers:
+            if future.done():
+                continue
+            if deleted or end > offset:
+                future.set_result(None)
+            else:
+                waiting.append((offset, future))
+        self._readers = waiting
