@@ -697,13 +697,7 @@ def test_a_cycle_with_a_rejection_is_not_dropped(channel, declare, uid):
 # --- CC and BCC ----------------------------------------------------------------------------
 
 
-def test_cc_and_bcc_keys_route_the_dead_letter(request, broker, channel, declare, uid):
-    if broker.name == "warren":
-        # Warren stores a message without its BCC header and without the BCC keys, so a dead
-        # letter is routed by the routing key and CC only (dlq/dead_letter.py).
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="BCC keys are not kept for dead-lettering")
-        )
+def test_cc_and_bcc_keys_route_the_dead_letter(channel, declare, uid):
     channel.exchange_declare(f"{uid}-x", "direct", auto_delete=True)
     channel.exchange_declare(f"{uid}-dlx", "direct", auto_delete=True)
     src = declare(f"{uid}-src", {"x-dead-letter-exchange": f"{uid}-dlx"})

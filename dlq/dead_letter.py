@@ -5,15 +5,18 @@ RabbitMQ's rules (rabbit_dead_letter.erl, 3.10; the 4.x documentation on dead-le
 exchanges):
 
 * The dead letter goes to the dead-letter exchange with the queue's dead-letter routing key
-  when it has one (and its CC header removed, so it is not routed by CC again), else with the
-  keys the message was routed with: its routing key and its CC keys. BCC never reaches
-  storage (the core strips it at publish), so BCC keys are not routed again: RabbitMQ keeps
-  them in its in-memory message and would.
+  when it has one (and its CC header removed, so it is not routed by CC again), else with
+  every key the message was routed with (its `#basic_message.routing_keys`): its routing
+  key, its CC keys and its BCC keys. The BCC header never reaches storage (the core strips
+  it at publish); its keys are kept beside the message (the queue's ack log) and passed in.
+  The dead letter keeps them in turn (RabbitMQ sets its routing keys to those it was routed
+  by), so it is routed by them again if it dies again.
 * ``x-death`` is an array of tables, newest first, one per (queue, reason). A death for a
   (queue, reason) already listed increments that entry's ``count`` and moves it to the front,
   keeping its other fields (so ``time`` is the first such death); a new one is prepended with
   ``count`` 1, ``reason``, ``queue``, ``time`` (a timestamp, seconds), ``exchange`` (the
-  exchange the message was last published to), ``routing-keys`` (its routing key and CC keys)
+  exchange the message was last published to), ``routing-keys`` (its routing key and CC keys,
+  never BCC ones: RabbitMQ reads them from the headers, which hold no BCC any more)
   and, when the message had a per-message TTL, ``original-expiration``. Each entry's fields
   are in key order, as RabbitMQ sorts them.
 * ``x-first-death-reason``, ``-queue`` and ``-exchange`` are written on the first death only;
@@ -26,6 +29,8 @@ exchanges):
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from warrenmq.amqp import properties as p
 
@@ -77,10 +82,11 @@ def dead_letter(
     routing_key: str,
     dead_letter_routing_key: str | None,
     now_s: int,
+    bcc: Sequence[str] = (),
 ) -> tuple[bytes, list[str]]:
     """The dead letter of a message (stored `properties`, last published to `exchange` with
-    `routing_key`) dying in `queue` for `reason`: its properties, and the routing keys it
-    goes to the dead-letter exchange with."""
+    `routing_key` and BCC keys `bcc`) dying in `queue` for `reason`: its properties, and the
+    routing keys it goes to the dead-letter exchange with."""
     assert reason in REASONS, reason
     headers = p.headers(properties)
     death_keys = [routing_key, *header_routes(headers)]
@@ -125,7 +131,10 @@ def dead_letter(
         updated.pop(_CC, None)
         keys = [dead_letter_routing_key]
     else:
-        keys = [routing_key, *(k for k in header_routes(headers) if k != routing_key)]
+        keys = [routing_key]
+        for key in (*header_routes(headers), *bcc):
+            if key not in keys:
+                keys.append(key)
     edited = p.with_headers(properties, _sorted(list(updated.items())))
     return p.without(edited, p.EXPIRATION_FLAG), keys
 

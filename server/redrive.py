@@ -19,6 +19,13 @@ delayed exchanges use.
 
 A task's state lives in `<data dir>/redrives/<id>.json`, replaced atomically; a task the
 broker was running when it stopped (or crashed) runs again when it starts.
+
+BCC keys (kept beside a dead letter in its queue, `QueueEngine.bcc_keys`): a message the task
+keeps stays what it was, so it keeps them at the DLQ's tail. A message it moves does not: a
+redrive publishes it anew, as an operator would by hand (RabbitMQ's shovels, which move
+messages between queues, republish them and never see BCC keys either). The BCC copies went
+out when the message was first published and again when it died; a moved message that dies
+again goes to its routing key and CC keys only, not to the BCC recipients a third time.
 """
 
 from __future__ import annotations
@@ -73,7 +80,16 @@ class _Batch:
 class _Step:
     """One message of a batch: where it goes (`target` None: routed through `route`)."""
 
-    __slots__ = ("message", "moves", "target", "record", "route", "exchange", "routing_key")
+    __slots__ = (
+        "message",
+        "moves",
+        "target",
+        "record",
+        "route",
+        "exchange",
+        "routing_key",
+        "bcc",
+    )
 
     def __init__(self, message: Message, moves: bool, target: WorkQueue | None) -> None:
         self.message = message
@@ -88,6 +104,8 @@ class _Step:
         self.route: Any = None
         self.exchange = ""
         self.routing_key = ""
+        self.bcc: tuple[str, ...] = ()
+        """The BCC keys it keeps: a kept message's own (see the module's docstring)."""
 
 
 @dataclass
@@ -320,12 +338,12 @@ class Redrives:
         """Where one message goes: a move to its target, or kept (target: the DLQ itself)."""
         death = last_death(message.properties)
         if not spec.selects(death):
-            return _Step(message, False, queue)
+            return self._kept(queue, message, False)
         if spec.exchange is None:
             assert death is not None
             source = vhost.queues.get(death.queue)
             if source is None or source.deleted or source is queue:
-                return _Step(message, True, queue)
+                return self._kept(queue, message, True)
             step = _Step(message, True, source)
             step.record = (
                 death.exchange.encode(),
@@ -342,10 +360,17 @@ class Redrives:
             routing_key = message.routing_key.decode("utf-8", "replace")
         route = vhost.route(spec.exchange, routing_key, message.properties)
         if not route[0]:
-            return _Step(message, True, queue)
+            return self._kept(queue, message, True)
         step = _Step(message, True, None)
         step.route, step.exchange, step.routing_key = route, spec.exchange, routing_key
         step.record = (spec.exchange.encode(), routing_key.encode(), route[1], message.body)
+        return step
+
+    @staticmethod
+    def _kept(queue: WorkQueue, message: Message, moves: bool) -> _Step:
+        """A message staying in the DLQ (staged again at its tail), with its BCC keys."""
+        step = _Step(message, moves, queue)
+        step.bcc = queue.engine.bcc_keys(message.offset)
         return step
 
     def _targets(self, vhost: VirtualHost, step: _Step) -> list[WorkQueue]:
@@ -394,7 +419,9 @@ class Redrives:
             persistent, expiring = scan[0] == 2, scan[2] is not None
             publisher = (batch, tag)
             if step.target is not None:
-                stored = vhost.restage(step.target, step.record, persistent, expiring, publisher)
+                stored = vhost.restage(
+                    step.target, step.record, persistent, expiring, publisher, step.bcc
+                )
             else:
                 stored = (
                     vhost.stage(

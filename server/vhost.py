@@ -88,9 +88,10 @@ class Published(enum.Enum):
     """A direct reply-to message, handed to the waiting reply consumer (never stored)."""
 
 
-Route = tuple[Any, bytes]
-"""Where a message goes: (queue names, its properties as they are to be stored, BCC removed).
-A plain tuple: one is made per publish."""
+Route = tuple[Any, bytes, tuple[str, ...]]
+"""Where a message goes: (queue names, its properties as they are to be stored, BCC removed,
+the BCC header's keys, kept beside the message for its dead letter). A plain tuple: one is
+made per publish."""
 
 
 def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
@@ -108,6 +109,21 @@ def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
     return keys
 
 
+def _bcc_keys(headers: dict) -> tuple[str, ...]:
+    """The BCC header's strings: RabbitMQ keeps them with the message (its routing keys) and
+    routes its dead letter by them, though the header itself is never delivered."""
+    values = headers.get("BCC")
+    if not isinstance(values, list):
+        return ()
+    keys = []
+    for value in values:
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if isinstance(value, str):
+            keys.append(value)
+    return tuple(keys)
+
+
 def _without_bcc(properties: bytes, decoded: Any) -> bytes:
     """The properties as stored: RabbitMQ removes BCC before storing; CC stays visible."""
     headers = decoded.headers
@@ -122,6 +138,11 @@ def stored_properties(properties: bytes) -> bytes:
     if not (properties and properties[0] & _HEADERS_FLAG_BYTE0):
         return properties
     return _without_bcc(properties, frames.decode_properties(properties))
+
+
+DeadLetterPlan = tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget], tuple[str, ...]]
+"""For one dead letter: its record, whether persistent, its target queues and delayed
+exchanges (none: dropped), and the BCC keys it keeps in its targets."""
 
 
 class DeadLetterHandoff:
@@ -326,23 +347,26 @@ class VirtualHost:
         `internal_allowed`: the broker publishes (a delayed message when due)."""
         headers = None
         routing_keys = None
+        bcc: tuple[str, ...] = ()
         if properties and properties[0] & _HEADERS_FLAG_BYTE0:
             decoded = frames.decode_properties(properties)
             headers = decoded.headers
             if headers and ("CC" in headers or "BCC" in headers):
                 routing_keys = _sender_selected_keys(routing_key, headers)
-                properties = _without_bcc(properties, decoded)
+                if "BCC" in headers:
+                    bcc = _bcc_keys(headers)
+                    properties = _without_bcc(properties, decoded)
         if exchange == "" and routing_keys is None:
             # The default exchange routes to the queue named by the key: no Router call (and
             # no set built) on the commonest path.
-            return ((routing_key,) if routing_key in self.queues else ()), properties
+            return ((routing_key,) if routing_key in self.queues else ()), properties, bcc
         router = self.router
         if routing_keys is None and not internal_allowed:
-            return router.route(exchange, routing_key, headers), properties
+            return router.route(exchange, routing_key, headers), properties, bcc
         routed = router.route_keys(
             exchange, routing_keys or (routing_key,), headers, internal_allowed=internal_allowed
         )
-        return routed, properties
+        return routed, properties, bcc
 
     def stage(
         self,
@@ -354,9 +378,9 @@ class VirtualHost:
         expiring: bool,
         publisher: Any,
     ) -> Published:
-        """Stage a routed message on each of its queues that still exists, and in each
-        delayed exchange that holds it."""
-        queue_names, properties = route
+        """Stage a routed message on each of its queues that still exists (with its BCC keys),
+        and in each delayed exchange that holds it."""
+        queue_names, properties, bcc = route
         if not queue_names:
             return Published.UNROUTABLE
         names = self._encoded_names
@@ -374,7 +398,11 @@ class VirtualHost:
         for name in queue_names:
             queue = queues.get(name)
             if queue is not None:
-                if queue.stage(record, persistent, expiring, publisher):
+                if (
+                    queue.stage_with_bcc(record, bcc, persistent, expiring, publisher)
+                    if bcc
+                    else queue.stage(record, persistent, expiring, publisher)
+                ):
                     staged(queue)
                 else:
                     self._refused(queue)
@@ -394,10 +422,12 @@ class VirtualHost:
         persistent: bool,
         expiring: bool,
         publisher: Any,
+        bcc: tuple[str, ...] = (),
     ) -> bool:
         """Stage a stored record, unchanged, on one queue (a redrive moving a dead letter
-        back); False when the queue refuses it (x-overflow reject-publish)."""
-        if queue.deleted or not queue.stage(record, persistent, expiring, publisher):
+        back, or keeping it, with `bcc` its BCC keys); False when the queue refuses it
+        (x-overflow reject-publish)."""
+        if queue.deleted or not queue.stage_with_bcc(record, bcc, persistent, expiring, publisher):
             self._refused(queue)
             return False
         self._staged(queue)
@@ -427,7 +457,7 @@ class VirtualHost:
         plan = self._dead_letter_plan(queue, dead_letters)
         items = []
         positions: dict[str, set[int]] = {}
-        for (message, _), (record, _, targets, _) in zip(dead_letters, plan, strict=True):
+        for (message, _), (record, _, targets, _, _) in zip(dead_letters, plan, strict=True):
             if message.offset < 0 or not targets:
                 continue
             item = Item(message.offset, message[2:6])
@@ -444,25 +474,29 @@ class VirtualHost:
 
     def _dead_letter_plan(
         self, queue: WorkQueue, dead_letters: list[tuple[Message, str]]
-    ) -> list[tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget]]]:
+    ) -> list[DeadLetterPlan]:
         """For each dead letter: its record, whether persistent, its target queues and
         delayed exchanges (none: dropped)."""
         exchange = queue.dead_letter_exchange
         router = self.router
         if exchange is None or (exchange != "" and router.get(exchange) is None):
-            return [((b"", b"", b"", b""), False, [], []) for _ in dead_letters]
+            return [((b"", b"", b"", b""), False, [], [], ()) for _ in dead_letters]
         now_s = self._clock() // 1000
         exchange_bytes = self._encoded(exchange)
         plan = []
+        dead_letter_routing_key = queue.dead_letter_routing_key
         for message, reason in dead_letters:
+            # A refused publish (offset -1) was never stored, nor were its BCC keys.
+            bcc = queue.engine.bcc_keys(message.offset) if message.offset >= 0 else ()
             properties, keys = dead_letter(
                 message.properties,
                 queue=queue.name,
                 reason=reason,
                 exchange=message.exchange.decode("utf-8", "replace"),
                 routing_key=message.routing_key.decode("utf-8", "replace"),
-                dead_letter_routing_key=queue.dead_letter_routing_key,
+                dead_letter_routing_key=dead_letter_routing_key,
                 now_s=now_s,
+                bcc=bcc,
             )
             headers = (
                 frames.decode_properties(properties).headers
@@ -478,13 +512,16 @@ class VirtualHost:
                     queues.append(target)
                 elif type(name) is DelayedTarget:
                     delayed.append(name)
-            plan.append((record, persistent, queues, delayed))
+            # RabbitMQ's dead letter keeps the keys it was routed by: BCC ones too, unless a
+            # dead-letter routing key replaced them all.
+            kept_bcc = bcc if dead_letter_routing_key is None else ()
+            plan.append((record, persistent, queues, delayed, kept_bcc))
         return plan
 
     async def _journal_then_stage(
         self,
         handoff: DeadLetterHandoff,
-        plan: list[tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget]]],
+        plan: list[DeadLetterPlan],
         items: list[Item],
         positions: dict[str, set[int]],
     ) -> None:
@@ -514,13 +551,15 @@ class VirtualHost:
     def _stage_dead_letters(
         self,
         handoff: DeadLetterHandoff,
-        plan: list[tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget]]],
+        plan: list[DeadLetterPlan],
     ) -> None:
         if handoff.queue.deleted:
             return
-        for tag, (record, persistent, queues, delayed) in enumerate(plan, 1):
+        for tag, (record, persistent, queues, delayed, bcc) in enumerate(plan, 1):
             for target in queues:
-                if not target.deleted and target.stage(record, persistent, False, (handoff, tag)):
+                if not target.deleted and target.stage_with_bcc(
+                    record, bcc, persistent, False, (handoff, tag)
+                ):
                     self._staged(target)
             for name in delayed:
                 if not self.delayed.stage(name, record, persistent, (handoff, tag)):

@@ -250,7 +250,9 @@ class DelayedExchanges:
 
     def _routed(self, store: DelayedStore, held: Held) -> Staging:
         """Where a due message goes: routed from its exchange, x-delay negated, now."""
-        routed, properties = self._core.route(
+        # The held properties carry no BCC header (the core strips it before a delayed
+        # exchange holds the message), so there are no BCC keys to route or keep.
+        routed, properties, _ = self._core.route(
             store.name,
             held.routing_key.decode("utf-8"),
             with_delay_negated(held.properties, held.delay_ms),

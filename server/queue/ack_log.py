@@ -5,12 +5,13 @@ crash recovery that keeps a prefix of what was written, group-commit fsync in a 
 and whole-segment deletion, all tested; an ack record is just one more record. Each record's
 body is (little-endian):
 
-    kind    u8                        DELTA (1), CLIP (2) or COUNTS (3)
+    kind    u8                        DELTA (1), CLIP (2), COUNTS (3) or BCC (4)
     floor   u64                       DELTA: every offset below is acked; CLIP: the limit
     mark    u64                       DELTA: offsets below may have been delivered; CLIP: 0
-    count   u32                       acked ranges (or COUNTS pairs) that follow
+    count   u32                       acked ranges (or COUNTS pairs, BCC entries) that follow
     ranges  count x (start u64, end u64)   acked half-open ranges, sorted, disjoint
             COUNTS: count x (offset u64, deliveries u64)
+            BCC: count x (offset u64, keys u32, keys x (length u32, UTF-8 bytes))
 
 Replay applies the records in log order. A DELTA is a union (floor and mark take the maximum,
 ranges are added): acknowledgements only ever grow, so replaying a DELTA twice, or an old
@@ -24,6 +25,14 @@ take their offsets as delivered.
 A COUNTS record holds how many times messages have been delivered (written when a message is
 delivered again), so x-delivery-count and x-delivery-limit survive a restart and a crash.
 Counts only grow, so replay keeps the largest; a count of an acked offset is forgotten.
+
+A BCC record holds the BCC keys of messages published with a BCC header. RabbitMQ removes
+the header before it stores a message but keeps its keys with it, and routes a dead letter
+by them too; they are the queue's durable state about a message that no consumer may see,
+like its delivery count, so they live here rather than in the message record: a message
+without BCC (nearly all) costs no byte and no step more on its way in and out. An entry is
+written once, with the commit that makes its message durable, and forgotten as its message
+is acknowledged (and by a CLIP at or below its offset).
 """
 
 from __future__ import annotations
@@ -41,8 +50,11 @@ from .ranges import coalesce
 DELTA = 1
 CLIP = 2
 COUNTS = 3
+BCC = 4
 HEAD = struct.Struct("<BQQI")
 RANGE_BYTES = 16
+_BCC_ENTRY = struct.Struct("<QI")
+_BCC_KEY = struct.Struct("<I")
 # 16,384 ranges make a 256 KiB record: a snapshot of many holes spans several records.
 RANGES_PER_RECORD_MAX = 16_384
 # A batch of one record costs this much beyond its ranges (batch, record and DELTA headers).
@@ -100,6 +112,55 @@ def encode_counts(
     ]
 
 
+def _bcc_entry(offset: int, keys: Sequence[str]) -> bytes:
+    parts = [_BCC_ENTRY.pack(offset, len(keys))]
+    for key in keys:
+        encoded = key.encode("utf-8")
+        parts += (_BCC_KEY.pack(len(encoded)), encoded)
+    return b"".join(parts)
+
+
+def encode_bcc(entries: Sequence[tuple[int, Sequence[str]]], bytes_max: int) -> list[RawRecord]:
+    """BCC records of (offset, BCC keys) entries, each body within `bytes_max` bytes (an
+    entry larger than that alone in its record)."""
+    records: list[RawRecord] = []
+    chunk: list[bytes] = []
+    size = HEAD.size
+    for offset, keys in entries:
+        entry = _bcc_entry(offset, keys)
+        if chunk and size + len(entry) > bytes_max:
+            records.append(_record(HEAD.pack(BCC, 0, 0, len(chunk)) + b"".join(chunk)))
+            chunk, size = [], HEAD.size
+        chunk.append(entry)
+        size += len(entry)
+    if chunk:
+        records.append(_record(HEAD.pack(BCC, 0, 0, len(chunk)) + b"".join(chunk)))
+    return records
+
+
+def _decode_bcc(body: bytes, count: int) -> list[tuple[int, tuple[str, ...]]]:
+    entries = []
+    position = HEAD.size
+    try:
+        for _ in range(count):
+            offset, key_count = _BCC_ENTRY.unpack_from(body, position)
+            position += _BCC_ENTRY.size
+            keys = []
+            for _ in range(key_count):
+                (length,) = _BCC_KEY.unpack_from(body, position)
+                position += _BCC_KEY.size
+                if position + length > len(body):
+                    raise QueueError("ack log BCC record overruns its body")
+                keys.append(body[position : position + length].decode("utf-8"))
+                position += length
+            entries.append((offset, tuple(keys)))
+    except (struct.error, UnicodeDecodeError) as error:
+        raise QueueError(f"ack log BCC record is malformed: {error}") from None
+    if position != len(body):
+        raise QueueError(f"ack log BCC record of {len(body)} bytes has trailing bytes")
+    return entries
+
+
 @dataclass
 class AckState:
     """The durable acknowledgement state, as replay rebuilds it."""
@@ -109,11 +170,16 @@ class AckState:
     ranges: list[tuple[int, int]] = field(default_factory=list)
     counts: dict[int, int] = field(default_factory=dict)
     """Deliveries of messages delivered more than once, by offset."""
+    bcc: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """The BCC keys of messages published with some, by offset."""
 
     def apply(self, body: bytes) -> None:
         if len(body) < HEAD.size:
             raise QueueError(f"ack log record of {len(body)} bytes is shorter than its header")
         kind, value, mark, count = HEAD.unpack_from(body)
+        if kind == BCC:
+            self.bcc.update(_decode_bcc(body, count))
+            return
         if len(body) != HEAD.size + count * RANGE_BYTES:
             raise QueueError(f"ack log record of {len(body)} bytes does not hold {count} ranges")
         if kind == DELTA:
@@ -140,6 +206,7 @@ class AckState:
             (start, min(end, limit)) for start, end in coalesce(self.ranges) if start < limit
         ]
         self.counts = {offset: n for offset, n in self.counts.items() if offset < limit}
+        self.bcc = {offset: keys for offset, keys in self.bcc.items() if offset < limit}
 
     def normalise(self) -> None:
         """Merge the ranges, drop what the floor covers, and lift the floor over touching ranges."""
@@ -155,7 +222,7 @@ class AckState:
                 kept.append((start, end))
         self.floor = floor
         self.ranges = kept
-        if self.counts:
+        if self.counts or self.bcc:
             starts = [start for start, _ in kept]
 
             def acked(offset: int) -> bool:
@@ -163,6 +230,8 @@ class AckState:
                 return offset < floor or (at >= 0 and offset < kept[at][1])
 
             self.counts = {o: n for o, n in self.counts.items() if not acked(o)}
+            # Sorted by offset, as the queue keeps them (it forgets them from the lowest).
+            self.bcc = {o: keys for o, keys in sorted(self.bcc.items()) if not acked(o)}
 
 
 def replay(log: PartitionLog) -> AckState:

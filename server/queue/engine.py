@@ -61,9 +61,21 @@ class QueueEngine(Protocol):
         """Messages are ready, but none is handed out before the next `commit`."""
         ...
 
-    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None) -> object:
+    def append(
+        self,
+        records: Sequence[RawRecord],
+        timestamp_ms: int | None = None,
+        bcc: Sequence[tuple[int, tuple[str, ...]]] = (),
+    ) -> object:
         """Write one batch of (exchange, routing key, property bytes, body), stamped
-        `timestamp_ms` (raises, having written nothing, when it cannot)."""
+        `timestamp_ms` (raises, having written nothing, when it cannot). `bcc`: (index in
+        `records`, BCC keys) of the records published with a BCC header, which the stored
+        properties no longer carry; kept durably beside them (`bcc_keys`)."""
+        ...
+
+    def bcc_keys(self, offset: int) -> tuple[str, ...]:
+        """The BCC keys of the unacknowledged message at `offset` (none: empty): a dead
+        letter is routed by them too, as RabbitMQ routes it."""
         ...
 
     def take_many(self, count_max: int) -> list[Message]:

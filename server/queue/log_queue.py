@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import heapq
+import itertools
 import os
 import shutil
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -187,6 +188,7 @@ class LogQueue:
             state.floor > end
             or state.mark > end
             or bool(state.ranges and state.ranges[-1][1] > end)
+            or any(offset >= end for offset in state.bcc)
         )
         state.clip(end)
         state.normalise()
@@ -202,6 +204,10 @@ class LogQueue:
         self._counts: dict[int, int] = state.counts
         # Redeliveries' counts not yet in the ack log.
         self._pending_counts: list[tuple[int, int]] = []
+        # The BCC keys of messages not yet acknowledged (ack_log.py, "BCC"), by offset in
+        # offset order, and those not yet in the ack log.
+        self._bcc: dict[int, tuple[str, ...]] = state.bcc
+        self._pending_bcc: list[tuple[int, tuple[str, ...]]] = []
         self._run_start = self._run_end = -1
         self._pending: list[tuple[int, int]] = []
         self._ahead: list[Record] = []
@@ -344,6 +350,7 @@ class LogQueue:
             or self._run_end >= 0
             or bool(self._pending)
             or bool(self._pending_counts)
+            or bool(self._pending_bcc)
             or (
                 self._lead_granted
                 and self._next + self.config.delivered_mark_lead // 2 >= self._mark_written
@@ -369,12 +376,26 @@ class LogQueue:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None) -> int:
+    def append(
+        self,
+        records: Sequence[RawRecord],
+        timestamp_ms: int | None = None,
+        bcc: Sequence[tuple[int, tuple[str, ...]]] = (),
+    ) -> int:
         """Append one batch of (exchange, routing_key, properties, body); returns the first
-        offset.
+        offset. `bcc`: (index in `records`, BCC keys) of the records published with some,
+        kept with them until they are acknowledged (`bcc_keys`).
         """
         self._check_open()
-        return self._log.append(records, timestamp_ms)
+        first = self._log.append(records, timestamp_ms)
+        for index, keys in bcc:
+            self._bcc[first + index] = keys
+            self._pending_bcc.append((first + index, keys))
+        return first
+
+    def bcc_keys(self, offset: int) -> tuple[str, ...]:
+        """The BCC keys the message at `offset` was published with (none: empty)."""
+        return self._bcc.get(offset, ())
 
     def append_position(self, properties: bytes) -> int:
         """The offset the next append starts at."""
@@ -668,17 +689,24 @@ class LogQueue:
             self.config.ack_log_compact_bytes, 4 * self._snapshot_bytes
         )
         counts, self._pending_counts = self._pending_counts, []
+        pending_bcc, self._pending_bcc = self._pending_bcc, []
+        bcc = pending_bcc
+        if self._bcc:
+            self._forget_bcc_below(floor)
         if snapshot:
             records = ack_log.encode_delta(floor, mark, list(self._acked), self._ranges_per_record)
             counts = list(self._counts.items())
+            bcc = list(self._bcc.items())
         elif writable or mark != self._mark_written or floor != self._floor_written:
             records = ack_log.encode_delta(floor, mark, writable, self._ranges_per_record)
-        elif counts:
+        elif counts or bcc:
             records = []
         else:
             return
         if counts:
             records += ack_log.encode_counts(counts, self._ranges_per_record)
+        if bcc:
+            records += ack_log.encode_bcc(bcc, self._ranges_per_record * ack_log.RANGE_BYTES)
         size = sum(len(record[3]) for record in records)
         try:
             first = self._append_acks(records)
@@ -686,6 +714,7 @@ class LogQueue:
             # Not written (a full disk): the acks stay pending for the next commit.
             self._pending = pending
             self._pending_counts = counts + self._pending_counts
+            self._pending_bcc = pending_bcc + self._pending_bcc
             raise
         self._mark_written = mark
         self._floor_written = floor
@@ -697,6 +726,15 @@ class LogQueue:
         self._unsynced.append(
             (self._acks.end_offset, _Flush(mark, floor, first if snapshot else None))
         )
+
+    def _forget_bcc_below(self, floor: int) -> None:
+        """Forget the BCC keys of messages below the floor (all acknowledged): the keys are
+        in offset order, so only the lowest need looking at. Keys of messages acknowledged
+        above the floor wait for it; a restart forgets them (`AckState.normalise`)."""
+        bcc = self._bcc
+        below = list(itertools.takewhile(floor.__gt__, bcc))
+        for offset in below:
+            del bcc[offset]
 
     def _grant_lead(self, clip: bool) -> None:
         """Write a delivered mark `delivered_mark_lead` ahead of `next` and fsync it, here.

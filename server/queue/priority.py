@@ -108,12 +108,34 @@ class PriorityQueue:
                 return engine.held_until_commit
         return False
 
-    def append(self, records: Sequence[RawRecord], timestamp_ms: int | None = None) -> None:
+    def append(
+        self,
+        records: Sequence[RawRecord],
+        timestamp_ms: int | None = None,
+        bcc: Sequence[tuple[int, tuple[str, ...]]] = (),
+    ) -> None:
         by_level: dict[int, list[RawRecord]] = {}
         for record in records:
             by_level.setdefault(self.level_of(record[2]), []).append(record)
+        if not bcc:
+            for level, batch in by_level.items():
+                self._level(level).append(batch, timestamp_ms)
+            return
+        # Each record's index within its level's batch.
+        indexes: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
+        keys = dict(bcc)
+        counts: dict[int, int] = {}
+        for index, record in enumerate(records):
+            level = self.level_of(record[2])
+            if index in keys:
+                indexes.setdefault(level, []).append((counts.get(level, 0), keys[index]))
+            counts[level] = counts.get(level, 0) + 1
         for level, batch in by_level.items():
-            self._level(level).append(batch, timestamp_ms)
+            self._level(level).append(batch, timestamp_ms, indexes.get(level, ()))
+
+    def bcc_keys(self, offset: int) -> tuple[str, ...]:
+        engine = self._levels.get(offset & _LEVEL_MASK)
+        return () if engine is None else engine.bcc_keys(offset >> LEVEL_BITS)
 
     def append_position(self, properties: bytes) -> int:
         """The level's position, tagged with the level as offsets are."""

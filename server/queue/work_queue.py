@@ -151,6 +151,8 @@ class WorkQueue:
         self._staged: list[RawRecord] = []
         self._staged_publishers: list[Any] = []
         self._staged_bytes = 0
+        # (index in `_staged`, BCC keys) of the staged records published with some.
+        self._staged_bcc: list[tuple[int, tuple[str, ...]]] = []
         self.written_publishers: list[Any] = []
         self.failed_publishers: list[Any] = []
         self.staged_persistent = False
@@ -269,6 +271,22 @@ class WorkQueue:
             self.staged_persistent = True
         return True
 
+    def stage_with_bcc(
+        self,
+        record: RawRecord,
+        bcc: tuple[str, ...],
+        persistent: bool,
+        expiring: bool = False,
+        publisher: Any = None,
+    ) -> bool:
+        """`stage` for a record published with BCC keys (or none): the engine keeps them
+        with it (`QueueEngine.bcc_keys`), so that its dead letter is routed by them too."""
+        if not self.stage(record, persistent, expiring, publisher):
+            return False
+        if bcc:
+            self._staged_bcc.append((len(self._staged) - 1, bcc))
+        return True
+
     def _full(self, body_bytes: int) -> bool:
         if (
             self.length_max is not None
@@ -292,13 +310,22 @@ class WorkQueue:
         self._staged = []
         self._staged_publishers = []
         staged_bytes, self._staged_bytes = self._staged_bytes, 0
+        bcc = self._staged_bcc
+        if bcc:
+            self._staged_bcc = []
         count = written = len(staged)
         bounds = staged_batch_bounds(
             staged, staged_bytes, self._batch_records_max, self.engine.batch_bytes_max
         )
         for start, end in bounds:
             try:
-                self.engine.append(staged if end - start == count else staged[start:end], now_ms)
+                batch = staged if end - start == count else staged[start:end]
+                if bcc:
+                    self.engine.append(
+                        batch, now_ms, [(i - start, keys) for i, keys in bcc if start <= i < end]
+                    )
+                else:
+                    self.engine.append(batch, now_ms)
             except Exception as error:
                 written = start
                 self.failed_publishers += publishers[start:]

@@ -206,6 +206,18 @@ class Stream:
         records in order, from the log's end (a duplicate `stage` drops is not staged)."""
         return self.log.end_offset + len(self._staged)
 
+    def stage_with_bcc(
+        self,
+        record: RawRecord,
+        bcc: tuple[str, ...],
+        persistent: bool,
+        expiring: bool = False,
+        publisher: Any = None,
+    ) -> bool:
+        """`stage`: a queue keeps a message's BCC keys for its dead letter; a stream never
+        dead-letters, so it has no use for them."""
+        return self.stage(record, persistent, expiring, publisher)
+
     def flush(self, now_ms: int) -> None:
         """Write what was staged, one batch per tick within the log's bounds; a failed write
         refuses its publishes and every later one of the tick."""
