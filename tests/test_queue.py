@@ -472,3 +472,80 @@ def test_a_clean_shutdown_after_deliveries_keeps_the_exact_mark(tmp_path):
         queue.close()
 
     run(scenario())
+
+
+def test_bcc_keys_stay_with_their_messages_across_requeues_crashes_and_compaction(tmp_path):
+    async def scenario():
+        queue = LogQueue.open(tmp_path, SMALL)
+        queue.append(records(0, 3), bcc=[(1, ("b1", "b2"))])
+        assert [queue.bcc_keys(offset) for offset in range(3)] == [(), ("b1", "b2"), ()]
+        queue.take_many(3)
+        queue.requeue([1])
+        await queue.commit()
+        queue.close()  # a crash: only what the commit made durable
+        queue = LogQueue.open(tmp_path, SMALL)
+        assert queue.bcc_keys(1) == ("b1", "b2")
+        # Enough acked traffic for several snapshots to replace the ack log's records.
+        for start in range(3, 403, 5):
+            queue.append(records(start, 5), bcc=[(4, (f"b{start + 4}",))])
+            # A take may wait for a commit (the delivered mark): all are taken in the end.
+            for message in queue.take_many(5):
+                if message.offset != 1:
+                    queue.ack(message.offset)
+            await queue.commit()
+        while queue.ready_count > 0:
+            queue.ack_many(m.offset for m in queue.take_many(1000) if m.offset != 1)
+            await queue.commit()
+        queue.close()
+        queue = LogQueue.open(tmp_path, SMALL)
+        kept = queue.bcc_keys(1)
+        # Acknowledged: forgotten, in memory as on disk.
+        forgotten = [queue.bcc_keys(offset) for offset in range(7, 403, 5)]
+        acks_bytes = sum(p.stat().st_size for p in (tmp_path / ACKS_DIR).glob("*.log"))
+        queue.close()
+        return kept, forgotten, acks_bytes
+
+    kept, forgotten, acks_bytes = run(scenario())
+    assert kept == ("b1", "b2")
+    assert forgotten == [()] * 80
+    assert acks_bytes < 4 * SMALL.ack_log.segment_bytes_max
+
+
+def test_bcc_keys_of_messages_lost_in_a_crash_do_not_go_to_their_successors(tmp_path):
+    async def scenario():
+        queue = LogQueue.open(tmp_path)
+        queue.append(records(0, 2))
+        await queue.commit()
+        queue.append(records(2, 2), bcc=[(0, ("lost",))])
+        # The ack log's fsync finished, the message log's did not.
+        queue._flush_acks()
+        queue._acks.sync()
+        queue._log.truncate(2)
+        queue.close()
+        queue = LogQueue.open(tmp_path)
+        queue.append(records(100, 2))  # takes offsets 2 and 3
+        await queue.commit()
+        queue.close()
+        queue = LogQueue.open(tmp_path)
+        keys = [queue.bcc_keys(offset) for offset in range(4)]
+        queue.close()
+        return keys
+
+    assert run(scenario()) == [(), (), (), ()]
+
+
+def test_a_priority_queue_keeps_bcc_keys_per_level(tmp_path):
+    from warrenmq.server.queue.priority import PriorityQueue
+
+    def with_priority(priority: int, body: bytes):
+        # Basic properties: flags 0x0800 (priority), then the octet.
+        return (b"", b"k", b"\x08\x00" + bytes([priority]), body)
+
+    queue = PriorityQueue(tmp_path, 5, 1 << 20, LogQueue.open)
+    queue.append(
+        [with_priority(1, b"low"), with_priority(5, b"high"), with_priority(1, b"low-bcc")],
+        bcc=[(2, ("b-low",)), (1, ("b-high",))],
+    )
+    keys = {message.body: queue.bcc_keys(message.offset) for message in queue.take_many(3)}
+    queue.close()
+    assert keys == {b"high": ("b-high",), b"low": (), b"low-bcc": ("b-low",)}

@@ -230,8 +230,7 @@ class AckState:
                 return offset < floor or (at >= 0 and offset < kept[at][1])
 
             self.counts = {o: n for o, n in self.counts.items() if not acked(o)}
-            # Sorted by offset, as the queue keeps them (it forgets them from the lowest).
-            self.bcc = {o: keys for o, keys in sorted(self.bcc.items()) if not acked(o)}
+            self.bcc = {o: keys for o, keys in self.bcc.items() if not acked(o)}
 
 
 def replay(log: PartitionLog) -> AckState:

@@ -53,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import heapq
-import itertools
 import os
 import shutil
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -204,8 +203,9 @@ class LogQueue:
         self._counts: dict[int, int] = state.counts
         # Redeliveries' counts not yet in the ack log.
         self._pending_counts: list[tuple[int, int]] = []
-        # The BCC keys of messages not yet acknowledged (ack_log.py, "BCC"), by offset in
-        # offset order, and those not yet in the ack log.
+        # The BCC keys of messages not yet acknowledged (ack_log.py, "BCC"), by offset, and
+        # those not yet in the ack log. Forgotten as each message is acknowledged; the ack
+        # log forgets them at its next snapshot (a restart, at once).
         self._bcc: dict[int, tuple[str, ...]] = state.bcc
         self._pending_bcc: list[tuple[int, tuple[str, ...]]] = []
         self._run_start = self._run_end = -1
@@ -497,6 +497,8 @@ class LogQueue:
             return False
         if self._counts:
             self._counts.pop(offset, None)
+        if self._bcc:
+            self._bcc.pop(offset, None)
         self._acked.add(offset)
         # Consecutive acks extend one pending run; anything else starts a new one.
         if offset == self._run_end:
@@ -533,6 +535,7 @@ class LogQueue:
             return 0
         for offset in wanted.intersection(waiting):
             self._counts.pop(offset, None)
+            self._bcc.pop(offset, None)
             self._acked.add(offset)
             self._pend(offset, offset + 1)
         settled = len(waiting) - len(kept)
@@ -588,12 +591,15 @@ class LogQueue:
         purged = len(redeliver)
         for offset in sorted(redeliver):
             self._counts.pop(offset, None)
+            self._bcc.pop(offset, None)
             self._acked.add(offset)
             self._pend(offset, offset + 1)
         redeliver.clear()
         end = self._log.end_offset
         if end > self._next:
             purged += end - self._next
+            if self._bcc:
+                self._forget_bcc(self._next, end)
             self._acked.add_range(self._next, end)
             self._pend(self._next, end)
             self._next = end
@@ -633,12 +639,15 @@ class LogQueue:
         while redeliver and dropped < count_max:
             offset = heapq.heappop(redeliver)
             self._counts.pop(offset, None)
+            self._bcc.pop(offset, None)
             self._acked.add(offset)
             self._pend(offset, offset + 1)
             dropped += 1
         start = self._next
         end = min(self._log.end_offset, start + count_max - dropped)
         if end > start:
+            if self._bcc:
+                self._forget_bcc(start, end)
             self._acked.add_range(start, end)
             self._pend(start, end)
             self._next = end
@@ -646,6 +655,16 @@ class LogQueue:
             self._ahead_position += end - start
             dropped += end - start
         return dropped
+
+    def _forget_bcc(self, start: int, end: int) -> None:
+        """Forget the BCC keys of the messages in [start, end), acknowledged together."""
+        bcc = self._bcc
+        if end - start <= len(bcc):
+            for offset in range(start, end):
+                bcc.pop(offset, None)
+        else:
+            for offset in [offset for offset in bcc if start <= offset < end]:
+                del bcc[offset]
 
     def _pend(self, start: int, end: int) -> None:
         pending = self._pending
@@ -691,8 +710,6 @@ class LogQueue:
         counts, self._pending_counts = self._pending_counts, []
         pending_bcc, self._pending_bcc = self._pending_bcc, []
         bcc = pending_bcc
-        if self._bcc:
-            self._forget_bcc_below(floor)
         if snapshot:
             records = ack_log.encode_delta(floor, mark, list(self._acked), self._ranges_per_record)
             counts = list(self._counts.items())
@@ -726,15 +743,6 @@ class LogQueue:
         self._unsynced.append(
             (self._acks.end_offset, _Flush(mark, floor, first if snapshot else None))
         )
-
-    def _forget_bcc_below(self, floor: int) -> None:
-        """Forget the BCC keys of messages below the floor (all acknowledged): the keys are
-        in offset order, so only the lowest need looking at. Keys of messages acknowledged
-        above the floor wait for it; a restart forgets them (`AckState.normalise`)."""
-        bcc = self._bcc
-        below = list(itertools.takewhile(floor.__gt__, bcc))
-        for offset in below:
-            del bcc[offset]
 
     def _grant_lead(self, clip: bool) -> None:
         """Write a delivered mark `delivered_mark_lead` ahead of `next` and fsync it, here.
