@@ -104,3 +104,161 @@ def test_a_dead_letter_its_target_could_not_store_is_kept_and_published_again(
     assert body == b"doomed" and properties.headers["x-death"][0]["reason"] == "expired"
     assert channel.basic_get(TARGET)[0] is None
     connection.close()
+
+
+# --- BCC keys --------------------------------------------------------------------------------
+
+BCC_EXCHANGE, BCC_DLX = "bcc-x", "bcc-dlx"
+DEAD_KEYS = ("k", "cc", "bcc")
+
+
+def declare_bcc_topology(channel, source_arguments=None) -> dict[str, str]:
+    """A source bound to BCC_EXCHANGE by k, cc and bcc, dead-lettering to BCC_DLX, where a
+    queue per key (`dead[key]`) collects the dead letters routed by that key."""
+    channel.exchange_declare(BCC_EXCHANGE, "direct", durable=True)
+    channel.exchange_declare(BCC_DLX, "direct", durable=True)
+    channel.queue_declare(
+        SOURCE,
+        durable=True,
+        arguments={"x-dead-letter-exchange": BCC_DLX, **(source_arguments or {})},
+    )
+    dead = {}
+    for key in DEAD_KEYS:
+        channel.queue_bind(SOURCE, BCC_EXCHANGE, key)
+        dead[key] = f"dl-{key}"
+        channel.queue_declare(dead[key], durable=True)
+        channel.queue_bind(dead[key], BCC_DLX, key)
+    return dead
+
+
+def publish_with_bcc(channel, body: bytes = b"secret", **properties) -> None:
+    channel.confirm_delivery()
+    channel.basic_publish(
+        BCC_EXCHANGE,
+        "k",
+        body,
+        pika.BasicProperties(delivery_mode=2, headers={"CC": ["cc"], "BCC": ["bcc"]}, **properties),
+    )
+
+
+def assert_dead_by_every_key(channel, dead: dict[str, str], reason: str) -> None:
+    """One dead letter in each key's queue, delivered with the first key, BCC never shown."""
+    for key in DEAD_KEYS:
+        wait_for(
+            lambda key=key: channel.queue_declare(dead[key], passive=True).method.message_count
+        )
+        method, properties, body = channel.basic_get(dead[key], auto_ack=True)
+        assert (method.routing_key, body) == ("k", b"secret"), key
+        assert "BCC" not in properties.headers, key
+        assert properties.headers["CC"] == ["cc"]
+        death = properties.headers["x-death"][0]
+        assert death["reason"] == reason
+        assert death["routing-keys"] == ["k", "cc"]
+        assert channel.basic_get(dead[key])[0] is None, key
+
+
+def test_a_dead_letter_is_routed_by_its_bcc_keys_after_a_restart(start_broker, tmp_path):
+    running = start_broker(tmp_path)
+    connection = running.connect()
+    channel = connection.channel()
+    dead = declare_bcc_topology(channel)
+    publish_with_bcc(channel)
+    connection.close()
+    running.stop()
+    running = start_broker(tmp_path)
+    connection = running.connect()
+    channel = connection.channel()
+    method, properties, _ = channel.basic_get(SOURCE)
+    # Never delivered, before or after the restart.
+    assert "BCC" not in properties.headers
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    assert_dead_by_every_key(channel, dead, "rejected")
+    connection.close()
+
+
+def test_bcc_keys_survive_a_requeue_and_route_a_delivery_limit_death(start_broker, tmp_path):
+    running = start_broker(tmp_path)
+    connection = running.connect()
+    channel = connection.channel()
+    dead = declare_bcc_topology(channel, {"x-delivery-limit": 1})
+    publish_with_bcc(channel)
+    for _ in range(2):
+        method, properties, _ = channel.basic_get(SOURCE)
+        assert "BCC" not in properties.headers
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    assert_dead_by_every_key(channel, dead, "delivery_limit")
+    connection.close()
+
+
+def test_an_expired_message_is_dead_lettered_by_its_bcc_keys(start_broker, tmp_path):
+    running = start_broker(tmp_path)
+    connection = running.connect()
+    channel = connection.channel()
+    dead = declare_bcc_topology(channel)
+    publish_with_bcc(channel, expiration="0")
+    assert_dead_by_every_key(channel, dead, "expired")
+    connection.close()
+
+
+def test_a_dead_letter_keeps_its_bcc_keys_unless_a_dead_letter_routing_key_replaced_them(
+    start_broker, tmp_path
+):
+    """RabbitMQ's dead letter carries the keys it was routed by: dying again (no dead-letter
+    routing key) it goes to its BCC keys again; once a dead-letter routing key routed it, not."""
+    running = start_broker(tmp_path)
+    connection = running.connect()
+    channel = connection.channel()
+    channel.exchange_declare(BCC_DLX, "direct", durable=True)
+    channel.queue_declare("by-bcc", durable=True)
+    channel.queue_bind("by-bcc", BCC_DLX, "bcc")
+    # Both dead-letter queues die into BCC_DLX by their messages' own keys.
+    for name in ("dead-by-keys", "dead-by-dlrk"):
+        channel.queue_declare(name, durable=True, arguments={"x-dead-letter-exchange": BCC_DLX})
+    channel.queue_declare(
+        "dies-by-keys", durable=True, arguments={"x-dead-letter-exchange": BCC_DLX}
+    )
+    channel.queue_bind("dead-by-keys", BCC_DLX, "dies-by-keys")
+    channel.queue_declare(
+        "dies-by-dlrk",
+        durable=True,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead-by-dlrk"},
+    )
+    channel.confirm_delivery()
+    bcc = pika.BasicProperties(delivery_mode=2, headers={"BCC": ["bcc"]})
+    for queue in ("dies-by-keys", "dies-by-dlrk"):
+        channel.basic_publish("", queue, queue.encode(), bcc)
+        method, _, _ = channel.basic_get(queue)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    # dies-by-keys went to dead-by-keys (its key) and by-bcc (its BCC key).
+    wait_for(lambda: channel.queue_declare("by-bcc", passive=True).method.message_count == 1)
+    assert channel.basic_get("by-bcc", auto_ack=True)[2] == b"dies-by-keys"
+    for queue in ("dead-by-keys", "dead-by-dlrk"):
+        wait_for(lambda q=queue: channel.queue_declare(q, passive=True).method.message_count)
+        method, properties, body = channel.basic_get(queue)
+        assert body == queue.replace("dead", "dies").encode()
+        assert "BCC" not in properties.headers
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    # Dying again: the dead letter routed by its keys goes to its BCC key again, the one a
+    # dead-letter routing key routed does not.
+    wait_for(lambda: channel.queue_declare("by-bcc", passive=True).method.message_count == 1)
+    time.sleep(0.2)
+    assert channel.basic_get("by-bcc", auto_ack=True)[2] == b"dies-by-keys"
+    assert channel.basic_get("by-bcc")[0] is None
+    connection.close()
+
+
+def test_a_confirmed_message_keeps_its_bcc_keys_through_a_sigkill(warren_process):
+    """The keys are durable when the publish is confirmed, as the message is."""
+    warren_process.start()
+    connection = warren_process.connect()
+    channel = connection.channel()
+    dead = declare_bcc_topology(channel)
+    publish_with_bcc(channel)
+    warren_process.kill()
+    warren_process.start()
+    connection = warren_process.connect()
+    channel = connection.channel()
+    method, _, _ = channel.basic_get(SOURCE)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    assert_dead_by_every_key(channel, dead, "rejected")
+    connection.close()
