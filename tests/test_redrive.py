@@ -309,3 +309,45 @@ def test_a_batch_its_targets_stored_before_a_crash_is_not_moved_twice(tmp_path, 
 
 async def _source_position(broker, source: str) -> int:
     return broker.broker.vhosts["/"].queues[source].engine.append_position(b"")
+
+
+def test_a_kept_dead_letter_keeps_its_bcc_keys_and_a_moved_one_does_not(broker, capsys, names):
+    """A redrive publishes what it moves anew, without the BCC keys (server/redrive.py); what
+    it keeps stays as it was, BCC keys included."""
+    connection = broker.connect()
+    channel = connection.channel()
+    dlq, a, b, by_bcc = names("dlq"), names("a"), names("b"), names("by-bcc")
+    sources_dlx, dlq_dlx = names("sources-dlx"), names("dlq-dlx")
+    for exchange in (sources_dlx, dlq_dlx):
+        channel.exchange_declare(exchange, "direct")
+    channel.queue_declare(by_bcc)
+    channel.queue_bind(by_bcc, sources_dlx, "bcc")
+    channel.queue_bind(by_bcc, dlq_dlx, "bcc")
+    channel.queue_declare(dlq, durable=True, arguments={"x-dead-letter-exchange": dlq_dlx})
+    for source in (a, b):
+        channel.queue_declare(
+            source, durable=True, arguments={"x-dead-letter-exchange": sources_dlx}
+        )
+        channel.queue_bind(dlq, sources_dlx, source)
+        channel.basic_publish(
+            "", source, source.encode(), pika.BasicProperties(headers={"BCC": ["bcc"]})
+        )
+        method, _, _ = channel.basic_get(source)
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    # Each went to the DLQ by its key and to by-bcc by its BCC key.
+    wait_count(channel, dlq, 2)
+    wait_count(channel, by_bcc, 2)
+    channel.queue_purge(by_bcc)
+    status, out, _ = warren(broker, capsys, "redrive", dlq, "--source", b)
+    assert status == 0 and "moved 1, kept 1" in out
+    # Dying again: the kept one (from the DLQ) goes to its BCC key, the moved one (from b)
+    # to its routing key only.
+    for queue in (dlq, b):
+        method, properties, _ = channel.basic_get(queue)
+        assert "BCC" not in properties.headers
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    wait_count(channel, dlq, 1)
+    wait_count(channel, by_bcc, 1)
+    assert bodies_in(channel, dlq) == [b.encode()]
+    assert bodies_in(channel, by_bcc) == [a.encode()]
+    connection.close()
