@@ -5,6 +5,10 @@ which the core publishes each message again with its exact property bytes.
 
 Purging is the management API's own DELETE /api/queues/{vhost}/{queue}/contents.
 
+A message's BCC keys (kept beside it for its dead letter, `QueueEngine.bcc_keys`) are not
+exported: like its BCC header, they are the publisher's, never shown. An import publishes
+each message anew, as a redrive moving it does (`server/redrive.py`), so without them.
+
 Listing the queues dead letters reach, and redrive tasks (`server/redrive.py`): started on a
 queue, then listed, watched, cancelled and resumed under /api/dlq/redrives.
 """
