@@ -296,7 +296,8 @@ async def post_messages(call: Call) -> web.Response:
     # Staged without a pause between them: one tick writes them, one fsync makes them durable.
     for tag, record in enumerate(outgoing, 1):
         if record.partition is not None or topic.exchange is None:
-            route = ((partitions[record.partition or 0].name,), record.properties)
+            # No BCC keys: a record with CC or BCC headers was refused.
+            route = ((partitions[record.partition or 0].name,), record.properties, ())
         else:
             route = sync(vhost.route, topic.exchange, record.routing_key, record.properties)
         names = list(route[0])
