@@ -101,10 +101,10 @@ def test_a_message_past_its_delivery_limit_dies_instead_of_coming_back(make_queu
     for delivery in (1, 2):
         message = queue.take(T0)
         assert message.delivery_count == delivery
-        queue.requeue([message.offset])
+        queue.requeue([message.offset], failed=True)
         assert queue.dead_letters == []
     message = queue.take(T0)
-    queue.requeue([message.offset])
+    queue.requeue([message.offset], failed=True)
     assert dead(queue) == [(b"a", "delivery_limit")]
     assert queue.ready_count == 0
 
@@ -112,7 +112,7 @@ def test_a_message_past_its_delivery_limit_dies_instead_of_coming_back(make_queu
 def test_past_its_delivery_limit_without_dlx_a_message_is_dropped(make_queue):
     queue = make_queue(**{"x-delivery-limit": 0})
     publish(queue, T0, b"a")
-    queue.requeue([queue.take(T0).offset])
+    queue.requeue([queue.take(T0).offset], failed=True)
     assert queue.ready_count == 0
     assert queue.engine.unacked_count == 0
 
@@ -122,7 +122,7 @@ def redelivery_headers(queue: WorkQueue) -> list[dict | None]:
     for _ in range(3):
         message = queue.take(T0)
         counts.append(frames.decode_properties(message.properties).headers)
-        queue.requeue([message.offset])
+        queue.requeue([message.offset], failed=True)
     return counts
 
 
@@ -215,7 +215,7 @@ def test_a_requeued_message_waits_its_exponential_delay_while_others_flow_past(m
     for _ in range(4):
         message = queue.take(now)
         assert message.body == b"a"
-        queue.requeue([message.offset])
+        queue.requeue([message.offset], failed=False)
         ready_at = queue.run_timers(now)
         waits.append(ready_at - now)
         # Meanwhile "a" is not ready; "b" is the only ready message.
@@ -229,12 +229,12 @@ def test_a_requeued_message_waits_its_exponential_delay_while_others_flow_past(m
 def test_the_requeue_delay_counts_deliveries_and_the_delivery_limit_still_applies(make_queue):
     queue = make_queue(**DLX, **{"x-requeue-delay": 10, "x-delivery-limit": 1})
     publish(queue, T0, b"a")
-    queue.requeue([queue.take(T0).offset])
+    queue.requeue([queue.take(T0).offset], failed=True)
     ready_at = queue.run_timers(T0)
     assert queue.take(ready_at - 1) is None
     message = queue.take(ready_at)
     assert message.delivery_count == 2
-    queue.requeue([message.offset])
+    queue.requeue([message.offset], failed=True)
     assert dead(queue) == [(b"a", "delivery_limit")]
 
 
@@ -276,9 +276,9 @@ def test_browsing_a_priority_queue_covers_every_level(make_queue):
 def test_a_policy_taking_the_requeue_delay_away_makes_waiting_messages_ready(make_queue):
     queue = make_queue(**{"x-requeue-delay": 1000})
     publish(queue, T0, b"a")
-    queue.requeue([queue.take(T0).offset])
+    queue.requeue([queue.take(T0).offset], failed=False)
     assert queue.run_timers(T0) == T0 + 1000
-    queue.requeue([])
+    queue.requeue([], failed=False)
     queue.apply_arguments({})
     assert queue.has_timers
     queue.run_timers(T0 + 1)

@@ -150,7 +150,7 @@ def publish_one(queue, body):
 
 def ack(channel, delivery_tag):
     """What basic.ack does: settle, then dispatch what that may have unblocked."""
-    for queue in channel.apply(channel.take(delivery_tag, False), None):
+    for queue in channel.apply(channel.take(delivery_tag, False), None, failed=False):
         dispatch(queue)
 
 
@@ -388,7 +388,7 @@ def test_late_settles_of_reclaimed_deliveries_are_ignored(queue, connection):
         publish_one(queue, body)
     reclaimed = channel.reclaim(consumer)
     assert [entry.tag for entry in reclaimed] == [1, 2, 3]
-    channel.apply(reclaimed, True)
+    channel.apply(reclaimed, True, failed=False)
     assert channel.unacked == {}
     # A late ack of a reclaimed tag is no error and settles nothing...
     assert channel.take(2, False) == []
@@ -408,7 +408,7 @@ def test_a_multiple_ack_through_a_reclaimed_tag_settles_the_deliveries_below_it(
     late = consume(queue, channel, "late")
     queue.remove_consumer(channel.consumers["second"])
     publish_one(queue, b"c")
-    channel.apply(channel.reclaim(late), True)
+    channel.apply(channel.reclaim(late), True, failed=False)
     assert [entry.tag for entry in channel.take(3, True)] == [1, 2]
 
 
