@@ -1172,25 +1172,33 @@ def test_x_death_field_types_on_the_wire(broker, channel, declare, uid):
     }
 
 
-def test_x_delivery_count_field_type_on_the_wire(broker, channel, declare, uid):
+def headers_after_one_return(broker, channel, declare, uid, give_back) -> dict:
+    """The raw headers of a quorum queue's message redelivered after `give_back(channel,
+    delivery_tag)` returned it once."""
     src = declare(f"{uid}-src", {}, "quorum")
     channel.basic_publish("", src, b"x")
     method, _, _ = wait_get(channel, src)
-    channel.basic_reject(method.delivery_tag, requeue=True)
+    give_back(channel, method.delivery_tag)
     sync(channel)
-    assert raw_headers(broker, src).get("x-delivery-count") == ("l", 1)
+    return raw_headers(broker, src)
+
+
+def test_x_delivery_count_field_type_on_the_wire(broker, channel, declare, uid):
+    def reject(channel, tag):
+        channel.basic_reject(tag, requeue=True)
+
+    headers = headers_after_one_return(broker, channel, declare, uid, reject)
+    assert headers.get("x-delivery-count") == ("l", 1)
 
 
 @pytest.mark.warren_only
 def test_x_acquired_count_field_type_on_the_wire(broker, channel, declare, uid):
     # RabbitMQ 4.3 writes x-acquired-count as a long, as x-delivery-count (mc_amqpl turns
     # integer x- annotations into 'l' headers); 3.10 has no such header.
-    src = declare(f"{uid}-src", {}, "quorum")
-    channel.basic_publish("", src, b"x")
-    method, _, _ = wait_get(channel, src)
-    channel.basic_nack(method.delivery_tag, requeue=True)
-    sync(channel)
-    headers = raw_headers(broker, src)
+    def nack(channel, tag):
+        channel.basic_nack(tag, requeue=True)
+
+    headers = headers_after_one_return(broker, channel, declare, uid, nack)
     assert headers.get("x-acquired-count") == ("l", 1) and "x-delivery-count" not in headers
 
 
