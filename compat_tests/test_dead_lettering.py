@@ -15,10 +15,14 @@ own ``warren_only`` test citing the 4.x docs:
   compare the headers without those three keys.
 * Warren writes ``x-delivery-count`` on redeliveries from classic queues too (issue 8), where
   RabbitMQ never does: shared tests never assert its absence on a classic redelivery.
-* ``basic.nack`` with requeue: 3.10 counts it in ``x-delivery-count``, 4.3 does not (only
-  ``basic.reject`` and a lost channel count: https://www.rabbitmq.com/docs/quorum-queues
-  #poison-message-handling). The delivery-count tests use basic.reject and channel closes,
-  which count on both; nack's count is deliberately not pinned here.
+* Delivery counting: 3.10 counts every return (``basic.reject``, ``basic.nack``, a closed
+  channel) in ``x-delivery-count`` and against ``x-delivery-limit``. Warren counts as RabbitMQ
+  4.3 does (rabbitmq-server PR 15387, https://www.rabbitmq.com/docs/4.3/nack and
+  https://www.rabbitmq.com/docs/quorum-queues#poison-message-handling): ``x-delivery-count``
+  counts failed deliveries (``basic.reject``, a lost channel) and only those count toward the
+  limit, ``x-acquired-count`` counts every return (``basic.nack`` and ``basic.recover`` too).
+  A test whose redeliveries differ is split: the 3.10 observation ``reference_only``, Warren's
+  ``warren_only``.
 * A quorum queue's first ``basic.get`` carries ``x-delivery-count: 0`` on 3.10 and no such
   header on 4.3, so the counting tests consume rather than get.
 """
@@ -883,7 +887,9 @@ def test_purge_and_delete_do_not_dead_letter(channel, declare, uid):
 # --- delivery counting and limits (quorum queues) ------------------------------------------
 
 
-def test_x_delivery_count_and_the_delivery_limit(connection, channel, declare, uid):
+def poison_rejected_past_a_limit_of_2(connection, channel, declare, uid) -> list:
+    """Consume a message rejected (requeue) at every delivery from a quorum queue with a
+    delivery limit of 2: its deliveries, once the third rejection dead-lettered it."""
     dlq = declare(f"{uid}-dlq")
     src = declare(f"{uid}-src", {"x-delivery-limit": 2, **dead_letter_to(dlq)}, "quorum")
     clock = Clock()
@@ -892,14 +898,6 @@ def test_x_delivery_count_and_the_delivery_limit(connection, channel, declare, u
     got = Recorder(reject=True)
     channel.basic_consume(src, got)
     got.wait(connection, 3)
-    # No header on the first delivery; then the number of failed deliveries so far.
-    assert typed(got.deliveries) == typed(
-        [
-            (False, {"h": "v"}, b"poison"),
-            (True, {"h": "v", "x-delivery-count": long(1)}, b"poison"),
-            (True, {"h": "v", "x-delivery-count": long(2)}, b"poison"),
-        ]
-    )
     # The third rejection exceeds the limit of 2: dead-lettered, not delivered again.
     method, properties, body = take(channel, dlq)
     clock.stop()
@@ -920,6 +918,36 @@ def test_x_delivery_count_and_the_delivery_limit(connection, channel, declare, u
     )
     got.settle(connection)
     assert len(got.deliveries) == 3
+    return got.deliveries
+
+
+@pytest.mark.reference_only
+def test_x_delivery_count_and_the_delivery_limit(connection, channel, declare, uid):
+    deliveries = poison_rejected_past_a_limit_of_2(connection, channel, declare, uid)
+    # No header on the first delivery; then the number of returns so far.
+    assert typed(deliveries) == typed(
+        [
+            (False, {"h": "v"}, b"poison"),
+            (True, {"h": "v", "x-delivery-count": long(1)}, b"poison"),
+            (True, {"h": "v", "x-delivery-count": long(2)}, b"poison"),
+        ]
+    )
+
+
+@pytest.mark.warren_only
+def test_x_delivery_count_x_acquired_count_and_the_delivery_limit(
+    connection, channel, declare, uid
+):
+    # RabbitMQ 4.3 (PR 15387; https://www.rabbitmq.com/docs/quorum-queues#poison-message-
+    # handling): x-acquired-count beside x-delivery-count; a rejection counts in both.
+    deliveries = poison_rejected_past_a_limit_of_2(connection, channel, declare, uid)
+    assert typed(deliveries) == typed(
+        [
+            (False, {"h": "v"}, b"poison"),
+            (True, {"h": "v", "x-acquired-count": long(1), "x-delivery-count": long(1)}, b"poison"),
+            (True, {"h": "v", "x-acquired-count": long(2), "x-delivery-count": long(2)}, b"poison"),
+        ]
+    )
 
 
 def test_beyond_the_delivery_limit_without_a_dlx_the_message_is_dropped(channel, declare, uid):
@@ -933,7 +961,9 @@ def test_beyond_the_delivery_limit_without_a_dlx_the_message_is_dropped(channel,
     assert channel.basic_get(src)[0] is None
 
 
-def test_a_closed_channel_counts_as_a_failed_delivery(connection, channel, declare, uid):
+def delivered_again_after_a_closed_channel(connection, channel, declare, uid) -> list:
+    """A message of a quorum queue delivered to a channel that closes, then delivered again:
+    both deliveries."""
     src = declare(f"{uid}-src", {}, "quorum")
     channel.basic_publish("", src, b"x")
     sync(channel)
@@ -944,9 +974,72 @@ def test_a_closed_channel_counts_as_a_failed_delivery(connection, channel, decla
     first.close()
     channel.basic_consume(src, got)
     got.wait(connection, 2)
-    assert typed(got.deliveries) == typed(
+    return got.deliveries
+
+
+@pytest.mark.reference_only
+def test_a_closed_channel_counts_as_a_failed_delivery(connection, channel, declare, uid):
+    deliveries = delivered_again_after_a_closed_channel(connection, channel, declare, uid)
+    assert typed(deliveries) == typed(
         [(False, None, b"x"), (True, {"x-delivery-count": long(1)}, b"x")]
     )
+
+
+@pytest.mark.warren_only
+def test_a_closed_channel_counts_as_a_failed_delivery_and_an_acquisition(
+    connection, channel, declare, uid
+):
+    # RabbitMQ 4.3: a consumer whose channel went down returns its messages as failed
+    # deliveries (rabbit_fifo: return_all with delivery-failed on a down consumer).
+    deliveries = delivered_again_after_a_closed_channel(connection, channel, declare, uid)
+    assert typed(deliveries) == typed(
+        [
+            (False, None, b"x"),
+            (True, {"x-acquired-count": long(1), "x-delivery-count": long(1)}, b"x"),
+        ]
+    )
+
+
+def nacked_with_a_delivery_limit_of_0(channel, declare, uid) -> tuple[str, str]:
+    """A message of a quorum queue with a delivery limit of 0, got and nacked with requeue
+    once: (the queue, its dead-letter queue)."""
+    dlq = declare(f"{uid}-dlq")
+    src = declare(f"{uid}-src", {"x-delivery-limit": 0, **dead_letter_to(dlq)}, "quorum")
+    channel.basic_publish("", src, b"x")
+    method, _, _ = wait_get(channel, src)
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    sync(channel)
+    return src, dlq
+
+
+@pytest.mark.reference_only
+def test_a_nack_with_requeue_counts_toward_the_delivery_limit(channel, declare, uid):
+    src, dlq = nacked_with_a_delivery_limit_of_0(channel, declare, uid)
+    _, properties, _ = take(channel, dlq)
+    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert message_count(channel, src) == 0
+
+
+@pytest.mark.warren_only
+def test_nacks_never_count_toward_the_delivery_limit_and_a_reject_does(channel, declare, uid):
+    # RabbitMQ 4.3 (PR 15387, https://www.rabbitmq.com/docs/4.3/nack): "unlimited explicit
+    # message returns (via nack ...) are now allowed without counting towards the delivery
+    # limit"; basic.reject with requeue counts, and so x-delivery-count does.
+    src, dlq = nacked_with_a_delivery_limit_of_0(channel, declare, uid)
+    headers = []
+    for _ in range(3):
+        method, properties, _ = wait_get(channel, src)
+        headers.append(properties.headers)
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    channel.basic_recover(requeue=True)
+    method, properties, _ = wait_get(channel, src)
+    headers.append(properties.headers)
+    assert typed(headers) == typed([{"x-acquired-count": long(n)} for n in (1, 2, 3, 4)])
+    assert drain(channel, dlq) == []
+    channel.basic_reject(method.delivery_tag, requeue=True)
+    _, properties, _ = take(channel, dlq)
+    assert properties.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert message_count(channel, src) == 0
 
 
 def test_a_closed_channel_beyond_the_limit_dead_letters(connection, channel, declare, uid):
@@ -1073,13 +1166,34 @@ def test_x_death_field_types_on_the_wire(broker, channel, declare, uid):
     }
 
 
-def test_x_delivery_count_field_type_on_the_wire(broker, channel, declare, uid):
+def headers_after_one_return(broker, channel, declare, uid, give_back) -> dict:
+    """The raw headers of a quorum queue's message redelivered after `give_back(channel,
+    delivery_tag)` returned it once."""
     src = declare(f"{uid}-src", {}, "quorum")
     channel.basic_publish("", src, b"x")
     method, _, _ = wait_get(channel, src)
-    channel.basic_reject(method.delivery_tag, requeue=True)
+    give_back(channel, method.delivery_tag)
     sync(channel)
-    assert raw_headers(broker, src).get("x-delivery-count") == ("l", 1)
+    return raw_headers(broker, src)
+
+
+def test_x_delivery_count_field_type_on_the_wire(broker, channel, declare, uid):
+    def reject(channel, tag):
+        channel.basic_reject(tag, requeue=True)
+
+    headers = headers_after_one_return(broker, channel, declare, uid, reject)
+    assert headers.get("x-delivery-count") == ("l", 1)
+
+
+@pytest.mark.warren_only
+def test_x_acquired_count_field_type_on_the_wire(broker, channel, declare, uid):
+    # RabbitMQ 4.3 writes x-acquired-count as a long, as x-delivery-count (mc_amqpl turns
+    # integer x- annotations into 'l' headers); 3.10 has no such header.
+    def nack(channel, tag):
+        channel.basic_nack(tag, requeue=True)
+
+    headers = headers_after_one_return(broker, channel, declare, uid, nack)
+    assert headers.get("x-acquired-count") == ("l", 1) and "x-delivery-count" not in headers
 
 
 # --- 4.x behaviour that RabbitMQ 3.10 lacks ------------------------------------------------
@@ -1182,7 +1296,10 @@ def test_classic_queues_count_deliveries_and_honour_the_delivery_limit(
     channel.basic_consume(src, got)
     got.wait(connection, 2)
     assert typed(got.deliveries) == typed(
-        [(False, None, b"x"), (True, {"x-delivery-count": long(1)}, b"x")]
+        [
+            (False, None, b"x"),
+            (True, {"x-acquired-count": long(1), "x-delivery-count": long(1)}, b"x"),
+        ]
     )
     _, properties, _ = take(channel, dlq)
     clock.stop()

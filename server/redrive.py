@@ -402,7 +402,7 @@ class Redrives:
             await self._save(task)
         except OSError:
             # Nothing staged: the batch goes back to the queue as it was.
-            queue.requeue(task.pending["offsets"])
+            queue.requeue(task.pending["offsets"], failed=False)
             vhost.wake(queue)
             raise
         batch = _Batch()
@@ -442,7 +442,8 @@ class Redrives:
         settled = [step for tag, step in enumerate(steps, 1) if tag not in failed]
         queue.ack([step.message.offset for step in settled])
         if failed:
-            queue.requeue([steps[tag - 1].message.offset for tag in sorted(failed)])
+            # A target's refusal is no failed delivery of the message.
+            queue.requeue([steps[tag - 1].message.offset for tag in sorted(failed)], failed=False)
         vhost.wake(queue)
         await queue.commit()
         for step in settled:

@@ -4,6 +4,7 @@ messages die, for which reason, and that each stays in flight until `dead_letter
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import pytest
 from doubles import work_queue
@@ -11,7 +12,7 @@ from test_queue_behaviour import NO_PROPERTIES, T0, drain, make_queue, propertie
 
 from warrenmq.amqp import frames
 from warrenmq.log import LogConfig
-from warrenmq.server.queue import LogQueue, QueueConfig
+from warrenmq.server.queue import LogQueue, QueueConfig, ack_log
 from warrenmq.server.queue.work_queue import WorkQueue
 
 __all__ = ["make_queue"]  # the fixture, shared with the behaviour tests
@@ -101,10 +102,10 @@ def test_a_message_past_its_delivery_limit_dies_instead_of_coming_back(make_queu
     for delivery in (1, 2):
         message = queue.take(T0)
         assert message.delivery_count == delivery
-        queue.requeue([message.offset])
+        queue.requeue([message.offset], failed=True)
         assert queue.dead_letters == []
     message = queue.take(T0)
-    queue.requeue([message.offset])
+    queue.requeue([message.offset], failed=True)
     assert dead(queue) == [(b"a", "delivery_limit")]
     assert queue.ready_count == 0
 
@@ -112,34 +113,82 @@ def test_a_message_past_its_delivery_limit_dies_instead_of_coming_back(make_queu
 def test_past_its_delivery_limit_without_dlx_a_message_is_dropped(make_queue):
     queue = make_queue(**{"x-delivery-limit": 0})
     publish(queue, T0, b"a")
-    queue.requeue([queue.take(T0).offset])
+    queue.requeue([queue.take(T0).offset], failed=True)
     assert queue.ready_count == 0
     assert queue.engine.unacked_count == 0
 
 
-def redelivery_headers(queue: WorkQueue) -> list[dict | None]:
-    counts = []
-    for _ in range(3):
+def redelivery_headers(queue: WorkQueue, failed: list[bool]) -> list[dict | None]:
+    """The headers of a delivery and of its redelivery after each return in `failed` (True:
+    a failed delivery, as basic.reject; False: as basic.nack)."""
+    headers = []
+    for failure in [*failed, None]:
         message = queue.take(T0)
-        counts.append(frames.decode_properties(message.properties).headers)
-        queue.requeue([message.offset])
-    return counts
+        headers.append(frames.decode_properties(message.properties).headers)
+        if failure is not None:
+            queue.requeue([message.offset], failed=failure)
+    return headers
 
 
 def test_redeliveries_carry_x_delivery_count_where_there_is_a_delivery_limit(make_queue):
     queue = make_queue(**{"x-delivery-limit": 10})
     publish(queue, T0, b"a", props=properties(headers={"h": "v"}))
-    assert redelivery_headers(queue) == [
+    assert redelivery_headers(queue, [True, True]) == [
         {"h": "v"},
-        {"h": "v", "x-delivery-count": 1},
-        {"h": "v", "x-delivery-count": 2},
+        {"h": "v", "x-acquired-count": 1, "x-delivery-count": 1},
+        {"h": "v", "x-acquired-count": 2, "x-delivery-count": 2},
     ]
+
+
+def test_x_delivery_count_counts_failed_deliveries_and_x_acquired_count_every_return(
+    make_queue,
+):
+    # RabbitMQ 4.3 (PR 15387): basic.reject counts a failed delivery, basic.nack does not;
+    # x-delivery-count appears with the first failure, x-acquired-count with the first return.
+    queue = make_queue(**{"x-delivery-limit": 10})
+    publish(queue, T0, b"a")
+    assert redelivery_headers(queue, [False, True, False, True]) == [
+        None,
+        {"x-acquired-count": 1},
+        {"x-acquired-count": 2, "x-delivery-count": 1},
+        {"x-acquired-count": 3, "x-delivery-count": 1},
+        {"x-acquired-count": 4, "x-delivery-count": 2},
+    ]
+
+
+def test_returns_that_are_no_failures_never_reach_the_delivery_limit(make_queue):
+    queue = make_queue(**DLX, **{"x-delivery-limit": 1})
+    publish(queue, T0, b"a")
+    for _ in range(30):
+        queue.requeue([queue.take(T0).offset], failed=False)
+    assert queue.dead_letters == []
+    queue.requeue([queue.take(T0).offset], failed=True)
+    assert queue.dead_letters == []
+    # The second failure exceeds the limit of 1, whatever the returns in between.
+    queue.requeue([queue.take(T0).offset], failed=False)
+    message = queue.take(T0)
+    assert (message.delivery_count, message.failed_count) == (33, 1)
+    queue.requeue([message.offset], failed=True)
+    assert dead(queue) == [(b"a", "delivery_limit")]
+
+
+def test_a_priority_queue_counts_failed_deliveries_per_message(make_queue):
+    queue = make_queue(**DLX, **{"x-max-priority": 5, "x-delivery-limit": 0})
+    publish(queue, T0, b"high", props=properties(priority=5))
+    publish(queue, T0, b"low", props=properties(priority=1))
+    high = queue.take(T0)
+    queue.requeue([high.offset], failed=False)
+    high = queue.take(T0)
+    assert (high.body, high.delivery_count, high.failed_count) == (b"high", 2, 0)
+    queue.requeue([high.offset], failed=True)
+    assert dead(queue) == [(b"high", "delivery_limit")]
+    assert [m.body for m in queue.take_many(2, T0)] == [b"low"]
 
 
 def test_a_classic_queue_without_a_delivery_limit_adds_no_header(make_queue):
     queue = make_queue()
     publish(queue, T0, b"a")
-    assert redelivery_headers(queue) == [None, None, None]
+    assert redelivery_headers(queue, [True, False]) == [None, None, None]
 
 
 def test_a_quorum_queue_has_rabbitmq_4s_delivery_limit_of_20_and_minus_1_disables_it(tmp_path):
@@ -153,25 +202,56 @@ def test_a_quorum_queue_has_rabbitmq_4s_delivery_limit_of_20_and_minus_1_disable
     assert quorum("five", **{"x-delivery-limit": 5}).delivery_limit == 5
 
 
+def counts(messages: list) -> list[tuple[bytes, int, int]]:
+    """(body, deliveries, failed deliveries) of each message."""
+    return [(m.body, m.delivery_count, m.failed_count) for m in messages]
+
+
+def reopened_counts(path, config: QueueConfig | None = None) -> list[tuple[bytes, int, int]]:
+    """Open the queue in `path` again and take everything: the counts each message has."""
+    engine = LogQueue.open(path, config)
+    try:
+        return counts(engine.take_many(100))
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("crash", [False, True])
 def test_delivery_counts_survive_a_restart_and_a_crash(tmp_path, crash):
-    async def scenario() -> int:
+    async def scenario() -> None:
         engine = LogQueue.open(tmp_path)
         engine.append([(b"", b"q", NO_PROPERTIES, b"a")])
-        for _ in range(3):
-            engine.requeue([engine.take_many(1)[0].offset])
+        for failed in (True, False, True):
+            engine.requeue([engine.take_many(1)[0].offset], failed=failed)
         if crash:
             await engine.commit()
             engine.close()
         else:
             await engine.shutdown()
-        reopened = LogQueue.open(tmp_path)
-        try:
-            return reopened.take_many(1)[0].delivery_count
-        finally:
-            reopened.close()
 
-    assert asyncio.run(scenario()) == 4
+    asyncio.run(scenario())
+    # Returned before the crash: the crash took it from no consumer, so no failure is added.
+    assert reopened_counts(tmp_path) == [(b"a", 4, 2)]
+
+
+def test_a_crash_counts_a_failed_delivery_for_what_was_with_a_consumer_once(tmp_path):
+    async def scenario() -> None:
+        engine = LogQueue.open(tmp_path)
+        engine.append([(b"", b"q", NO_PROPERTIES, body) for body in (b"a", b"b", b"c")])
+        a, b, c = engine.take_many(3)
+        engine.requeue([a.offset], failed=False)
+        engine.requeue([b.offset], failed=True)
+        engine.take_many(1)  # a again: in flight at the crash, its count durable
+        await engine.commit()
+        engine.close()  # the crash
+        # Opened and crashed again before anything is delivered: no second failure.
+        engine = LogQueue.open(tmp_path)
+        await engine.commit()
+        engine.close()
+
+    asyncio.run(scenario())
+    # a: in flight, b: returned, c: in flight since its first delivery (no count recorded).
+    assert reopened_counts(tmp_path) == [(b"a", 3, 1), (b"b", 2, 1), (b"c", 2, 1)]
 
 
 def test_delivery_counts_survive_ack_log_compaction(tmp_path):
@@ -182,29 +262,56 @@ def test_delivery_counts_survive_ack_log_compaction(tmp_path):
         ack_log_compact_bytes=1,
     )
 
-    async def scenario() -> list[int]:
+    async def scenario() -> None:
         engine = LogQueue.open(tmp_path, config)
-        engine.append([(b"", b"q", NO_PROPERTIES, body) for body in (b"a", b"b")])
-        for _ in range(2):
-            taken = engine.take_many(2)
-            engine.requeue([m.offset for m in taken])
+        engine.append([(b"", b"q", NO_PROPERTIES, body) for body in (b"a", b"b", b"c")])
+        for failed in (True, False):
+            taken = engine.take_many(3)
+            engine.requeue([m.offset for m in taken], failed=failed)
             await engine.commit()
-        # Acks after the counts: more snapshots, each of which must carry the counts.
-        first = engine.take_many(1)[0]
+        # Acks after the counts: more snapshots, each of which must carry the counts and
+        # which message was returned.
+        first, second = engine.take_many(2)
         engine.ack_many([first.offset])
         for _ in range(4):
             await engine.commit()
             engine.ack_many([])
         assert engine._acks.start_offset > 0
         engine.close()
-        reopened = LogQueue.open(tmp_path, config)
-        try:
-            return [m.delivery_count for m in reopened.take_many(2)]
-        finally:
-            reopened.close()
 
-    # b: delivered twice before, once more now; a: acked, gone.
-    assert asyncio.run(scenario()) == [3]
+    asyncio.run(scenario())
+    # a: acked, gone; b: in flight at the crash (a failure more); c: returned.
+    assert reopened_counts(tmp_path, config) == [(b"b", 4, 2), (b"c", 3, 1)]
+
+
+def test_counts_written_before_the_split_replay_with_every_return_failed(tmp_path):
+    # Earlier versions wrote COUNTS records of (offset, deliveries), every return a failure
+    # (x-delivery-limit bounded them): such a message keeps its limit after the upgrade.
+    state = ack_log.AckState()
+    state.apply(ack_log.HEAD.pack(ack_log.COUNTS, 0, 0, 2) + struct.pack("<4Q", 3, 4, 7, 2))
+    assert (state.counts, state.failures, state.returned) == ({3: 4, 7: 2}, {3: 3, 7: 1}, set())
+    # A newer record of the same offset replaces it.
+    (record,) = ack_log.encode_counts(ack_log.RETURNED, [(3, 5, 3)])
+    state.apply(record[3])
+    assert (state.counts, state.failures, state.returned) == ({3: 5, 7: 2}, {3: 3, 7: 1}, {3})
+
+
+def test_an_old_counts_record_in_a_data_dir_still_counts(tmp_path):
+    async def scenario() -> None:
+        engine = LogQueue.open(tmp_path)
+        engine.append([(b"", b"q", NO_PROPERTIES, b"a")])
+        engine.take_many(1)
+        await engine.commit()
+        # What an earlier version wrote after three deliveries.
+        engine._acks.append(
+            [(b"", b"", b"", ack_log.HEAD.pack(ack_log.COUNTS, 0, 0, 1) + struct.pack("<2Q", 0, 3))]
+        )
+        await engine.commit()
+        engine.close()
+
+    asyncio.run(scenario())
+    # Two failed returns before, and the crash cut the third delivery.
+    assert reopened_counts(tmp_path) == [(b"a", 4, 3)]
 
 
 def test_a_requeued_message_waits_its_exponential_delay_while_others_flow_past(make_queue):
@@ -215,7 +322,7 @@ def test_a_requeued_message_waits_its_exponential_delay_while_others_flow_past(m
     for _ in range(4):
         message = queue.take(now)
         assert message.body == b"a"
-        queue.requeue([message.offset])
+        queue.requeue([message.offset], failed=False)
         ready_at = queue.run_timers(now)
         waits.append(ready_at - now)
         # Meanwhile "a" is not ready; "b" is the only ready message.
@@ -229,12 +336,12 @@ def test_a_requeued_message_waits_its_exponential_delay_while_others_flow_past(m
 def test_the_requeue_delay_counts_deliveries_and_the_delivery_limit_still_applies(make_queue):
     queue = make_queue(**DLX, **{"x-requeue-delay": 10, "x-delivery-limit": 1})
     publish(queue, T0, b"a")
-    queue.requeue([queue.take(T0).offset])
+    queue.requeue([queue.take(T0).offset], failed=True)
     ready_at = queue.run_timers(T0)
     assert queue.take(ready_at - 1) is None
     message = queue.take(ready_at)
     assert message.delivery_count == 2
-    queue.requeue([message.offset])
+    queue.requeue([message.offset], failed=True)
     assert dead(queue) == [(b"a", "delivery_limit")]
 
 
@@ -276,9 +383,9 @@ def test_browsing_a_priority_queue_covers_every_level(make_queue):
 def test_a_policy_taking_the_requeue_delay_away_makes_waiting_messages_ready(make_queue):
     queue = make_queue(**{"x-requeue-delay": 1000})
     publish(queue, T0, b"a")
-    queue.requeue([queue.take(T0).offset])
+    queue.requeue([queue.take(T0).offset], failed=False)
     assert queue.run_timers(T0) == T0 + 1000
-    queue.requeue([])
+    queue.requeue([], failed=False)
     queue.apply_arguments({})
     assert queue.has_timers
     queue.run_timers(T0 + 1)

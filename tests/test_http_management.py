@@ -308,6 +308,27 @@ def test_get_ackmodes(api, broker):
     assert api.get(target).json["messages"] == 0
 
 
+def test_get_reject_requeue_true_is_a_failed_delivery_and_ack_requeue_true_is_not(api, broker):
+    # As RabbitMQ's rabbit_mgmt_wm_queue_get: basic.reject for reject_requeue_true, basic.nack
+    # for ack_requeue_true, which RabbitMQ 4.3 does not count toward the delivery limit.
+    queue = name()
+    target = path("api", "queues", "/", queue)
+    api.put(target, {"arguments": {"x-delivery-limit": 1}})
+    publish_amqp(broker, queue, [b"x"])
+    headers = []
+    for ackmode in ("ack_requeue_true", "reject_requeue_true", "ack_requeue_true"):
+        got = api.post(target + "/get", {"count": 1, "ackmode": ackmode, "encoding": "auto"})
+        headers.append(got.json[0]["properties"].get("headers"))
+    assert headers == [
+        None,
+        {"x-acquired-count": 1},
+        {"x-acquired-count": 2, "x-delivery-count": 1},
+    ]
+    # A second failure exceeds the limit of 1: dropped (no dead-letter exchange).
+    api.post(target + "/get", {"count": 1, "ackmode": "reject_requeue_true", "encoding": "auto"})
+    assert api.get(target).json["messages"] == 0
+
+
 def test_get_reject_requeue_false_drops(api, broker):
     queue = name()
     target = path("api", "queues", "/", queue)

@@ -183,7 +183,7 @@ class FakeChannel:
             consumer.queue.prefetch_freed(consumer)
         for queue, offsets in by_queue.items():
             if requeue:
-                queue.requeue(offsets)
+                queue.requeue(offsets, failed=False)
             else:
                 queue.ack(offsets)
         return set(by_queue) | self.unblock_consumers()
@@ -513,7 +513,7 @@ def test_a_delivered_message_does_not_expire_until_it_is_requeued(make_queue):
     assert taken is not None and taken.body == b"a"
     assert queue.run_timers(T0 + 5000) is None  # b expired; a, in flight, did not
     assert queue.ready_count == 0
-    queue.requeue([taken.offset])  # back long past its original expiry
+    queue.requeue([taken.offset], failed=False)  # back long past its original expiry
     assert queue.take(T0 + 5000) is None and queue.ready_count == 0
 
 
@@ -524,12 +524,12 @@ def test_a_requeued_message_keeps_its_original_timestamp(make_queue):
     publish(queue, T0, b"a")
     taken = queue.take(T0 + 600)
     assert taken is not None
-    queue.requeue([taken.offset])
+    queue.requeue([taken.offset], failed=False)
     assert queue.run_timers(T0 + 900) == T0 + 1000  # not T0 + 600 + 1000
     again = queue.take(T0 + 999)
     assert again is not None
     assert (again.body, again.timestamp_ms, again.redelivered) == (b"a", T0, True)
-    queue.requeue([again.offset])
+    queue.requeue([again.offset], failed=False)
     assert queue.take(T0 + 1000) is None and queue.ready_count == 0
 
 
@@ -605,7 +605,7 @@ def test_a_message_expiration_without_queue_ttl(make_queue):
     assert queue.run_timers(T0) == T0 + 250
     message = queue.take(T0 + 249)
     assert message is not None and message.body == b"brief"
-    queue.requeue([message.offset])
+    queue.requeue([message.offset], failed=False)
     assert queue.run_timers(T0 + 250) is None  # the new head never expires
     assert drain(queue, T0 + 10**9) == [b"ever"]
 
@@ -723,7 +723,7 @@ def test_reject_publish_refuses_when_full_and_drops_nothing(make_queue, overflow
     assert not queue.stage((b"", b"q", NO_PROPERTIES, b"f"), False)
     queue.flush(T0 + 2)
     assert queue.enforce_length() == 0
-    queue.requeue([taken.offset])  # back over the limit: reject-publish never drops
+    queue.requeue([taken.offset], failed=False)  # back over the limit: reject-publish never drops
     assert queue.enforce_length() == 0 and queue.ready_count == 3
     assert drain(queue, T0 + 3) == [b"a", b"b", b"e"]
 
@@ -752,7 +752,7 @@ def test_a_requeue_beyond_the_length_limit_drops_the_head(make_queue, limit):
     taken = queue.take(T0)
     publish(queue, T0 + 1, b"c")
     assert queue.ready_count == 2
-    queue.requeue([taken.offset])
+    queue.requeue([taken.offset], failed=False)
     assert queue.ready_count == 2
     assert drain(queue, T0 + 2) == [b"b", b"c"]
 

@@ -150,7 +150,7 @@ def publish_one(queue, body):
 
 def ack(channel, delivery_tag):
     """What basic.ack does: settle, then dispatch what that may have unblocked."""
-    for queue in channel.apply(channel.take(delivery_tag, False), None):
+    for queue in channel.apply(channel.take(delivery_tag, False), None, failed=False):
         dispatch(queue)
 
 
@@ -388,7 +388,7 @@ def test_late_settles_of_reclaimed_deliveries_are_ignored(queue, connection):
         publish_one(queue, body)
     reclaimed = channel.reclaim(consumer)
     assert [entry.tag for entry in reclaimed] == [1, 2, 3]
-    channel.apply(reclaimed, True)
+    channel.apply(reclaimed, True, failed=False)
     assert channel.unacked == {}
     # A late ack of a reclaimed tag is no error and settles nothing...
     assert channel.take(2, False) == []
@@ -408,7 +408,7 @@ def test_a_multiple_ack_through_a_reclaimed_tag_settles_the_deliveries_below_it(
     late = consume(queue, channel, "late")
     queue.remove_consumer(channel.consumers["second"])
     publish_one(queue, b"c")
-    channel.apply(channel.reclaim(late), True)
+    channel.apply(channel.reclaim(late), True, failed=False)
     assert [entry.tag for entry in channel.take(3, True)] == [1, 2]
 
 
@@ -447,3 +447,28 @@ def test_an_extended_delivery_stays_invisible_and_a_stale_one_cannot_be_extended
     channel.reveal([entry])
     assert not channel.extend([1], 1000, entry.delivered_ms)
     assert not channel.extend([99], None, entry.delivered_ms)
+
+
+def test_which_returns_of_a_channel_count_as_failed_deliveries(queue, connection):
+    # RabbitMQ 4.3: a lost channel counts a failed delivery, basic.recover does not; Warren's
+    # visibility timeout does ("redelivered, count + 1"); a transaction's settles keep theirs.
+    queue.visibility_timeout_ms = 100
+    channel = channel_of(connection, 1)
+    consume(queue, channel, "c")
+    publish_one(queue, b"m")
+    offset = channel.unacked[1].offset
+    failures = []
+    channel.requeue_all(failed=False)  # basic.recover
+    dispatch(queue)
+    failures.append(queue.engine.failures(offset))
+    channel.reveal([channel.unacked[2]])
+    dispatch(queue)
+    failures.append(queue.engine.failures(offset))
+    channel.hold(channel.take(3, False), True, failed=True)  # basic.reject in a transaction
+    failures.append(queue.engine.failures(offset))
+    channel.commit_settles()
+    dispatch(queue)
+    failures.append(queue.engine.failures(offset))
+    channel.requeue_all(failed=True)  # the channel closes
+    failures.append(queue.engine.failures(offset))
+    assert failures == [0, 1, 1, 2, 3]

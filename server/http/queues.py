@@ -212,13 +212,14 @@ async def get_messages(call: Call) -> web.Response:
 
 
 def _settle(call: Call, queue: WorkQueue, offsets: list[int], ack_mode: str) -> None:
-    """After the gets, as RabbitMQ's channel does at its close (ack_requeue_true) or with
-    basic.reject: requeue, or drop (dead-letter)."""
+    """After the gets, as RabbitMQ's rabbit_mgmt_wm_queue_get does: basic.nack with requeue
+    (ack_requeue_true, no failed delivery) or basic.reject (a failed delivery, in RabbitMQ
+    4.3's counts): requeue, or drop (dead-letter)."""
     if ack_mode == "reject_requeue_false":
         # basic.reject without requeue: dead-lettered where the queue has a DLX.
         queue.reject(offsets)
     else:
-        queue.requeue(offsets)
+        queue.requeue(offsets, failed=ack_mode == "reject_requeue_true")
     call.api.host.want_dispatch(queue)
 
 

@@ -5,12 +5,14 @@ crash recovery that keeps a prefix of what was written, group-commit fsync in a 
 and whole-segment deletion, all tested; an ack record is just one more record. Each record's
 body is (little-endian):
 
-    kind    u8                        DELTA (1), CLIP (2), COUNTS (3) or BCC (4)
+    kind    u8                        DELTA (1), CLIP (2), COUNTS (3), TAKEN (4), RETURNED (5)
+                                      or BCC (6)
     floor   u64                       DELTA: every offset below is acked; CLIP: the limit
     mark    u64                       DELTA: offsets below may have been delivered; CLIP: 0
-    count   u32                       acked ranges (or COUNTS pairs, BCC entries) that follow
+    count   u32                       acked ranges (or count or BCC entries) that follow
     ranges  count x (start u64, end u64)   acked half-open ranges, sorted, disjoint
             COUNTS: count x (offset u64, deliveries u64)
+            TAKEN, RETURNED: count x (offset u64, deliveries u32, failures u32)
             BCC: count x (offset u64, keys u32, keys x (length u32, UTF-8 bytes))
 
 Replay applies the records in log order. A DELTA is a union (floor and mark take the maximum,
@@ -22,9 +24,19 @@ forgets everything at or above its limit; the queue writes one when it opens, so
 delivered mark written ahead of messages lost in a crash cannot mark the new messages that
 take their offsets as delivered.
 
-A COUNTS record holds how many times messages have been delivered (written when a message is
-delivered again), so x-delivery-count and x-delivery-limit survive a restart and a crash.
-Counts only grow, so replay keeps the largest; a count of an acked offset is forgotten.
+Each message has two counts (RabbitMQ 4.3's): its deliveries (the times it was acquired by a
+consumer, so x-acquired-count is deliveries - 1) and its failed deliveries (x-delivery-count,
+what x-delivery-limit is checked against: basic.reject, a lost channel, a visibility timeout;
+not basic.nack, basic.recover or a consumer timeout). A TAKEN record holds them for messages
+delivered again (in flight as of the record), a RETURNED record for messages given back
+(waiting as of the record); replay keeps each offset's last record. The difference matters
+after a crash: a message whose last record is not RETURNED was (or may have been) with a
+consumer whose connection the crash cut, which counts as a failed delivery, as RabbitMQ counts
+a consumer that went down. A count of an acked offset is forgotten.
+
+COUNTS is the record of earlier versions, with deliveries only, every return a failure: replay
+reads it as a TAKEN record with deliveries - 1 failures, so data written before the split
+keeps its delivery limits.
 
 A BCC record holds the BCC keys of messages published with a BCC header. RabbitMQ removes
 the header before it stores a message but keeps its keys with it, and routes a dead letter
@@ -50,9 +62,15 @@ from .ranges import coalesce
 DELTA = 1
 CLIP = 2
 COUNTS = 3
-BCC = 4
+TAKEN = 4
+RETURNED = 5
+BCC = 6
 HEAD = struct.Struct("<BQQI")
 RANGE_BYTES = 16
+COUNT = struct.Struct("<QII")
+assert COUNT.size == RANGE_BYTES
+# A u32 holds 4 billion deliveries; a larger count is written as this.
+COUNT_MAX = (1 << 32) - 1
 _BCC_ENTRY = struct.Struct("<QI")
 _BCC_KEY = struct.Struct("<I")
 # 16,384 ranges make a 256 KiB record: a snapshot of many holes spans several records.
@@ -100,13 +118,16 @@ def encode_clip(limit: int) -> RawRecord:
 
 
 def encode_counts(
-    counts: Sequence[tuple[int, int]], per_record: int = RANGES_PER_RECORD_MAX
+    kind: int,
+    counts: Sequence[tuple[int, int, int]],
+    per_record: int = RANGES_PER_RECORD_MAX,
 ) -> list[RawRecord]:
-    """COUNTS records of (offset, deliveries) pairs, at most `per_record` each."""
+    """TAKEN or RETURNED records of (offset, deliveries, failures), at most `per_record` each."""
+    assert kind in (TAKEN, RETURNED), kind
     return [
         _record(
-            HEAD.pack(COUNTS, 0, 0, len(chunk))
-            + struct.pack(f"<{2 * len(chunk)}Q", *(n for pair in chunk for n in pair))
+            HEAD.pack(kind, 0, 0, len(chunk))
+            + b"".join(COUNT.pack(o, min(d, COUNT_MAX), min(f, COUNT_MAX)) for o, d, f in chunk)
         )
         for chunk in (counts[i : i + per_record] for i in range(0, len(counts), per_record))
     ]
@@ -172,6 +193,10 @@ class AckState:
     """Deliveries of messages delivered more than once, by offset."""
     bcc: dict[int, tuple[str, ...]] = field(default_factory=dict)
     """The BCC keys of messages published with some, by offset."""
+    failures: dict[int, int] = field(default_factory=dict)
+    """Failed deliveries of messages that have any, by offset."""
+    returned: set[int] = field(default_factory=set)
+    """Offsets whose last count record is RETURNED: given back, not with a consumer."""
 
     def apply(self, body: bytes) -> None:
         if len(body) < HEAD.size:
@@ -187,16 +212,31 @@ class AckState:
             self.mark = max(self.mark, mark)
             flat = struct.unpack_from(f"<{2 * count}Q", body, HEAD.size)
             self.ranges += zip(flat[0::2], flat[1::2], strict=True)
+        elif kind == TAKEN or kind == RETURNED:
+            for offset, deliveries, failures in COUNT.iter_unpack(body[HEAD.size :]):
+                self._count(offset, deliveries, failures, kind == RETURNED)
         elif kind == COUNTS:
-            counts = self.counts
             flat = struct.unpack_from(f"<{2 * count}Q", body, HEAD.size)
             for offset, deliveries in zip(flat[0::2], flat[1::2], strict=True):
-                if deliveries > counts.get(offset, 0):
-                    counts[offset] = deliveries
+                self._count(offset, deliveries, deliveries - 1, False)
         elif kind == CLIP:
             self.clip(value)
         else:
             raise QueueError(f"ack log record of unknown kind {kind}")
+
+    def _count(self, offset: int, deliveries: int, failures: int, returned: bool) -> None:
+        if deliveries > 1:
+            self.counts[offset] = deliveries
+        else:
+            self.counts.pop(offset, None)
+        if failures > 0:
+            self.failures[offset] = failures
+        else:
+            self.failures.pop(offset, None)
+        if returned:
+            self.returned.add(offset)
+        else:
+            self.returned.discard(offset)
 
     def clip(self, limit: int) -> None:
         """Forget every acknowledgement and delivery at or above `limit`."""
@@ -207,6 +247,8 @@ class AckState:
         ]
         self.counts = {offset: n for offset, n in self.counts.items() if offset < limit}
         self.bcc = {offset: keys for offset, keys in self.bcc.items() if offset < limit}
+        self.failures = {offset: n for offset, n in self.failures.items() if offset < limit}
+        self.returned = {offset for offset in self.returned if offset < limit}
 
     def normalise(self) -> None:
         """Merge the ranges, drop what the floor covers, and lift the floor over touching ranges."""
@@ -222,7 +264,7 @@ class AckState:
                 kept.append((start, end))
         self.floor = floor
         self.ranges = kept
-        if self.counts or self.bcc:
+        if self.counts or self.failures or self.returned or self.bcc:
             starts = [start for start, _ in kept]
 
             def acked(offset: int) -> bool:
@@ -231,6 +273,8 @@ class AckState:
 
             self.counts = {o: n for o, n in self.counts.items() if not acked(o)}
             self.bcc = {o: keys for o, keys in self.bcc.items() if not acked(o)}
+            self.failures = {o: n for o, n in self.failures.items() if not acked(o)}
+            self.returned = {o for o in self.returned if not acked(o)}
 
 
 def replay(log: PartitionLog) -> AckState:

@@ -72,8 +72,9 @@ class ConsumedQueue(Protocol):
         """The deliveries at `offsets` were rejected without requeue (dead-lettered)."""
         ...
 
-    def requeue(self, offsets: list[int]) -> None:
-        """The deliveries at `offsets` go back to be delivered again."""
+    def requeue(self, offsets: list[int], failed: bool) -> None:
+        """The deliveries at `offsets` go back to be delivered again; `failed` says whether
+        they count as failed deliveries (see `ack_log.py` for which returns do)."""
         ...
 
     def prefetch_freed(self, consumer: Consumer) -> None:

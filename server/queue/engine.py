@@ -23,8 +23,12 @@ class Message(NamedTuple):
     body: bytes
     redelivered: bool
     delivery_count: int
-    """Deliveries including this one: 1 the first time. After a crash, a message that may
-    have been delivered counts as delivered once before."""
+    """Deliveries including this one: 1 the first time (x-acquired-count is this - 1). After a
+    crash, a message that may have been delivered counts as delivered once before."""
+    failed_count: int
+    """Failed deliveries before this one (x-delivery-count, checked against x-delivery-limit):
+    returns by basic.reject, a lost channel or a visibility timeout, and a crash while the
+    message may have been with a consumer."""
 
 
 class QueueEngine(Protocol):
@@ -107,8 +111,9 @@ class QueueEngine(Protocol):
         """Acknowledge in-flight messages; returns how many were in flight."""
         ...
 
-    def requeue(self, offsets: Iterable[int]) -> int:
-        """Return in-flight messages to be delivered again (redelivered)."""
+    def requeue(self, offsets: Iterable[int], failed: bool = False) -> int:
+        """Return in-flight messages to be delivered again (redelivered); `failed` counts a
+        failed delivery for each."""
         ...
 
     def settle_redeliveries(self, offsets: Iterable[int]) -> int:
@@ -123,6 +128,10 @@ class QueueEngine(Protocol):
 
     def deliveries(self, offset: int) -> int:
         """How many times the in-flight message at `offset` has been delivered."""
+        ...
+
+    def failures(self, offset: int) -> int:
+        """How many of those deliveries failed (before the current one)."""
         ...
 
     def in_flight(self, offsets: Iterable[int]) -> list[Message]:

@@ -9,8 +9,9 @@ log"):
 * the redelivery set: offsets below `next` that came back (requeued, or in flight at a crash),
   delivered before new ones and in offset order, as RabbitMQ returns messages to their
   original position;
-* the in-flight set (delivered, not yet acknowledged) and the delivery counts of offsets that
-  have been delivered more than once.
+* the in-flight set (delivered, not yet acknowledged), the delivery counts of offsets that
+  have been delivered more than once and the failure counts of those with failed deliveries
+  (`ack_log.py` says which returns fail).
 
 None of these grows with queue depth: a million ready messages are two integers.
 
@@ -40,7 +41,9 @@ Guarantees after a crash (anything written after the last fsync lost, or any pre
 * any other ack may be undone and its message delivered again (at least once);
 * a message that had been delivered and not durably acknowledged comes back with
   redelivered=True; its delivery count is the last one a commit made durable (redeliveries
-  write theirs to the ack log), or "delivered once before" for a message delivered once.
+  and returns write theirs to the ack log), or "delivered once before" for a message
+  delivered once, and one more failed delivery is counted unless its last durable record
+  says it had been returned (its consumer's connection went with the crash).
 
 Extension points for what this issue leaves out: message TTL and length limits act at the
 head of the ready sequence (`take()` and `append()` would ack expired or overflowing offsets
@@ -53,6 +56,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import heapq
+import itertools
+import operator
 import os
 import shutil
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -96,7 +101,7 @@ def remove_directory(directory: Path) -> None:
     _REMOVE_EXECUTOR.submit(shutil.rmtree, removed, ignore_errors=True)
 
 
-def _message(record: Record, redelivered: bool, delivery_count: int) -> Message:
+def _message(record: Record, redelivered: bool, delivery_count: int, failed_count: int) -> Message:
     return Message(
         record.offset,
         record.timestamp_ms,
@@ -106,6 +111,7 @@ def _message(record: Record, redelivered: bool, delivery_count: int) -> Message:
         record.body,
         redelivered,
         delivery_count,
+        failed_count,
     )
 
 
@@ -201,13 +207,22 @@ class LogQueue:
         self._redeliver: list[int] = list(self._acked.gaps(self._next))
         self._in_flight: set[int] = set()
         self._counts: dict[int, int] = state.counts
-        # Redeliveries' counts not yet in the ack log.
-        self._pending_counts: list[tuple[int, int]] = []
+        self._failures: dict[int, int] = state.failures
+        # Count records not yet in the ack log, in order: (TAKEN or RETURNED, offset,
+        # deliveries, failures).
+        self._pending_counts: list[tuple[int, int, int, int]] = []
         # The BCC keys of messages not yet acknowledged (ack_log.py, "BCC"), by offset, and
         # those not yet in the ack log. Forgotten as each message is acknowledged; the ack
         # log forgets them at its next snapshot (a restart, at once).
         self._bcc: dict[int, tuple[str, ...]] = state.bcc
         self._pending_bcc: list[tuple[int, tuple[str, ...]]] = []
+        for offset in self._redeliver:
+            if offset not in state.returned:
+                # It was (or may have been) with a consumer when the queue went down without
+                # returning it: a failed delivery, recorded so that another crash before it
+                # is delivered again does not count it twice.
+                self._failures[offset] = self._failures.get(offset, 0) + 1
+                self._pend_counts(ack_log.RETURNED, offset)
         self._run_start = self._run_end = -1
         self._pending: list[tuple[int, int]] = []
         self._ahead: list[Record] = []
@@ -425,13 +440,17 @@ class LogQueue:
 
     def _take_redelivery(self) -> Message:
         offset = heapq.heappop(self._redeliver)
-        count = self._counts.get(offset, 1) + 1
-        self._counts[offset] = count
-        self._pending_counts.append((offset, count))
+        self._counts[offset] = self._counts.get(offset, 1) + 1
+        self._pend_counts(ack_log.TAKEN, offset)
         self._in_flight.add(offset)
         record = self._log.read(offset, 1)[0]
         assert record.offset == offset, (record.offset, offset)
-        return _message(record, True, count)
+        return _message(record, True, self._counts[offset], self._failures.get(offset, 0))
+
+    def _pend_counts(self, kind: int, offset: int) -> None:
+        self._pending_counts.append(
+            (kind, offset, self._counts.get(offset, 1), self._failures.get(offset, 0))
+        )
 
     def take_many(self, count_max: int) -> list[Message]:
         """Up to `count_max` messages to deliver, now in flight: redeliveries first, then new
@@ -478,6 +497,7 @@ class LogQueue:
                             record.body,
                             False,
                             1,
+                            0,
                         ),
                     )
                 )
@@ -499,6 +519,8 @@ class LogQueue:
             self._counts.pop(offset, None)
         if self._bcc:
             self._bcc.pop(offset, None)
+        if self._failures:
+            self._failures.pop(offset, None)
         self._acked.add(offset)
         # Consecutive acks extend one pending run; anything else starts a new one.
         if offset == self._run_end:
@@ -515,13 +537,18 @@ class LogQueue:
         ack = self.ack
         return sum(1 for offset in offsets if ack(offset))
 
-    def requeue(self, offsets: Iterable[int]) -> int:
-        """Return in-flight messages to the queue, ahead of new ones; returns how many were."""
+    def requeue(self, offsets: Iterable[int], failed: bool = False) -> int:
+        """Return in-flight messages to the queue, ahead of new ones, counting a failed
+        delivery for each if `failed`; returns how many were in flight."""
         returned = 0
+        failures = self._failures
         for offset in offsets:
             if offset in self._in_flight:
                 self._in_flight.remove(offset)
                 heapq.heappush(self._redeliver, offset)
+                if failed:
+                    failures[offset] = failures.get(offset, 0) + 1
+                self._pend_counts(ack_log.RETURNED, offset)
                 returned += 1
         return returned
 
@@ -534,7 +561,7 @@ class LogQueue:
         if len(kept) == len(waiting):
             return 0
         for offset in wanted.intersection(waiting):
-            self._counts.pop(offset, None)
+            self._forget_counts(offset)
             self._bcc.pop(offset, None)
             self._acked.add(offset)
             self._pend(offset, offset + 1)
@@ -565,7 +592,10 @@ class LogQueue:
                     offset = record.offset
                     delivered = offset < self._next
                     count = self._counts.get(offset, 1) if delivered else 0
-                    browsed.append((_message(record, delivered, count), offset in self._in_flight))
+                    failures = self._failures.get(offset, 0)
+                    browsed.append(
+                        (_message(record, delivered, count, failures), offset in self._in_flight)
+                    )
                     position += 1
         return browsed
 
@@ -573,13 +603,21 @@ class LogQueue:
         """How many times the in-flight message at `offset` has been delivered."""
         return self._counts.get(offset, 1)
 
+    def failures(self, offset: int) -> int:
+        """How many deliveries of the message at `offset` failed (before the current one)."""
+        return self._failures.get(offset, 0)
+
     def in_flight(self, offsets: Iterable[int]) -> list[Message]:
         """The messages at those offsets that are in flight, read back; they stay in flight."""
         messages = []
         for offset in offsets:
             if offset in self._in_flight:
                 record = self._log.read(offset, 1)[0]
-                messages.append(_message(record, True, self._counts.get(offset, 1)))
+                messages.append(
+                    _message(
+                        record, True, self._counts.get(offset, 1), self._failures.get(offset, 0)
+                    )
+                )
         return messages
 
     def purge(self) -> int:
@@ -590,7 +628,7 @@ class LogQueue:
         redeliver = self._redeliver
         purged = len(redeliver)
         for offset in sorted(redeliver):
-            self._counts.pop(offset, None)
+            self._forget_counts(offset)
             self._bcc.pop(offset, None)
             self._acked.add(offset)
             self._pend(offset, offset + 1)
@@ -617,7 +655,9 @@ class LogQueue:
         if self._redeliver:
             offset = self._redeliver[0]
             record = self._log.read(offset, 1)[0]
-            return _message(record, True, self._counts.get(offset, 1) + 1)
+            return _message(
+                record, True, self._counts.get(offset, 1) + 1, self._failures.get(offset, 0)
+            )
         offset = self._next
         if offset >= self._log.end_offset:
             return None
@@ -628,7 +668,7 @@ class LogQueue:
             self._ahead_position = 0
         record = self._ahead[self._ahead_position]
         assert record.offset == offset, (record.offset, offset)
-        return _message(record, False, 1)
+        return _message(record, False, 1, 0)
 
     def drop_head(self, count_max: int) -> int:
         """Acknowledge up to `count_max` ready messages from the head without delivering them
@@ -638,7 +678,7 @@ class LogQueue:
         redeliver = self._redeliver
         while redeliver and dropped < count_max:
             offset = heapq.heappop(redeliver)
-            self._counts.pop(offset, None)
+            self._forget_counts(offset)
             self._bcc.pop(offset, None)
             self._acked.add(offset)
             self._pend(offset, offset + 1)
@@ -665,6 +705,10 @@ class LogQueue:
         else:
             for offset in [offset for offset in bcc if start <= offset < end]:
                 del bcc[offset]
+
+    def _forget_counts(self, offset: int) -> None:
+        self._counts.pop(offset, None)
+        self._failures.pop(offset, None)
 
     def _pend(self, start: int, end: int) -> None:
         pending = self._pending
@@ -712,7 +756,7 @@ class LogQueue:
         bcc = pending_bcc
         if snapshot:
             records = ack_log.encode_delta(floor, mark, list(self._acked), self._ranges_per_record)
-            counts = list(self._counts.items())
+            counts = self._all_counts()
             bcc = list(self._bcc.items())
         elif writable or mark != self._mark_written or floor != self._floor_written:
             records = ack_log.encode_delta(floor, mark, writable, self._ranges_per_record)
@@ -720,8 +764,9 @@ class LogQueue:
             records = []
         else:
             return
-        if counts:
-            records += ack_log.encode_counts(counts, self._ranges_per_record)
+        for kind, run in itertools.groupby(counts, key=operator.itemgetter(0)):
+            entries = [entry[1:] for entry in run]
+            records += ack_log.encode_counts(kind, entries, self._ranges_per_record)
         if bcc:
             records += ack_log.encode_bcc(bcc, self._ranges_per_record * ack_log.RANGE_BYTES)
         size = sum(len(record[3]) for record in records)
@@ -743,6 +788,18 @@ class LogQueue:
         self._unsynced.append(
             (self._acks.end_offset, _Flush(mark, floor, first if snapshot else None))
         )
+
+    def _all_counts(self) -> list[tuple[int, int, int, int]]:
+        """Count records for a snapshot: every message waiting to be delivered again
+        (RETURNED, whatever its counts), and every one in flight with counts to keep."""
+        pend = []
+        counts, failures = self._counts, self._failures
+        for offset in sorted(self._redeliver):
+            pend.append((ack_log.RETURNED, offset, counts.get(offset, 1), failures.get(offset, 0)))
+        for offset in sorted(counts.keys() | failures.keys()):
+            if offset in self._in_flight:
+                pend.append((ack_log.TAKEN, offset, counts.get(offset, 1), failures.get(offset, 0)))
+        return pend
 
     def _grant_lead(self, clip: bool) -> None:
         """Write a delivered mark `delivered_mark_lead` ahead of `next` and fsync it, here.

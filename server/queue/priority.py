@@ -185,9 +185,9 @@ class PriorityQueue:
             if level in self._levels
         )
 
-    def requeue(self, offsets: Iterable[int]) -> int:
+    def requeue(self, offsets: Iterable[int], failed: bool = False) -> int:
         return sum(
-            self._levels[level].requeue(level_offsets)
+            self._levels[level].requeue(level_offsets, failed)
             for level, level_offsets in self._split(offsets).items()
             if level in self._levels
         )
@@ -214,6 +214,10 @@ class PriorityQueue:
     def deliveries(self, offset: int) -> int:
         engine = self._levels.get(offset & _LEVEL_MASK)
         return 0 if engine is None else engine.deliveries(offset >> LEVEL_BITS)
+
+    def failures(self, offset: int) -> int:
+        engine = self._levels.get(offset & _LEVEL_MASK)
+        return 0 if engine is None else engine.failures(offset >> LEVEL_BITS)
 
     def in_flight(self, offsets: Iterable[int]) -> list[Message]:
         tagged = self._tagged

@@ -79,16 +79,21 @@ def _highest_first(priority: int) -> int:
 # RabbitMQ 4's delivery limit for quorum queues declared without one.
 QUORUM_DELIVERY_LIMIT_DEFAULT = 20
 DELIVERY_COUNT_HEADER = "x-delivery-count"
+ACQUIRED_COUNT_HEADER = "x-acquired-count"
 # Dead letters a target could not store (a full disk) are published again after this long,
 # not at once: an expired message would otherwise die, fail and die again every tick.
 DEAD_LETTER_RETRY_MS = 1000
 
 
 def _with_delivery_count(message: Message) -> Message:
-    """A redelivery as a quorum queue sends it: with x-delivery-count, the times it came
-    back before (RabbitMQ sets it in a headers table it leaves sorted by key)."""
+    """A redelivery as a RabbitMQ 4.3 quorum queue sends it (rabbit_fifo_client): with
+    x-acquired-count, the times it came back before, and x-delivery-count, how many of those
+    failed, each a long and only once above 0 (RabbitMQ sets them in a headers table it
+    leaves sorted by key)."""
     headers = dict(props.headers(message.properties))
-    headers[DELIVERY_COUNT_HEADER] = props.long(message.delivery_count - 1)
+    headers[ACQUIRED_COUNT_HEADER] = props.long(message.delivery_count - 1)
+    if message.failed_count:
+        headers[DELIVERY_COUNT_HEADER] = props.long(message.failed_count)
     entries = sorted(headers.items(), key=lambda entry: entry[0].encode("utf-8"))
     return message._replace(properties=props.with_headers(message.properties, entries))
 
@@ -139,9 +144,10 @@ class WorkQueue:
         self.stale_settles = 0
         """Acks and rejects of deliveries their visibility timeout had already given back."""
         self._dead_letter_counts = dead_letter_counts
-        self._requeued: list[int] = []
-        self._backing_off: list[tuple[int, int]] = []
-        """(when ready again, offset): a heap."""
+        self._requeued: list[tuple[int, bool]] = []
+        """(offset, whether its delivery failed) of requeues not yet stamped by `_back_off`."""
+        self._backing_off: list[tuple[int, int, bool]] = []
+        """(when ready again, offset, whether its delivery failed): a heap."""
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
         publish, never stored here, has offset -1)."""
@@ -216,8 +222,9 @@ class WorkQueue:
         )
         # x-overflow reject-publish-dlx: a refused publish is dead-lettered (reason maxlen).
         self.dead_letter_refused = overflow == "reject-publish-dlx"
-        # x-delivery-limit: a message delivered more than this many times is dead-lettered
-        # instead of requeued; quorum queues have RabbitMQ 4's default, -1 disables it.
+        # x-delivery-limit: a message whose deliveries failed more than this many times is
+        # dead-lettered instead of requeued (RabbitMQ 4.3 counts failed deliveries, not
+        # returns: see `requeue`); quorum queues have RabbitMQ 4's default, -1 disables it.
         delivery_limit = _int_argument(effective, "x-delivery-limit")
         if delivery_limit is None and self.queue_type == "quorum":
             delivery_limit = QUORUM_DELIVERY_LIMIT_DEFAULT
@@ -236,6 +243,10 @@ class WorkQueue:
         # waits base * 2^(deliveries - 1), at most the max, before it is ready again; others
         # flow past it meanwhile. It stays in flight in the engine until then (a crash makes
         # it ready at once, redelivered). Requeues are stamped by the next `run_timers`.
+        # Deliveries, not failed deliveries: every return backs off, a basic.nack of a
+        # consumer that cannot take work now as much as a basic.reject (counting failures, a
+        # nack loop would spin at the base delay; RabbitMQ 4.3's own delayed retry is linear
+        # in failed deliveries instead).
         self.requeue_delay_ms = _int_argument(effective, "x-requeue-delay") or None
         self.requeue_delay_max_ms = _int_argument(effective, "x-requeue-delay-max") or EXPIRY_MS_MAX
 
@@ -257,7 +268,7 @@ class WorkQueue:
         """
         if self.reject_when_full and self._full(len(record[3])):
             if self.dead_letter_refused and self.dead_letter_exchange is not None:
-                self.dead_letters.append((Message(-1, 0, *record, False, 0), MAXLEN))
+                self.dead_letters.append((Message(-1, 0, *record, False, 0, 0), MAXLEN))
                 self._count_deaths(MAXLEN, 1)
             return False
         self._staged.append(record)
@@ -732,27 +743,32 @@ class WorkQueue:
         self._dead_letter_retry_ms = None
         return None
 
-    def requeue(self, offsets: list[int]) -> None:
+    def requeue(self, offsets: list[int], failed: bool) -> None:
+        """Deliveries given back to be delivered again. `failed` (basic.reject, a lost
+        channel, a visibility timeout) counts a failed delivery, which x-delivery-limit
+        bounds; a return that is no failure (basic.nack, basic.recover, a consumer timeout)
+        never dead-letters: RabbitMQ 4.3 (rabbit_fifo's return_one, PR 15387) allows
+        unlimited returns."""
         if self.deleted:
             return
         limit = self.delivery_limit
-        if limit is not None:
-            deliveries = self.engine.deliveries
-            spent = [offset for offset in offsets if deliveries(offset) > limit]
+        if failed and limit is not None:
+            failures = self.engine.failures
+            spent = [offset for offset in offsets if failures(offset) >= limit]
             if spent:
                 self._die(spent, DELIVERY_LIMIT)
                 spent_set = set(spent)
                 offsets = [offset for offset in offsets if offset not in spent_set]
         if self.requeue_delay_ms is not None:
-            self._requeued += offsets
+            self._requeued += [(offset, failed) for offset in offsets]
             return
-        self._return(offsets)
+        self._return(offsets, failed)
 
-    def _return(self, offsets: list[int]) -> None:
+    def _return(self, offsets: list[int], failed: bool) -> None:
         if self.bytes_max is not None:
             sizes = self._in_flight_bytes
             self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)
-        self.engine.requeue(offsets)
+        self.engine.requeue(offsets, failed)
         # RabbitMQ's requeue_and_run drops from the head beyond the limits.
         self.enforce_length()
 
@@ -762,23 +778,31 @@ class WorkQueue:
         backing_off = self._backing_off
         if self.requeue_delay_ms is None:
             # A policy took the delay away meanwhile: whatever waited is ready now.
-            due = [offset for _, offset in backing_off] + self._requeued
+            due = [(offset, failed) for _, offset, failed in backing_off] + self._requeued
             self._backing_off, self._requeued = [], []
-            self._return(due)
+            self._return_due(due)
             return None
         if self._requeued:
             requeued, self._requeued = self._requeued, []
             base, most = self.requeue_delay_ms, self.requeue_delay_max_ms
-            for offset in requeued:
+            for offset, failed in requeued:
                 deliveries = self.engine.deliveries(offset)
                 delay = min(base << min(deliveries - 1, 32), most)
-                heapq.heappush(backing_off, (now_ms + delay, offset))
+                heapq.heappush(backing_off, (now_ms + delay, offset, failed))
         due = []
         while backing_off and backing_off[0][0] <= now_ms:
-            due.append(heapq.heappop(backing_off)[1])
+            _, offset, failed = heapq.heappop(backing_off)
+            due.append((offset, failed))
         if due:
-            self._return(due)
+            self._return_due(due)
         return backing_off[0][0] if backing_off else None
+
+    def _return_due(self, due: list[tuple[int, bool]]) -> None:
+        """Return backed-off requeues, the failed ones counted as such."""
+        for failed in (True, False):
+            offsets = [offset for offset, failed_ in due if failed_ is failed]
+            if offsets:
+                self._return(offsets, failed)
 
     def purge(self) -> int:
         self.ready_bytes = 0

@@ -113,7 +113,8 @@ class BrokerChannel:
         self.tx_failed = False
         self.tx_messages_max = tx_messages_max
         self.tx_publishes: list[Any] = []
-        self.tx_settles: list[tuple[list[Unacked], bool | None]] = []
+        # (deliveries, requeue, failed) of each settle, as `apply` takes them.
+        self.tx_settles: list[tuple[list[Unacked], bool | None, bool]] = []
         # Deliveries settled in the open transaction: still counted against the unacked limit.
         self.tx_settled_count = 0
         # Exchanges this channel may write to (checked once, as permissions change rarely).
@@ -255,13 +256,14 @@ class BrokerChannel:
 
     def reveal(self, visible: list[Unacked]) -> set[ConsumedQueue]:
         """Past its visibility timeout a delivery's message goes back to its queue (to be
-        redelivered, counted) while the delivery stays with its consumer, stale."""
+        redelivered, counted as a failed delivery: the consumer neither finished nor gave it
+        back in time) while the delivery stays with its consumer, stale."""
         by_queue: dict[ConsumedQueue, list[int]] = {}
         for entry in visible:
             entry.stale = True
             by_queue.setdefault(entry.queue, []).append(entry.offset)
         for queue, offsets in by_queue.items():
-            queue.requeue(offsets)
+            queue.requeue(offsets, failed=True)
         return set(by_queue)
 
     def extend(self, tags: Sequence[int], extension_ms: int | None, now_ms: int) -> bool:
@@ -330,9 +332,9 @@ class BrokerChannel:
             return [unacked.pop(tag) for tag in tags]
         return [] if reclaimed else [unacked.pop(delivery_tag)]
 
-    def hold(self, taken: list[Unacked], requeue: bool | None) -> None:
+    def hold(self, taken: list[Unacked], requeue: bool | None, *, failed: bool) -> None:
         """Keep a settle of the open transaction until tx.commit."""
-        self.tx_settles.append((taken, requeue))
+        self.tx_settles.append((taken, requeue, failed))
         self.tx_settled_count += len(taken)
 
     def rollback(self) -> None:
@@ -342,14 +344,16 @@ class BrokerChannel:
         settles, self.tx_settles = self.tx_settles, []
         self.tx_settled_count = 0
         merged = dict(self.unacked)
-        for taken, _ in settles:
+        for taken, _, _ in settles:
             merged.update((entry.tag, entry) for entry in taken)
         self.unacked = {tag: merged[tag] for tag in sorted(merged)}
 
-    def apply(self, taken: list[Unacked], requeue: bool | None) -> set[ConsumedQueue]:
-        """ack (requeue None), reject without requeue (False) or requeue (True): returns the
-        queues that may dispatch (those settled, and those of consumers the freed credit
-        unblocked)."""
+    def apply(
+        self, taken: list[Unacked], requeue: bool | None, *, failed: bool
+    ) -> set[ConsumedQueue]:
+        """ack (requeue None), reject without requeue (False) or requeue (True), `failed`
+        saying whether a requeue counts as a failed delivery: returns the queues that may
+        dispatch (those settled, and those of consumers the freed credit unblocked)."""
         by_queue: dict[ConsumedQueue, list[int]] = {}
         touched: set[ConsumedQueue] = set()
         for entry in taken:
@@ -369,7 +373,7 @@ class BrokerChannel:
             self.counts.acked += len(taken)
         for queue, offsets in by_queue.items():
             if requeue:
-                queue.requeue(offsets)
+                queue.requeue(offsets, failed)
             elif requeue is False:
                 queue.reject(offsets)
             else:
@@ -383,15 +387,17 @@ class BrokerChannel:
         settles, self.tx_settles = self.tx_settles, []
         self.tx_settled_count = 0
         touched: set[ConsumedQueue] = set()
-        for taken, requeue in settles:
-            touched |= self.apply(taken, requeue)
+        for taken, requeue, failed in settles:
+            touched |= self.apply(taken, requeue, failed=failed)
         return touched
 
-    def requeue_all(self) -> set[ConsumedQueue]:
-        """basic.recover and channel close: every unacked message goes back, redelivered."""
+    def requeue_all(self, *, failed: bool) -> set[ConsumedQueue]:
+        """basic.recover (no failure) and channel close (`failed`: RabbitMQ 4.3 counts the
+        deliveries of a consumer whose channel went down as failed): every unacked message
+        goes back, redelivered."""
         if not self.unacked:
             return set()
-        return self.apply(self.take(0, True), True)
+        return self.apply(self.take(0, True), True, failed=failed)
 
     # -- publishing -----------------------------------------------------------------------
 

@@ -332,14 +332,17 @@ class BrokerConnection(asyncio.Protocol):
         kind = type(event)
         if kind is events.MessagePublished:
             return self._on_publish(event)
+        # RabbitMQ 4.3 (PR 15387): basic.reject counts a failed delivery, basic.nack does not.
         if kind is events.Acked:
-            self._settle(event.channel, event.delivery_tag, event.multiple, None)
+            self._settle(event.channel, event.delivery_tag, event.multiple, None, failed=False)
             return None
         if kind is events.Nacked:
-            self._settle(event.channel, event.delivery_tag, event.multiple, event.requeue)
+            self._settle(
+                event.channel, event.delivery_tag, event.multiple, event.requeue, failed=False
+            )
             return None
         if kind is events.Rejected:
-            self._settle(event.channel, event.delivery_tag, False, event.requeue)
+            self._settle(event.channel, event.delivery_tag, False, event.requeue, failed=True)
             return None
         if kind is events.MethodReceived:
             if event.channel == 0:
@@ -564,7 +567,9 @@ class BrokerConnection(asyncio.Protocol):
 
     # -- acks --------------------------------------------------------------------------------
 
-    def _settle(self, number: int, delivery_tag: int, multiple: bool, requeue: bool | None) -> None:
+    def _settle(
+        self, number: int, delivery_tag: int, multiple: bool, requeue: bool | None, *, failed: bool
+    ) -> None:
         channel = self.channels[number]
         taken = channel.take(delivery_tag, multiple)
         if requeue is not None:
@@ -572,9 +577,9 @@ class BrokerConnection(asyncio.Protocol):
                 if isinstance(entry.queue, Cursor):
                     entry.queue.refuse_nack()
         if channel.tx:
-            channel.hold(taken, requeue)
+            channel.hold(taken, requeue, failed=failed)
             return
-        for queue in channel.apply(taken, requeue):
+        for queue in channel.apply(taken, requeue, failed=failed):
             self.broker.want_dispatch(queue)
 
     # -- the consumer timeout ----------------------------------------------------------------
@@ -619,7 +624,9 @@ class BrokerConnection(asyncio.Protocol):
                 )
                 channel.cancel(consumer, "consumer timeout")
                 self.vhost.cancel(consumer)
-                for queue in channel.apply(channel.reclaim(consumer), True):
+                # No failed delivery: RabbitMQ 4.3's quorum queues return a timed-out
+                # consumer's messages as plain returns.
+                for queue in channel.apply(channel.reclaim(consumer), True, failed=False):
                     self.broker.want_dispatch(queue)
         self._process()
 
@@ -638,7 +645,7 @@ class BrokerConnection(asyncio.Protocol):
             channel.reply_consumer = None
         # An open transaction's acks are discarded with it: those deliveries go back too.
         channel.rollback()
-        for queue in channel.requeue_all():
+        for queue in channel.requeue_all(failed=True):
             broker.want_dispatch(queue)
 
     # -- helpers for methods -------------------------------------------------------------------
@@ -925,7 +932,7 @@ def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) 
     if any(isinstance(entry.queue, Cursor) for entry in channel.unacked.values()):
         # RabbitMQ's channel crashes requeueing a stream's deliveries.
         raise internal_error("")
-    for queue in channel.requeue_all():
+    for queue in channel.requeue_all(failed=False):
         conn.broker.want_dispatch(queue)
     if isinstance(method, commands.Basic.Recover):
         conn.reply(channel, commands.Basic.RecoverOk())

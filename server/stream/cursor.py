@@ -222,6 +222,7 @@ class Cursor:
                     record.body,
                     False,
                     1,
+                    0,
                 )
                 for record in records
             ]
@@ -261,7 +262,7 @@ class Cursor:
         name = f"queue '{self.stream.name}' in vhost '{self.stream.vhost}'"
         raise not_implemented(f"basic.nack and basic.reject not supported by stream queues {name}")
 
-    def requeue(self, offsets: list[int]) -> None:
+    def requeue(self, offsets: list[int], failed: bool) -> None:
         """A closed channel, basic.recover or a consumer timeout: nothing goes back."""
 
     def stale_settled(self) -> None:

@@ -71,7 +71,7 @@ class Member:
     def reject(self, offsets: list[int]) -> None:
         """Nothing: see above."""
 
-    def requeue(self, offsets: list[int]) -> None:
+    def requeue(self, offsets: list[int], failed: bool) -> None:
         """Nothing: see above."""
 
     def stale_settled(self) -> None:

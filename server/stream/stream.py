@@ -96,7 +96,7 @@ class StreamLog:
             return messages
         for record in self.log.records_from(start, count_max):
             messages.append(
-                (Message(record.offset, record.timestamp_ms, *record[3:], False, 0), False)
+                (Message(record.offset, record.timestamp_ms, *record[3:], False, 0, 0), False)
             )
             if len(messages) >= count_max:
                 break
