@@ -854,6 +854,16 @@ def test_a_seek_starts_at_the_middle_of_the_fill(warren_url):
     assert 0.3 <= report["first_message_fill_fraction"] <= 1
 
 
+async def ready_at(url: str, queue: str) -> int:
+    """The queue's ready count, asked on a connection of its own."""
+    connection = await ClientConnection.open(wire.parse_url(url))
+    try:
+        channel = await connection.open_channel()
+        return await loadgen.ready_count(connection, channel, queue)
+    finally:
+        await connection.close()
+
+
 def test_a_memory_run_holding_every_other_delivery_acks_exactly_the_rest(warren_process):
     url = warren_process.start().url
     held = loadgen.Options(
@@ -870,16 +880,8 @@ def test_a_memory_run_holding_every_other_delivery_acks_exactly_the_rest(warren_
     assert (report["ready"], report["unacked"], report["ready_after_consume"]) == (200, 100, 0)
     assert report["rss_mb_held"] > 0 and "rss_mb_growth_held" in report
 
-    async def ready_now():
-        connection = await ClientConnection.open(wire.parse_url(url))
-        try:
-            channel = await connection.open_channel()
-            return await loadgen.ready_count(connection, channel, "bench-held")
-        finally:
-            await connection.close()
-
     # The consumer's connection is gone: what it held, and only that, is back.
-    assert asyncio.run(ready_now()) == 100
+    assert asyncio.run(ready_at(url, "bench-held")) == 100
     with pytest.raises(ValueError, match="--hold-every"):
         loadgen.Options(scenario="e2e", queue="q", hold_every=2)
 
@@ -905,16 +907,8 @@ def test_an_e2e_run_beside_a_polling_console_lists_the_idle_queues(warren_proces
     assert report["api_queues_listed"] == 21
     assert 0 < report["api_poll_ms_p50"] <= report["api_poll_ms_max"]
 
-    async def queues_left():
-        connection = await ClientConnection.open(wire.parse_url(url))
-        try:
-            channel = await connection.open_channel()
-            await loadgen.ready_count(connection, channel, "bench-watched-idle-0")
-        finally:
-            await connection.close()
-
     with pytest.raises(BenchError, match="NOT_FOUND|404"):
-        asyncio.run(queues_left())
+        asyncio.run(ready_at(url, "bench-watched-idle-0"))
     with pytest.raises(ValueError, match="--poll-api"):
         loadgen.Options(scenario="publish", queue="q", poll_api="http://127.0.0.1:1")
 
