@@ -562,14 +562,17 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
     run = _Run()
     admin: ClientConnection | None = None
     declared = False
+    idle_queues = _idle_queue_names(options)
+    idle_declared = False
 
     async def body() -> dict[str, Any]:
-        nonlocal admin, declared
+        nonlocal admin, declared, idle_declared
         admin = await ClientConnection.open(address)
         channel = await admin.open_channel()
         await _declare(admin, channel, options)
         declared = True
-        for name in _idle_queue_names(options):
+        idle_declared = bool(idle_queues)
+        for name in idle_queues:
             await admin.call(
                 channel, commands.Queue.Declare(queue=name, durable=True), commands.Queue.DeclareOk
             )
@@ -581,6 +584,10 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
             report = await _run_replay(address, options, run, pid)
         else:
             report = await _run_memory(address, options, run, admin, channel, pid)
+        # The idle queues are the run's scaffolding: gone even with --keep-queue.
+        for name in idle_queues:
+            await admin.call(channel, commands.Queue.Delete(queue=name), commands.Queue.DeleteOk)
+        idle_declared = False
         if not options.keep_queue:
             for queue in (options.queue, dead_letter_queue(options)):
                 if queue is not None:
@@ -601,14 +608,12 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
     finally:
         await close_all(run.connections)
         if admin is not None:
-            if declared and not options.keep_queue and admin.error is None:
-                await _delete_quietly(admin, options.queue)
+            left: list[str] = idle_queues if idle_declared else []
+            if declared and not options.keep_queue:
                 dead_letters = dead_letter_queue(options)
-                if dead_letters is not None:
-                    await _delete_quietly(admin, dead_letters)
-            if admin.error is None:
-                for name in _idle_queue_names(options):
-                    await _delete_quietly(admin, name)
+                left = [options.queue, *([dead_letters] if dead_letters else []), *left]
+            if left and admin.error is None:
+                await _delete_quietly(admin, left)
             await admin.close()
     # The client's own CPU share over the run: near 100 % means it, not the broker, set the pace.
     report["client_cpu_percent"] = round(
@@ -682,13 +687,15 @@ def _idle_queue_names(options: Options) -> list[str]:
     return [f"{options.queue}-idle-{index}" for index in range(options.idle_queues)]
 
 
-async def _delete_quietly(admin: ClientConnection, queue: str) -> None:
-    """Best-effort cleanup after a failed run: a fresh channel, a bounded wait."""
+async def _delete_quietly(admin: ClientConnection, queues: list[str]) -> None:
+    """Best-effort cleanup after a failed run: one fresh channel, a bounded wait each."""
     try:
         channel = await admin.open_channel()
-        await asyncio.wait_for(
-            admin.call(channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk), 10
-        )
+        for queue in queues:
+            await asyncio.wait_for(
+                admin.call(channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk),
+                10,
+            )
     except (TimeoutError, BenchError):
         pass
 
