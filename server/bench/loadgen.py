@@ -113,6 +113,8 @@ class Options:
     poll_api: str | None = None
     """e2e: the broker's management API, polled for /api/queues while the scenario runs."""
     poll_every_s: float = 1.0
+    poll_page_size: int = 100
+    """The page of /api/queues the poll asks for, as the console pages it (0: every queue)."""
 
     def __post_init__(self) -> None:
         if self.scenario not in HEADLINES:
@@ -131,6 +133,8 @@ class Options:
             raise ValueError("--hold-every N (N >= 2) holds deliveries in the memory scenario")
         if self.poll_api is not None and (self.scenario != "e2e" or self.poll_every_s <= 0):
             raise ValueError("--poll-api polls the API in the e2e scenario, every > 0 s")
+        if not 0 <= self.poll_page_size <= 500:
+            raise ValueError("--poll-page-size is 0 (every queue) or a page of 1 to 500")
         if not 0 <= self.idle_queues <= IDLE_QUEUES_MAX:
             raise ValueError(f"idle queues must be 0..{IDLE_QUEUES_MAX}")
         if self.start == "middle" and self.size_bytes < wire.TIMESTAMP_BYTES:
@@ -339,7 +343,11 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
     poller = None
     if options.poll_api is not None:
         poller = ApiPoller(
-            options.poll_api, address.username, address.password, options.poll_every_s
+            options.poll_api,
+            address.username,
+            address.password,
+            options.poll_every_s,
+            options.poll_page_size,
         )
         poller.start()
     publishers = await _start_publishers(address, options, True, run)
@@ -650,6 +658,7 @@ _SCENARIO_OPTIONS = {
         "idle_queues",
         "poll_api",
         "poll_every_s",
+        "poll_page_size",
     ),
     "replay": (
         "scenario",
@@ -811,6 +820,7 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         idle_queues=getattr(args, "idle_queues", 0),
         poll_api=getattr(args, "poll_api", None),
         poll_every_s=getattr(args, "poll_every", 1.0),
+        poll_page_size=getattr(args, "poll_page_size", 100),
     )
 
 
@@ -932,6 +942,13 @@ def register(targets: Any) -> None:
     )
     e2e.add_argument(
         "--poll-every", type=float, default=1.0, help="seconds between polls (default 1)"
+    )
+    e2e.add_argument(
+        "--poll-page-size",
+        type=int,
+        default=100,
+        help="the page of /api/queues each poll asks for, as the console pages it "
+        "(default 100; 0: the whole list)",
     )
     e2e.add_argument(
         "--idle-queues",
