@@ -19,6 +19,9 @@ from .fastpath import _PROPERTY_FIELDS
 from .field_table import FIXED_WIDTHS
 
 HEADERS_FLAG = 0x2000
+# The headers flag's bit in the first byte of the property flags: a test of stored property
+# bytes that needs no decoding.
+HEADERS_FLAG_BYTE0 = HEADERS_FLAG >> 8
 EXPIRATION_FLAG = 0x0100
 
 _SHORT = struct.Struct(">H")

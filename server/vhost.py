@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from warrenmq.amqp import fastpath, frames
+from warrenmq.amqp.properties import HEADERS_FLAG_BYTE0
 from warrenmq.dlq.dead_letter import cycling, dead_letter
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.delayed import DelayedTarget
@@ -68,7 +69,6 @@ REPLY_TO_PREFIX = REPLY_TO_QUEUE + "."
 # Queues shutting down at once; each waits on its fsyncs meanwhile.
 SHUTDOWN_CONCURRENT_MAX = 64
 _DIRECTORY_NAME_CHARS_MAX = 200
-_HEADERS_FLAG_BYTE0 = 0x20  # Basic properties flag 0x2000: the headers table is present
 # Exchange names and routing keys keep their encoded form in a small cache; a flood of
 # distinct keys just clears it.
 _ENCODED_NAMES_MAX = 1024
@@ -94,34 +94,29 @@ the BCC header's keys, kept beside the message for its dead letter). A plain tup
 made per publish."""
 
 
-def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
-    """The routing key plus the CC and BCC headers' strings (RabbitMQ's sender-selected
-    distribution: arrays of long strings; anything else in them is ignored)."""
-    keys = [routing_key]
-    for header in ("CC", "BCC"):
-        values = headers.get(header)
-        if isinstance(values, list):
-            for value in values:
-                if isinstance(value, bytes):
-                    value = value.decode("utf-8", "replace")
-                if isinstance(value, str) and value not in keys:
-                    keys.append(value)
-    return keys
-
-
-def _bcc_keys(headers: dict) -> tuple[str, ...]:
-    """The BCC header's strings: RabbitMQ keeps them with the message (its routing keys) and
-    routes its dead letter by them, though the header itself is never delivered."""
-    values = headers.get("BCC")
+def _header_strings(headers: dict, name: str) -> list[str]:
+    """The strings of a CC or BCC header (RabbitMQ's sender-selected distribution: an array
+    of long strings; anything else in it is ignored)."""
+    values = headers.get(name)
     if not isinstance(values, list):
-        return ()
-    keys = []
+        return []
+    strings = []
     for value in values:
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         if isinstance(value, str):
-            keys.append(value)
-    return tuple(keys)
+            strings.append(value)
+    return strings
+
+
+def _sender_selected_keys(routing_key: str, headers: dict) -> list[str]:
+    """The routing key plus the CC and BCC headers' strings, each once."""
+    keys = [routing_key]
+    for header in ("CC", "BCC"):
+        for value in _header_strings(headers, header):
+            if value not in keys:
+                keys.append(value)
+    return keys
 
 
 def _without_bcc(properties: bytes, decoded: Any) -> bytes:
@@ -135,7 +130,7 @@ def _without_bcc(properties: bytes, decoded: Any) -> bytes:
 
 def stored_properties(properties: bytes) -> bytes:
     """A message's property bytes as the core stores (and returns) it: without BCC."""
-    if not (properties and properties[0] & _HEADERS_FLAG_BYTE0):
+    if not (properties and properties[0] & HEADERS_FLAG_BYTE0):
         return properties
     return _without_bcc(properties, frames.decode_properties(properties))
 
@@ -321,7 +316,7 @@ class VirtualHost:
             if routing_key.startswith(REPLY_TO_PREFIX):
                 replied = self._deliver_reply(routing_key, exchange, properties, body)
                 return Published.REPLIED if replied else Published.UNROUTABLE
-            if not (properties and properties[0] & _HEADERS_FLAG_BYTE0):
+            if not (properties and properties[0] & HEADERS_FLAG_BYTE0):
                 # The commonest publish: to the queue the key names, no CC/BCC possible. The
                 # same as `stage(route(...))`, without the intermediate tuples.
                 queue = self.queues.get(routing_key)
@@ -348,13 +343,15 @@ class VirtualHost:
         headers = None
         routing_keys = None
         bcc: tuple[str, ...] = ()
-        if properties and properties[0] & _HEADERS_FLAG_BYTE0:
+        if properties and properties[0] & HEADERS_FLAG_BYTE0:
             decoded = frames.decode_properties(properties)
             headers = decoded.headers
             if headers and ("CC" in headers or "BCC" in headers):
                 routing_keys = _sender_selected_keys(routing_key, headers)
                 if "BCC" in headers:
-                    bcc = _bcc_keys(headers)
+                    # RabbitMQ keeps them with the message (its routing keys) and routes its
+                    # dead letter by them, though the header itself is never delivered.
+                    bcc = tuple(_header_strings(headers, "BCC"))
                     properties = _without_bcc(properties, decoded)
         if exchange == "" and routing_keys is None:
             # The default exchange routes to the queue named by the key: no Router call (and
@@ -500,7 +497,7 @@ class VirtualHost:
             )
             headers = (
                 frames.decode_properties(properties).headers
-                if properties[0] & _HEADERS_FLAG_BYTE0
+                if properties[0] & HEADERS_FLAG_BYTE0
                 else None
             )
             record = (exchange_bytes, self._encoded(keys[0]), properties, message.body)

@@ -66,6 +66,7 @@ from aiohttp import web
 from pamqp import commands
 
 from warrenmq.amqp import frames, replies
+from warrenmq.amqp.properties import HEADERS_FLAG_BYTE0
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
 from warrenmq.exchanges.super_stream import SuperStreamExchange
 from warrenmq.log import Record
@@ -91,7 +92,6 @@ READ_BYTES_MAX = 8 << 20
 TIMEOUT_MS_MAX = 60_000
 _SENDER_SELECTED = ("CC", "BCC")
 _PERSISTENT = 2
-_HEADERS_FLAG_BYTE0 = 0x20  # Basic properties flag 0x2000: the headers table is present
 _PLAIN_PROPERTIES = frames.encode_properties(commands.Basic.Properties(delivery_mode=_PERSISTENT))
 
 
@@ -367,7 +367,7 @@ def _record_json(partition: int, record: Record, formats: tuple[str, str]) -> di
     properties = record.properties
     headers = (
         frames.decode_properties(properties).headers
-        if properties and properties[0] & _HEADERS_FLAG_BYTE0
+        if properties and properties[0] & HEADERS_FLAG_BYTE0
         else None
     )
     item["headers"] = to_json(headers) if headers else {}
