@@ -15,6 +15,7 @@ import pytest
 from http_api import HttpApi, add_user, eventually, name, path
 
 from warrenmq.exchanges.super_stream import partition_index
+from warrenmq.server.http import topics
 
 
 @pytest.fixture
@@ -352,6 +353,21 @@ def test_bad_input_is_refused_as_the_management_api_refuses_it(api):
     assert api.get(messages(topic, vhost="no-such-vhost")).status == 404
     assert api.get(messages("t" * 256)).status == 400
     assert api.delete(target).status == 405
+
+
+def test_each_limit_takes_its_largest_value_and_refuses_one_more(api):
+    topic = stream(api)
+    target = messages(topic)
+    most = topics.RECORDS_PER_POST_MAX
+    assert len(post(api, topic, {"records": [{"value": i} for i in range(most)]})) == most
+    assert api.post(target, {"records": [{"value": 1}] * (most + 1)}).status == 400
+    assert post(api, topic, {"key": "k" * 255, "value": 1})[0]["offset"] == most
+    assert read(api, topic, offset=most)[0]["key"] == "k" * 255
+    # Records are there: a long poll at the largest timeout answers at once.
+    assert api.get(messages(topic, timeout_ms=topics.TIMEOUT_MS_MAX)).status == 200
+    assert len(read(api, topic, limit=topics.LIMIT_MAX)) == topics.LIMIT_MAX
+    # A name of 255 bytes is a name (none such: 404); of 256, not one (400).
+    assert api.get(messages("t" * 255)).status == 404
 
 
 def test_permissions_are_the_amqp_ones(api):
