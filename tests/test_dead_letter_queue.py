@@ -8,7 +8,15 @@ import struct
 
 import pytest
 from doubles import work_queue
-from test_queue_behaviour import NO_PROPERTIES, T0, drain, make_queue, properties, publish
+from test_queue_behaviour import (
+    CONFIG,
+    NO_PROPERTIES,
+    T0,
+    drain,
+    make_queue,
+    properties,
+    publish,
+)
 
 from warrenmq.amqp import frames
 from warrenmq.log import LogConfig
@@ -378,6 +386,88 @@ def test_browsing_a_priority_queue_covers_every_level(make_queue):
     for priority, body in ((1, b"low"), (5, b"high")):
         publish(queue, T0, body, props=properties(priority=priority))
     assert sorted(m.body for m, _ in queue.engine.browse(0, 10)) == [b"high", b"low"]
+
+
+def _reopened_work_queue(path, **arguments) -> WorkQueue:
+    return work_queue(LogQueue.open(path, CONFIG), **arguments)
+
+
+@pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_requeue_delay_survives_a_restart_and_a_crash(tmp_path, crash, failed):
+    """The message waits out its delay after the queue came back, others flow past it
+    meanwhile, and no failed delivery is added for the outage: it was with no consumer."""
+    delay = {"x-requeue-delay": 1000}
+    queue = _reopened_work_queue(tmp_path, **delay)
+    publish(queue, T0, b"a", b"b")
+    queue.requeue([queue.take(T0).offset], failed=failed)
+    assert queue.run_timers(T0) == T0 + 1000
+
+    async def go_down() -> None:
+        await queue.engine.commit()
+        if crash:
+            queue.engine.close()
+        else:
+            await queue.engine.shutdown()
+
+    asyncio.run(go_down())
+    queue = _reopened_work_queue(tmp_path, **delay)
+    try:
+        assert queue.has_timers
+        assert queue.run_timers(T0 + 10) == T0 + 1000
+        assert queue.take(T0 + 10).body == b"b"
+        assert queue.take(T0 + 999) is None
+        message = queue.take(T0 + 1000)
+        assert (message.body, message.delivery_count, message.failed_count) == (
+            b"a",
+            2,
+            int(failed),
+        )
+    finally:
+        queue.engine.close()
+
+
+def test_a_held_message_survives_an_ack_log_snapshot(tmp_path):
+    """Compaction rewrites the whole state: the hold and its due time are part of it."""
+    config = QueueConfig(ack_log_compact_bytes=1)
+    engine = LogQueue.open(tmp_path, config)
+    engine.append([(b"", b"q", NO_PROPERTIES, body) for body in (b"a", b"b", b"c")])
+    taken = engine.take_many(3)
+    assert engine.hold([taken[0].offset], T0 + 500, failed=True) == 1
+    assert engine.ready_count == 0 and engine.unacked_count == 3
+
+    async def settle_and_crash() -> None:
+        await engine.commit()
+        engine.ack_many([taken[1].offset])
+        await engine.commit()
+        engine.ack_many([taken[2].offset])
+        await engine.commit()
+        engine.close()
+
+    asyncio.run(settle_and_crash())
+    engine = LogQueue.open(tmp_path, config)
+    try:
+        assert engine.held() == [(taken[0].offset, T0 + 500)]
+        assert engine.ready_count == 0 and engine.unacked_count == 1
+        assert engine.release([taken[0].offset]) == 1
+        (message,) = engine.take_many(1)
+        assert (message.body, message.delivery_count, message.failed_count) == (b"a", 2, 1)
+    finally:
+        engine.close()
+
+
+def test_an_ack_of_a_held_message_is_ignored(tmp_path):
+    """A stale ack (its visibility timeout gave it back) does not settle a waiting message."""
+    engine = LogQueue.open(tmp_path)
+    try:
+        engine.append([(b"", b"q", NO_PROPERTIES, b"a")])
+        offset = engine.take_many(1)[0].offset
+        engine.hold([offset], T0)
+        assert engine.ack_many([offset]) == 0
+        assert engine.release([offset]) == 1
+        assert engine.take_many(1)[0].body == b"a"
+    finally:
+        engine.close()
 
 
 def test_a_policy_taking_the_requeue_delay_away_makes_waiting_messages_ready(make_queue):

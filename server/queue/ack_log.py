@@ -5,14 +5,15 @@ crash recovery that keeps a prefix of what was written, group-commit fsync in a 
 and whole-segment deletion, all tested; an ack record is just one more record. Each record's
 body is (little-endian):
 
-    kind    u8                        DELTA (1), CLIP (2), COUNTS (3), TAKEN (4), RETURNED (5)
-                                      or BCC (6)
+    kind    u8                        DELTA (1), CLIP (2), COUNTS (3), TAKEN (4), RETURNED (5),
+                                      BCC (6) or HELD (7)
     floor   u64                       DELTA: every offset below is acked; CLIP: the limit
     mark    u64                       DELTA: offsets below may have been delivered; CLIP: 0
     count   u32                       acked ranges (or count or BCC entries) that follow
     ranges  count x (start u64, end u64)   acked half-open ranges, sorted, disjoint
             COUNTS: count x (offset u64, deliveries u64)
             TAKEN, RETURNED: count x (offset u64, deliveries u32, failures u32)
+            HELD: count x (offset u64, deliveries u32, failures u32, due u64 epoch ms)
             BCC: count x (offset u64, keys u32, keys x (length u32, UTF-8 bytes))
 
 Replay applies the records in log order. A DELTA is a union (floor and mark take the maximum,
@@ -33,6 +34,11 @@ delivered again (in flight as of the record), a RETURNED record for messages giv
 after a crash: a message whose last record is not RETURNED was (or may have been) with a
 consumer whose connection the crash cut, which counts as a failed delivery, as RabbitMQ counts
 a consumer that went down. A count of an acked offset is forgotten.
+
+A HELD record is a RETURNED one for messages given back to wait out a requeue delay
+(x-requeue-delay) before they are ready again, with the time they are due: the wait
+survives a restart and a crash, and a message waiting when the queue went down was with no
+consumer, so no failed delivery is counted for it.
 
 COUNTS is the record of earlier versions, with deliveries only, every return a failure: replay
 reads it as a TAKEN record with deliveries - 1 failures, so data written before the split
@@ -65,10 +71,12 @@ COUNTS = 3
 TAKEN = 4
 RETURNED = 5
 BCC = 6
+HELD = 7
 HEAD = struct.Struct("<BQQI")
 RANGE_BYTES = 16
 COUNT = struct.Struct("<QII")
 assert COUNT.size == RANGE_BYTES
+HELD_COUNT = struct.Struct("<QIIQ")
 # A u32 holds 4 billion deliveries; a larger count is written as this.
 COUNT_MAX = (1 << 32) - 1
 _BCC_ENTRY = struct.Struct("<QI")
@@ -119,17 +127,23 @@ def encode_clip(limit: int) -> RawRecord:
 
 def encode_counts(
     kind: int,
-    counts: Sequence[tuple[int, int, int]],
+    counts: Sequence[tuple[int, ...]],
     per_record: int = RANGES_PER_RECORD_MAX,
 ) -> list[RawRecord]:
-    """TAKEN or RETURNED records of (offset, deliveries, failures), at most `per_record` each."""
-    assert kind in (TAKEN, RETURNED), kind
+    """TAKEN or RETURNED records of (offset, deliveries, failures), or HELD records of
+    (offset, deliveries, failures, due epoch ms), at most `per_record` each."""
+    assert kind in (TAKEN, RETURNED, HELD), kind
+    if kind == HELD:
+        entries = [
+            HELD_COUNT.pack(o, min(d, COUNT_MAX), min(f, COUNT_MAX), due) for o, d, f, due in counts
+        ]
+        # `per_record` is counted in 16-byte entries; a HELD entry is larger.
+        per_record = max(1, per_record * COUNT.size // HELD_COUNT.size)
+    else:
+        entries = [COUNT.pack(o, min(d, COUNT_MAX), min(f, COUNT_MAX)) for o, d, f in counts]
     return [
-        _record(
-            HEAD.pack(kind, 0, 0, len(chunk))
-            + b"".join(COUNT.pack(o, min(d, COUNT_MAX), min(f, COUNT_MAX)) for o, d, f in chunk)
-        )
-        for chunk in (counts[i : i + per_record] for i in range(0, len(counts), per_record))
+        _record(HEAD.pack(kind, 0, 0, len(chunk)) + b"".join(chunk))
+        for chunk in (entries[i : i + per_record] for i in range(0, len(entries), per_record))
     ]
 
 
@@ -196,7 +210,9 @@ class AckState:
     failures: dict[int, int] = field(default_factory=dict)
     """Failed deliveries of messages that have any, by offset."""
     returned: set[int] = field(default_factory=set)
-    """Offsets whose last count record is RETURNED: given back, not with a consumer."""
+    """Offsets whose last count record is RETURNED or HELD: given back, not with a consumer."""
+    held: dict[int, int] = field(default_factory=dict)
+    """When each message whose last count record is HELD is due (epoch ms), by offset."""
 
     def apply(self, body: bytes) -> None:
         if len(body) < HEAD.size:
@@ -204,6 +220,13 @@ class AckState:
         kind, value, mark, count = HEAD.unpack_from(body)
         if kind == BCC:
             self.bcc.update(_decode_bcc(body, count))
+            return
+        if kind == HELD:
+            if len(body) != HEAD.size + count * HELD_COUNT.size:
+                raise QueueError(f"ack log record of {len(body)} bytes does not hold {count} holds")
+            for offset, deliveries, failures, due_ms in HELD_COUNT.iter_unpack(body[HEAD.size :]):
+                self._count(offset, deliveries, failures, True)
+                self.held[offset] = due_ms
             return
         if len(body) != HEAD.size + count * RANGE_BYTES:
             raise QueueError(f"ack log record of {len(body)} bytes does not hold {count} ranges")
@@ -237,6 +260,7 @@ class AckState:
             self.returned.add(offset)
         else:
             self.returned.discard(offset)
+        self.held.pop(offset, None)
 
     def clip(self, limit: int) -> None:
         """Forget every acknowledgement and delivery at or above `limit`."""
@@ -249,6 +273,7 @@ class AckState:
         self.bcc = {offset: keys for offset, keys in self.bcc.items() if offset < limit}
         self.failures = {offset: n for offset, n in self.failures.items() if offset < limit}
         self.returned = {offset for offset in self.returned if offset < limit}
+        self.held = {offset: due for offset, due in self.held.items() if offset < limit}
 
     def normalise(self) -> None:
         """Merge the ranges, drop what the floor covers, and lift the floor over touching ranges."""
@@ -264,7 +289,7 @@ class AckState:
                 kept.append((start, end))
         self.floor = floor
         self.ranges = kept
-        if self.counts or self.failures or self.returned or self.bcc:
+        if self.counts or self.failures or self.returned or self.bcc or self.held:
             starts = [start for start, _ in kept]
 
             def acked(offset: int) -> bool:
@@ -275,6 +300,7 @@ class AckState:
             self.bcc = {o: keys for o, keys in self.bcc.items() if not acked(o)}
             self.failures = {o: n for o, n in self.failures.items() if not acked(o)}
             self.returned = {o for o in self.returned if not acked(o)}
+            self.held = {o: due for o, due in self.held.items() if not acked(o)}
 
 
 def replay(log: PartitionLog) -> AckState:

@@ -116,6 +116,20 @@ class QueueEngine(Protocol):
         failed delivery for each."""
         ...
 
+    def hold(self, offsets: Iterable[int], due_ms: int, failed: bool = False) -> int:
+        """Take in-flight messages back to wait, durably, until `due_ms` (epoch ms): neither
+        ready nor with a consumer until `release`; `failed` counts a failed delivery for
+        each. Returns how many were in flight."""
+        ...
+
+    def release(self, offsets: Iterable[int]) -> int:
+        """Make held messages ready (redelivered); returns how many were held."""
+        ...
+
+    def held(self) -> list[tuple[int, int]]:
+        """(offset, due epoch ms) of every held message, those a restart found too."""
+        ...
+
     def settle_redeliveries(self, offsets: Iterable[int]) -> int:
         """Acknowledge messages waiting to be delivered again, without delivering them;
         returns how many were waiting."""

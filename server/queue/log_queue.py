@@ -208,9 +208,9 @@ class LogQueue:
         self._in_flight: set[int] = set()
         self._counts: dict[int, int] = state.counts
         self._failures: dict[int, int] = state.failures
-        # Count records not yet in the ack log, in order: (TAKEN or RETURNED, offset,
-        # deliveries, failures).
-        self._pending_counts: list[tuple[int, int, int, int]] = []
+        # Count records not yet in the ack log, in order: (TAKEN, RETURNED or HELD, offset,
+        # deliveries, failures, due epoch ms if HELD).
+        self._pending_counts: list[tuple[int, int, int, int, int]] = []
         # The BCC keys of messages not yet acknowledged (ack_log.py, "BCC"), by offset, and
         # those not yet in the ack log. Forgotten as each message is acknowledged; the ack
         # log forgets them at its next snapshot (a restart, at once).
@@ -223,6 +223,13 @@ class LogQueue:
                 # is delivered again does not count it twice.
                 self._failures[offset] = self._failures.get(offset, 0) + 1
                 self._pend_counts(ack_log.RETURNED, offset)
+        # Messages waiting out a requeue delay (`hold`) when the queue went down, by offset:
+        # when each is due (epoch ms). Neither ready nor with a consumer.
+        self._held: dict[int, int] = {}
+        if state.held:
+            waiting = set(self._redeliver)
+            self._held = {o: due for o, due in state.held.items() if o in waiting}
+            self._redeliver = [o for o in self._redeliver if o not in self._held]
         self._run_start = self._run_end = -1
         self._pending: list[tuple[int, int]] = []
         self._ahead: list[Record] = []
@@ -318,7 +325,7 @@ class LogQueue:
 
     @property
     def unacked_count(self) -> int:
-        return len(self._in_flight)
+        return len(self._in_flight) + len(self._held)
 
     @property
     def message_log_bytes(self) -> int:
@@ -447,9 +454,9 @@ class LogQueue:
         assert record.offset == offset, (record.offset, offset)
         return _message(record, True, self._counts[offset], self._failures.get(offset, 0))
 
-    def _pend_counts(self, kind: int, offset: int) -> None:
+    def _pend_counts(self, kind: int, offset: int, due_ms: int = 0) -> None:
         self._pending_counts.append(
-            (kind, offset, self._counts.get(offset, 1), self._failures.get(offset, 0))
+            (kind, offset, self._counts.get(offset, 1), self._failures.get(offset, 0), due_ms)
         )
 
     def take_many(self, count_max: int) -> list[Message]:
@@ -552,6 +559,35 @@ class LogQueue:
                 returned += 1
         return returned
 
+    def hold(self, offsets: Iterable[int], due_ms: int, failed: bool = False) -> int:
+        """Take in-flight messages back to wait until `due_ms` (epoch ms) before `release`
+        makes them ready, durably (a HELD count record), counting a failed delivery for each
+        if `failed`; returns how many were in flight."""
+        held = 0
+        failures = self._failures
+        for offset in offsets:
+            if offset in self._in_flight:
+                self._in_flight.remove(offset)
+                self._held[offset] = due_ms
+                if failed:
+                    failures[offset] = failures.get(offset, 0) + 1
+                self._pend_counts(ack_log.HELD, offset, due_ms)
+                held += 1
+        return held
+
+    def release(self, offsets: Iterable[int]) -> int:
+        """Make held messages ready, ahead of new ones; returns how many were held."""
+        released = 0
+        for offset in offsets:
+            if self._held.pop(offset, None) is not None:
+                heapq.heappush(self._redeliver, offset)
+                released += 1
+        return released
+
+    def held(self) -> list[tuple[int, int]]:
+        """(offset, due epoch ms) of every held message."""
+        return list(self._held.items())
+
     def settle_redeliveries(self, offsets: Iterable[int]) -> int:
         """Acknowledge messages waiting to be delivered again (after a restart, the ones
         that may have been delivered before) without delivering them; returns how many."""
@@ -594,7 +630,10 @@ class LogQueue:
                     count = self._counts.get(offset, 1) if delivered else 0
                     failures = self._failures.get(offset, 0)
                     browsed.append(
-                        (_message(record, delivered, count, failures), offset in self._in_flight)
+                        (
+                            _message(record, delivered, count, failures),
+                            offset in self._in_flight or offset in self._held,
+                        )
                     )
                     position += 1
         return browsed
@@ -765,7 +804,7 @@ class LogQueue:
         else:
             return
         for kind, run in itertools.groupby(counts, key=operator.itemgetter(0)):
-            entries = [entry[1:] for entry in run]
+            entries = [entry[1:] if kind == ack_log.HELD else entry[1:4] for entry in run]
             records += ack_log.encode_counts(kind, entries, self._ranges_per_record)
         if bcc:
             records += ack_log.encode_bcc(bcc, self._ranges_per_record * ack_log.RANGE_BYTES)
@@ -789,16 +828,24 @@ class LogQueue:
             (self._acks.end_offset, _Flush(mark, floor, first if snapshot else None))
         )
 
-    def _all_counts(self) -> list[tuple[int, int, int, int]]:
+    def _all_counts(self) -> list[tuple[int, int, int, int, int]]:
         """Count records for a snapshot: every message waiting to be delivered again
-        (RETURNED, whatever its counts), and every one in flight with counts to keep."""
-        pend = []
+        (RETURNED, whatever its counts), every held one (HELD), and every one in flight with
+        counts to keep."""
         counts, failures = self._counts, self._failures
-        for offset in sorted(self._redeliver):
-            pend.append((ack_log.RETURNED, offset, counts.get(offset, 1), failures.get(offset, 0)))
+        pend = [
+            (ack_log.RETURNED, offset, counts.get(offset, 1), failures.get(offset, 0), 0)
+            for offset in sorted(self._redeliver)
+        ]
+        pend += [
+            (ack_log.HELD, offset, counts.get(offset, 1), failures.get(offset, 0), due_ms)
+            for offset, due_ms in sorted(self._held.items())
+        ]
         for offset in sorted(counts.keys() | failures.keys()):
             if offset in self._in_flight:
-                pend.append((ack_log.TAKEN, offset, counts.get(offset, 1), failures.get(offset, 0)))
+                pend.append(
+                    (ack_log.TAKEN, offset, counts.get(offset, 1), failures.get(offset, 0), 0)
+                )
         return pend
 
     def _grant_lead(self, clip: bool) -> None:

@@ -192,6 +192,27 @@ class PriorityQueue:
             if level in self._levels
         )
 
+    def hold(self, offsets: Iterable[int], due_ms: int, failed: bool = False) -> int:
+        return sum(
+            self._levels[level].hold(level_offsets, due_ms, failed)
+            for level, level_offsets in self._split(offsets).items()
+            if level in self._levels
+        )
+
+    def release(self, offsets: Iterable[int]) -> int:
+        return sum(
+            self._levels[level].release(level_offsets)
+            for level, level_offsets in self._split(offsets).items()
+            if level in self._levels
+        )
+
+    def held(self) -> list[tuple[int, int]]:
+        return [
+            ((offset << LEVEL_BITS) | level, due_ms)
+            for level, engine in self._levels.items()
+            for offset, due_ms in engine.held()
+        ]
+
     def settle_redeliveries(self, offsets: Iterable[int]) -> int:
         return sum(
             self._levels[level].settle_redeliveries(level_offsets)

@@ -146,8 +146,11 @@ class WorkQueue:
         self._dead_letter_counts = dead_letter_counts
         self._requeued: list[tuple[int, bool]] = []
         """(offset, whether its delivery failed) of requeues not yet stamped by `_back_off`."""
-        self._backing_off: list[tuple[int, int, bool]] = []
-        """(when ready again, offset, whether its delivery failed): a heap."""
+        self._backing_off: list[tuple[int, int]] = [
+            (due_ms, offset) for offset, due_ms in engine.held()
+        ]
+        """(when ready again, offset) of the messages the engine holds: a heap."""
+        heapq.heapify(self._backing_off)
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
         publish, never stored here, has offset -1)."""
@@ -241,8 +244,8 @@ class WorkQueue:
         self.visibility_timeout_ms = _int_argument(effective, "x-visibility-timeout") or None
         # x-requeue-delay / x-requeue-delay-max (ms, a Warren extension): a requeued message
         # waits base * 2^(deliveries - 1), at most the max, before it is ready again; others
-        # flow past it meanwhile. It stays in flight in the engine until then (a crash makes
-        # it ready at once, redelivered). Requeues are stamped by the next `run_timers`.
+        # flow past it meanwhile. The engine holds it until then, durably: the wait survives
+        # a restart and a crash. Requeues are stamped by the next `run_timers`.
         # Deliveries, not failed deliveries: every return backs off, a basic.nack of a
         # consumer that cannot take work now as much as a basic.reject (counting failures, a
         # nack loop would spin at the base delay; RabbitMQ 4.3's own delayed retry is linear
@@ -765,44 +768,47 @@ class WorkQueue:
         self._return(offsets, failed)
 
     def _return(self, offsets: list[int], failed: bool) -> None:
-        if self.bytes_max is not None:
-            sizes = self._in_flight_bytes
-            self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)
+        self._count_ready_again(offsets)
         self.engine.requeue(offsets, failed)
         # RabbitMQ's requeue_and_run drops from the head beyond the limits.
         self.enforce_length()
 
+    def _release(self, offsets: list[int]) -> None:
+        self._count_ready_again(offsets)
+        self.engine.release(offsets)
+        self.enforce_length()
+
+    def _count_ready_again(self, offsets: list[int]) -> None:
+        if self.bytes_max is not None:
+            sizes = self._in_flight_bytes
+            self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)
+
     def _back_off(self, now_ms: int) -> int | None:
-        """Stamp the requeues since the last call with when they are ready again, return those
-        due by `now_ms`; returns when the next one is due."""
+        """Hand the requeues since the last call to the engine to hold until they are due,
+        release those due by `now_ms`; returns when the next one is due."""
         backing_off = self._backing_off
+        requeued, self._requeued = self._requeued, []
         if self.requeue_delay_ms is None:
             # A policy took the delay away meanwhile: whatever waited is ready now.
-            due = [(offset, failed) for _, offset, failed in backing_off] + self._requeued
-            self._backing_off, self._requeued = [], []
-            self._return_due(due)
+            self._release([offset for _, offset in backing_off])
+            self._backing_off = []
+            for failed in (True, False):
+                offsets = [offset for offset, failed_ in requeued if failed_ is failed]
+                if offsets:
+                    self._return(offsets, failed)
             return None
-        if self._requeued:
-            requeued, self._requeued = self._requeued, []
-            base, most = self.requeue_delay_ms, self.requeue_delay_max_ms
-            for offset, failed in requeued:
-                deliveries = self.engine.deliveries(offset)
-                delay = min(base << min(deliveries - 1, 32), most)
-                heapq.heappush(backing_off, (now_ms + delay, offset, failed))
+        base, most = self.requeue_delay_ms, self.requeue_delay_max_ms
+        engine = self.engine
+        for offset, failed in requeued:
+            due_ms = now_ms + min(base << min(engine.deliveries(offset) - 1, 32), most)
+            if engine.hold([offset], due_ms, failed):
+                heapq.heappush(backing_off, (due_ms, offset))
         due = []
         while backing_off and backing_off[0][0] <= now_ms:
-            _, offset, failed = heapq.heappop(backing_off)
-            due.append((offset, failed))
+            due.append(heapq.heappop(backing_off)[1])
         if due:
-            self._return_due(due)
+            self._release(due)
         return backing_off[0][0] if backing_off else None
-
-    def _return_due(self, due: list[tuple[int, bool]]) -> None:
-        """Return backed-off requeues, the failed ones counted as such."""
-        for failed in (True, False):
-            offsets = [offset for offset, failed_ in due if failed_ is failed]
-            if offsets:
-                self._return(offsets, failed)
 
     def purge(self) -> int:
         self.ready_bytes = 0
