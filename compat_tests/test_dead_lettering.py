@@ -1042,6 +1042,24 @@ def test_nacks_never_count_toward_the_delivery_limit_and_a_reject_does(channel, 
     assert message_count(channel, src) == 0
 
 
+@pytest.mark.warren_only
+def test_a_dead_letter_carries_its_failed_deliveries_round_a_retry_loop(channel, declare, uid):
+    # RabbitMQ 4.x passes a quorum queue's delivery-count on to the dead letter, and a quorum
+    # target starts from it (rabbit_fifo: annotate_msg, maybe_set_msg_delivery_count; 4.3
+    # PR 16039 passes the acquired count too); 3.10 starts every queue from zero. A retry
+    # loop through a TTL queue thus sees x-delivery-count grow with each rejection.
+    work, retry = f"{uid}-work", f"{uid}-retry"
+    declare(work, dead_letter_to(retry), "quorum")
+    declare(retry, {"x-message-ttl": 1, **dead_letter_to(work)}, "quorum")
+    channel.basic_publish("", work, b"job")
+    counts = []
+    for _ in range(3):
+        method, properties, _ = wait_get(channel, work)
+        counts.append((properties.headers or {}).get("x-delivery-count"))
+        channel.basic_reject(method.delivery_tag, requeue=False)
+    assert counts == [None, 1, 2]
+
+
 def test_a_closed_channel_beyond_the_limit_dead_letters(connection, channel, declare, uid):
     dlq = declare(f"{uid}-dlq")
     src = declare(f"{uid}-src", {"x-delivery-limit": 0, **dead_letter_to(dlq)}, "quorum")

@@ -33,7 +33,7 @@ from typing import Any, cast
 
 from warrenmq.amqp import fastpath, frames
 from warrenmq.amqp.properties import HEADERS_FLAG_BYTE0
-from warrenmq.dlq.dead_letter import cycling, dead_letter
+from warrenmq.dlq.dead_letter import DELIVERY_LIMIT, REJECTED, cycling, dead_letter
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.delayed import DelayedTarget
 from warrenmq.exchanges.errors import AccessRefused, NotFound, PreconditionFailed
@@ -135,7 +135,12 @@ def stored_properties(properties: bytes) -> bytes:
     return _without_bcc(properties, frames.decode_properties(properties))
 
 
-DeadLetterPlan = tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget], tuple[str, ...]]
+DeadLetterPlan = tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget], tuple[str, ...], int]
+"""A dead letter's record, whether persistent, its target queues and delayed exchanges, the
+BCC keys it keeps and the failed deliveries it carries (`Kept`)."""
+# The reasons a dead letter dies of a failed delivery, counted as one more before it goes on,
+# as RabbitMQ 4's quorum queues count it (rabbit_fifo's incr_msg_headers).
+FAILED_DELIVERY_REASONS = frozenset((REJECTED, DELIVERY_LIMIT))
 """For one dead letter: its record, whether persistent, its target queues and delayed
 exchanges (none: dropped), and the BCC keys it keeps in its targets."""
 
@@ -396,7 +401,7 @@ class VirtualHost:
             queue = queues.get(name)
             if queue is not None:
                 if (
-                    queue.stage_with_bcc(record, bcc, persistent, expiring, publisher)
+                    queue.stage_kept(record, persistent, expiring, publisher, bcc=bcc)
                     if bcc
                     else queue.stage(record, persistent, expiring, publisher)
                 ):
@@ -424,7 +429,7 @@ class VirtualHost:
         """Stage a stored record, unchanged, on one queue (a redrive moving a dead letter
         back, or keeping it, with `bcc` its BCC keys); False when the queue refuses it
         (x-overflow reject-publish)."""
-        if queue.deleted or not queue.stage_with_bcc(record, bcc, persistent, expiring, publisher):
+        if queue.deleted or not queue.stage_kept(record, persistent, expiring, publisher, bcc=bcc):
             self._refused(queue)
             return False
         self._staged(queue)
@@ -454,7 +459,7 @@ class VirtualHost:
         plan = self._dead_letter_plan(queue, dead_letters)
         items = []
         positions: dict[str, set[int]] = {}
-        for (message, _), (record, _, targets, _, _) in zip(dead_letters, plan, strict=True):
+        for (message, _), (record, _, targets, _, _, _) in zip(dead_letters, plan, strict=True):
             if message.offset < 0 or not targets:
                 continue
             item = Item(message.offset, message[2:6])
@@ -472,12 +477,11 @@ class VirtualHost:
     def _dead_letter_plan(
         self, queue: WorkQueue, dead_letters: list[tuple[Message, str]]
     ) -> list[DeadLetterPlan]:
-        """For each dead letter: its record, whether persistent, its target queues and
-        delayed exchanges (none: dropped)."""
+        """For each dead letter its `DeadLetterPlan` (no targets: dropped)."""
         exchange = queue.dead_letter_exchange
         router = self.router
         if exchange is None or (exchange != "" and router.get(exchange) is None):
-            return [((b"", b"", b"", b""), False, [], [], ()) for _ in dead_letters]
+            return [((b"", b"", b"", b""), False, [], [], (), 0) for _ in dead_letters]
         now_s = self._clock() // 1000
         exchange_bytes = self._encoded(exchange)
         plan = []
@@ -512,7 +516,8 @@ class VirtualHost:
             # RabbitMQ's dead letter keeps the keys it was routed by: BCC ones too, unless a
             # dead-letter routing key replaced them all.
             kept_bcc = bcc if dead_letter_routing_key is None else ()
-            plan.append((record, persistent, queues, delayed, kept_bcc))
+            failures = message.failed_count + (reason in FAILED_DELIVERY_REASONS)
+            plan.append((record, persistent, queues, delayed, kept_bcc, failures))
         return plan
 
     async def _journal_then_stage(
@@ -552,10 +557,10 @@ class VirtualHost:
     ) -> None:
         if handoff.queue.deleted:
             return
-        for tag, (record, persistent, queues, delayed, bcc) in enumerate(plan, 1):
+        for tag, (record, persistent, queues, delayed, bcc, failures) in enumerate(plan, 1):
             for target in queues:
-                if not target.deleted and target.stage_with_bcc(
-                    record, bcc, persistent, False, (handoff, tag)
+                if not target.deleted and target.stage_kept(
+                    record, persistent, False, (handoff, tag), bcc=bcc, failures=failures
                 ):
                     self._staged(target)
             for name in delayed:

@@ -7,6 +7,7 @@ from doubles import HeldExecutor
 
 from warrenmq.log import LogConfig
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueError, log_queue
+from warrenmq.server.queue.engine import Kept
 from warrenmq.server.queue.log_queue import ACKS_DIR, MESSAGES_DIR
 
 
@@ -477,7 +478,7 @@ def test_a_clean_shutdown_after_deliveries_keeps_the_exact_mark(tmp_path):
 def test_bcc_keys_stay_with_their_messages_across_requeues_crashes_and_compaction(tmp_path):
     async def scenario():
         queue = LogQueue.open(tmp_path, SMALL)
-        queue.append(records(0, 3), bcc=[(1, ("b1", "b2"))])
+        queue.append(records(0, 3), kept=[Kept(1, ("b1", "b2"))])
         assert [queue.bcc_keys(offset) for offset in range(3)] == [(), ("b1", "b2"), ()]
         queue.take_many(3)
         queue.requeue([1])
@@ -487,7 +488,7 @@ def test_bcc_keys_stay_with_their_messages_across_requeues_crashes_and_compactio
         assert queue.bcc_keys(1) == ("b1", "b2")
         # Enough acked traffic for several snapshots to replace the ack log's records.
         for start in range(3, 403, 5):
-            queue.append(records(start, 5), bcc=[(4, (f"b{start + 4}",))])
+            queue.append(records(start, 5), kept=[Kept(4, (f"b{start + 4}",))])
             # A take may wait for a commit (the delivered mark): all are taken in the end.
             for message in queue.take_many(5):
                 if message.offset != 1:
@@ -516,7 +517,7 @@ def test_bcc_keys_of_messages_lost_in_a_crash_do_not_go_to_their_successors(tmp_
         queue = LogQueue.open(tmp_path)
         queue.append(records(0, 2))
         await queue.commit()
-        queue.append(records(2, 2), bcc=[(0, ("lost",))])
+        queue.append(records(2, 2), kept=[Kept(0, ("lost",))])
         # The ack log's fsync finished, the message log's did not.
         queue._flush_acks()
         queue._acks.sync()
@@ -534,6 +535,65 @@ def test_bcc_keys_of_messages_lost_in_a_crash_do_not_go_to_their_successors(tmp_
     assert run(scenario()) == [(), (), (), ()]
 
 
+def test_carried_failures_reach_the_first_delivery_across_a_crash_and_compaction(tmp_path):
+    """A dead letter's failed deliveries (`Kept.failures`) are its count in its new queue
+    from the first delivery on, durably; acknowledged or purged undelivered, forgotten."""
+    config = QueueConfig(ack_log_compact_bytes=1)
+
+    def first_failures(queue, count):
+        return [(m.body, m.failed_count) for m in queue.take_many(count)]
+
+    async def scenario():
+        queue = LogQueue.open(tmp_path, config)
+        queue.append(records(0, 4), kept=[Kept(1, failures=3), Kept(3, ("k",), 1)])
+        await queue.commit()
+        queue.close()  # a crash before any delivery
+        queue = LogQueue.open(tmp_path, config)
+        before_snapshot = first_failures(queue, 2)
+        queue.ack_many([0, 1])
+        await queue.commit()  # a snapshot (compaction at every commit)
+        await queue.shutdown()
+        queue = LogQueue.open(tmp_path, config)
+        after_snapshot = first_failures(queue, 2)
+        queue.requeue([3], failed=True)
+        again = first_failures(queue, 1)
+        queue.ack_many([2, 3])
+        queue.append(records(4, 1), kept=[Kept(0, failures=5)])
+        queue.purge()
+        queue.append(records(5, 1))
+        await queue.commit()
+        await queue.shutdown()
+        queue = LogQueue.open(tmp_path, config)
+        after_purge = (queue.failures(4), first_failures(queue, 1))
+        queue.close()
+        return before_snapshot, after_snapshot, again, after_purge
+
+    before_snapshot, after_snapshot, again, after_purge = run(scenario())
+    assert before_snapshot == [(b"body-0", 0), (b"body-1", 3)]
+    assert after_snapshot == [(b"body-2", 0), (b"body-3", 1)]
+    assert again == [(b"body-3", 2)]
+    assert after_purge == (0, [(b"body-5", 0)])
+
+
+def test_what_is_kept_about_undelivered_messages_survives_a_clean_shutdown(tmp_path):
+    """A clean shutdown writes a CLIP at the exact delivered mark: it must not take the BCC
+    keys and carried failures of the messages above it with it (it once did)."""
+
+    async def scenario():
+        queue = LogQueue.open(tmp_path)
+        queue.append(records(0, 3), kept=[Kept(2, ("b",), 4)])
+        queue.take_many(1)
+        await queue.commit()
+        await queue.shutdown()
+        queue = LogQueue.open(tmp_path)
+        kept = [queue.bcc_keys(offset) for offset in range(3)]
+        failures = [m.failed_count for m in queue.take_many(3)]
+        queue.close()
+        return kept, failures
+
+    assert run(scenario()) == ([(), (), ("b",)], [1, 0, 4])
+
+
 def test_a_priority_queue_keeps_bcc_keys_per_level(tmp_path):
     from warrenmq.server.queue.priority import PriorityQueue
 
@@ -544,7 +604,7 @@ def test_a_priority_queue_keeps_bcc_keys_per_level(tmp_path):
     queue = PriorityQueue(tmp_path, 5, 1 << 20, LogQueue.open)
     queue.append(
         [with_priority(1, b"low"), with_priority(5, b"high"), with_priority(1, b"low-bcc")],
-        bcc=[(2, ("b-low",)), (1, ("b-high",))],
+        kept=[Kept(2, ("b-low",)), Kept(1, ("b-high",))],
     )
     keys = {message.body: queue.bcc_keys(message.offset) for message in queue.take_many(3)}
     queue.close()

@@ -16,7 +16,7 @@ by ~32 MB, ~12 MB once restarted (the rest is heap the publish path left free).
 
 The log is an engine in the sense of `queue/engine.py` as far as `WorkQueue` uses one to
 stage, write and commit (`append`, `commit`, `needs_commit`, `batch_bytes_max`,
-`ready_count`, `shutdown`, `close`, `delete`); what it hands out instead of deliveries are
+`ready_count`, `held`, `shutdown`, `close`, `delete`); what it hands out instead of deliveries are
 due messages (`take_due`), whose hand-off (`exchanges.py`) is recorded (`begin_hand_off`)
 and then reported done (`routed`).
 
@@ -234,6 +234,10 @@ class DelayedMessageLog:
     def recovered_intents(self) -> dict[int, tuple[Target, ...]]:
         """Hand-offs that a crash interrupted, by offset (before any new one begins)."""
         return dict(self._intents)
+
+    def held(self) -> list[tuple[int, int]]:
+        """None of its messages waits out a requeue delay: none is ever delivered."""
+        return []
 
     # -- holding ---------------------------------------------------------------------------
 

@@ -31,6 +31,18 @@ class Message(NamedTuple):
     message may have been with a consumer."""
 
 
+class Kept(NamedTuple):
+    """What a queue keeps beside a record it appends, for the record at `index` of the
+    batch: its BCC keys, which the stored properties no longer carry (`bcc_keys`: a dead
+    letter is routed by them too, as RabbitMQ routes it), and the failed deliveries a dead
+    letter carries from the queue it died in (RabbitMQ 4's quorum queues pass the count on,
+    so a delivery limit ends a retry loop through dead-letter exchanges)."""
+
+    index: int
+    bcc: tuple[str, ...] = ()
+    failures: int = 0
+
+
 class QueueEngine(Protocol):
     @property
     def ready_count(self) -> int:
@@ -69,12 +81,11 @@ class QueueEngine(Protocol):
         self,
         records: Sequence[RawRecord],
         timestamp_ms: int | None = None,
-        bcc: Sequence[tuple[int, tuple[str, ...]]] = (),
+        kept: Sequence[Kept] = (),
     ) -> object:
         """Write one batch of (exchange, routing key, property bytes, body), stamped
-        `timestamp_ms` (raises, having written nothing, when it cannot). `bcc`: (index in
-        `records`, BCC keys) of the records published with a BCC header, which the stored
-        properties no longer carry; kept durably beside them (`bcc_keys`)."""
+        `timestamp_ms` (raises, having written nothing, when it cannot). `kept`: what the
+        queue keeps durably beside some of the records (see `Kept`)."""
         ...
 
     def bcc_keys(self, offset: int) -> tuple[str, ...]:

@@ -69,7 +69,7 @@ from typing import NamedTuple
 from warrenmq.log import DescriptorPool, LogConfig, PartitionLog, RawRecord, Record
 
 from . import ack_log
-from .engine import Message
+from .engine import Kept, Message
 from .errors import QueueError
 from .ranges import AckedRanges, coalesce
 
@@ -223,6 +223,8 @@ class LogQueue:
                 # is delivered again does not count it twice.
                 self._failures[offset] = self._failures.get(offset, 0) + 1
                 self._pend_counts(ack_log.RETURNED, offset)
+        # Messages not yet delivered that carry failed deliveries from another queue (`Kept`).
+        self._carried: set[int] = {o for o in self._failures if o >= self._next}
         # Messages waiting out a requeue delay (`hold`) when the queue went down, by offset:
         # when each is due (epoch ms). Neither ready nor with a consumer.
         self._held: dict[int, int] = {}
@@ -303,7 +305,7 @@ class LogQueue:
         await self._log.commit()
         self._flush_acks()
         if self._mark_written > self._next:
-            self._acks.append([ack_log.encode_clip(self._next)])
+            self._append_acks(self._clip(self._next))
         await self._acks.commit()
         self.close()
 
@@ -402,17 +404,23 @@ class LogQueue:
         self,
         records: Sequence[RawRecord],
         timestamp_ms: int | None = None,
-        bcc: Sequence[tuple[int, tuple[str, ...]]] = (),
+        kept: Sequence[Kept] = (),
     ) -> int:
         """Append one batch of (exchange, routing_key, properties, body); returns the first
-        offset. `bcc`: (index in `records`, BCC keys) of the records published with some,
-        kept with them until they are acknowledged (`bcc_keys`).
+        offset. `kept`: BCC keys (kept until the record is acknowledged, `bcc_keys`) and
+        carried failed deliveries of some of the records.
         """
         self._check_open()
         first = self._log.append(records, timestamp_ms)
-        for index, keys in bcc:
-            self._bcc[first + index] = keys
-            self._pending_bcc.append((first + index, keys))
+        for index, keys, failures in kept:
+            offset = first + index
+            if keys:
+                self._bcc[offset] = keys
+                self._pending_bcc.append((offset, keys))
+            if failures:
+                self._failures[offset] = failures
+                self._carried.add(offset)
+                self._pend_counts(ack_log.RETURNED, offset)
         return first
 
     def bcc_keys(self, offset: int) -> tuple[str, ...]:
@@ -510,9 +518,20 @@ class LogQueue:
                 )
             self._ahead_position = position + len(chunk)
             offset += len(chunk)
+        if self._carried:
+            self._count_carried(taken, self._next, offset)
         self._in_flight.update(range(self._next, offset))
         self._next = offset
         return taken
+
+    def _count_carried(self, taken: list[Message], start: int, end: int) -> None:
+        """Give the new messages in [start, end), the last ones of `taken`, the failed
+        deliveries they carry."""
+        first = len(taken) - (end - start)
+        for offset in [o for o in self._carried if start <= o < end]:
+            self._carried.discard(offset)
+            index = first + offset - start
+            taken[index] = taken[index]._replace(failed_count=self._failures[offset])
 
     # -- settling --------------------------------------------------------------------------
 
@@ -677,6 +696,8 @@ class LogQueue:
             purged += end - self._next
             if self._bcc:
                 self._forget_bcc(self._next, end)
+            if self._carried:
+                self._forget_carried(self._next, end)
             self._acked.add_range(self._next, end)
             self._pend(self._next, end)
             self._next = end
@@ -707,7 +728,7 @@ class LogQueue:
             self._ahead_position = 0
         record = self._ahead[self._ahead_position]
         assert record.offset == offset, (record.offset, offset)
-        return _message(record, False, 1, 0)
+        return _message(record, False, 1, self._failures.get(offset, 0))
 
     def drop_head(self, count_max: int) -> int:
         """Acknowledge up to `count_max` ready messages from the head without delivering them
@@ -727,6 +748,8 @@ class LogQueue:
         if end > start:
             if self._bcc:
                 self._forget_bcc(start, end)
+            if self._carried:
+                self._forget_carried(start, end)
             self._acked.add_range(start, end)
             self._pend(start, end)
             self._next = end
@@ -744,6 +767,13 @@ class LogQueue:
         else:
             for offset in [offset for offset in bcc if start <= offset < end]:
                 del bcc[offset]
+
+    def _forget_carried(self, start: int, end: int) -> None:
+        """Forget the carried failures of the new messages in [start, end), acknowledged
+        together without being delivered."""
+        for offset in [o for o in self._carried if start <= o < end]:
+            self._carried.discard(offset)
+            self._failures.pop(offset, None)
 
     def _forget_counts(self, offset: int) -> None:
         self._counts.pop(offset, None)
@@ -830,8 +860,8 @@ class LogQueue:
 
     def _all_counts(self) -> list[tuple[int, int, int, int, int]]:
         """Count records for a snapshot: every message waiting to be delivered again
-        (RETURNED, whatever its counts), every held one (HELD), and every one in flight with
-        counts to keep."""
+        (RETURNED, whatever its counts), every held one (HELD), every new one carrying
+        failures (RETURNED), and every one in flight with counts to keep."""
         counts, failures = self._counts, self._failures
         pend = [
             (ack_log.RETURNED, offset, counts.get(offset, 1), failures.get(offset, 0), 0)
@@ -840,6 +870,9 @@ class LogQueue:
         pend += [
             (ack_log.HELD, offset, counts.get(offset, 1), failures.get(offset, 0), due_ms)
             for offset, due_ms in sorted(self._held.items())
+        ]
+        pend += [
+            (ack_log.RETURNED, offset, 1, failures[offset], 0) for offset in sorted(self._carried)
         ]
         for offset in sorted(counts.keys() | failures.keys()):
             if offset in self._in_flight:
@@ -857,12 +890,25 @@ class LogQueue:
         mark = self._next + self.config.delivered_mark_lead
         records = ack_log.encode_delta(self._floor_written, mark, [])
         if clip:
-            records.insert(0, ack_log.encode_clip(self._next))
-        self._acks.append(records)
+            records = self._clip(self._next) + records
+        self._append_acks(records)
         self._acks.sync()
         self._bytes_since_snapshot += sum(len(record[3]) for record in records)
         self._mark_written = self._mark_durable = mark
         self._lead_granted = True
+
+    def _clip(self, limit: int) -> list[RawRecord]:
+        """A CLIP at `limit`, then what the queue keeps about its stored messages at or above
+        it (BCC keys, carried failures: `Kept`), which the CLIP forgets with the delivery
+        state it is there to forget."""
+        records = [ack_log.encode_clip(limit)]
+        bcc = sorted((offset, keys) for offset, keys in self._bcc.items() if offset >= limit)
+        if bcc:
+            records += ack_log.encode_bcc(bcc, self._ranges_per_record * ack_log.RANGE_BYTES)
+        carried = [(o, 1, self._failures[o]) for o in sorted(self._carried) if o >= limit]
+        if carried:
+            records += ack_log.encode_counts(ack_log.RETURNED, carried, self._ranges_per_record)
+        return records
 
     def _append_acks(self, records: list[RawRecord]) -> int:
         # Many ranges span several records; one batch each keeps every batch inside the ack

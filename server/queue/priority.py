@@ -20,7 +20,7 @@ from pathlib import Path
 from warrenmq.amqp import fastpath
 from warrenmq.log import RawRecord
 
-from .engine import Message, QueueEngine
+from .engine import Kept, Message, QueueEngine
 from .log_queue import remove_directory
 
 LEVEL_BITS = 8
@@ -112,26 +112,29 @@ class PriorityQueue:
         self,
         records: Sequence[RawRecord],
         timestamp_ms: int | None = None,
-        bcc: Sequence[tuple[int, tuple[str, ...]]] = (),
+        kept: Sequence[Kept] = (),
     ) -> None:
         by_level: dict[int, list[RawRecord]] = {}
         for record in records:
             by_level.setdefault(self.level_of(record[2]), []).append(record)
-        if not bcc:
+        if not kept:
             for level, batch in by_level.items():
                 self._level(level).append(batch, timestamp_ms)
             return
-        # Each record's index within its level's batch.
-        indexes: dict[int, list[tuple[int, tuple[str, ...]]]] = {}
-        keys = dict(bcc)
+        # Each kept entry with its record's index within its level's batch.
+        kept_by_index = {entry.index: entry for entry in kept}
+        by_level_kept: dict[int, list[Kept]] = {}
         counts: dict[int, int] = {}
         for index, record in enumerate(records):
             level = self.level_of(record[2])
-            if index in keys:
-                indexes.setdefault(level, []).append((counts.get(level, 0), keys[index]))
+            entry = kept_by_index.get(index)
+            if entry is not None:
+                by_level_kept.setdefault(level, []).append(
+                    entry._replace(index=counts.get(level, 0))
+                )
             counts[level] = counts.get(level, 0) + 1
         for level, batch in by_level.items():
-            self._level(level).append(batch, timestamp_ms, indexes.get(level, ()))
+            self._level(level).append(batch, timestamp_ms, by_level_kept.get(level, ()))
 
     def bcc_keys(self, offset: int) -> tuple[str, ...]:
         engine = self._levels.get(offset & _LEVEL_MASK)

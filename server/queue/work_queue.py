@@ -57,7 +57,7 @@ from .consumer import (
     Consumer,
 )
 from .dead_letter_counts import DeadLetterCounts
-from .engine import Message, QueueEngine
+from .engine import Kept, Message, QueueEngine
 from .message_counts import MessageCounts
 
 log = logging.getLogger("warrenmq.server")
@@ -89,9 +89,11 @@ def _with_delivery_count(message: Message) -> Message:
     """A redelivery as a RabbitMQ 4.3 quorum queue sends it (rabbit_fifo_client): with
     x-acquired-count, the times it came back before, and x-delivery-count, how many of those
     failed, each a long and only once above 0 (RabbitMQ sets them in a headers table it
-    leaves sorted by key)."""
+    leaves sorted by key). A dead letter's first delivery from its new queue has only the
+    failures it carried (`Kept`): it was acquired from this queue by no one before."""
     headers = dict(props.headers(message.properties))
-    headers[ACQUIRED_COUNT_HEADER] = props.long(message.delivery_count - 1)
+    if message.delivery_count > 1:
+        headers[ACQUIRED_COUNT_HEADER] = props.long(message.delivery_count - 1)
     if message.failed_count:
         headers[DELIVERY_COUNT_HEADER] = props.long(message.failed_count)
     entries = sorted(headers.items(), key=lambda entry: entry[0].encode("utf-8"))
@@ -160,8 +162,8 @@ class WorkQueue:
         self._staged: list[RawRecord] = []
         self._staged_publishers: list[Any] = []
         self._staged_bytes = 0
-        # (index in `_staged`, BCC keys) of the staged records published with some.
-        self._staged_bcc: list[tuple[int, tuple[str, ...]]] = []
+        # What the engine keeps beside some of the staged records (index in `_staged`).
+        self._staged_kept: list[Kept] = []
         self.written_publishers: list[Any] = []
         self.failed_publishers: list[Any] = []
         self.staged_persistent = False
@@ -285,20 +287,23 @@ class WorkQueue:
             self.staged_persistent = True
         return True
 
-    def stage_with_bcc(
+    def stage_kept(
         self,
         record: RawRecord,
-        bcc: tuple[str, ...],
         persistent: bool,
         expiring: bool = False,
         publisher: Any = None,
+        *,
+        bcc: tuple[str, ...] = (),
+        failures: int = 0,
     ) -> bool:
-        """`stage` for a record published with BCC keys (or none): the engine keeps them
-        with it (`QueueEngine.bcc_keys`), so that its dead letter is routed by them too."""
+        """`stage` for a record the engine keeps something beside (`Kept`): the BCC keys it
+        was published with, so that its dead letter is routed by them too, and the failed
+        deliveries a dead letter carries."""
         if not self.stage(record, persistent, expiring, publisher):
             return False
-        if bcc:
-            self._staged_bcc.append((len(self._staged) - 1, bcc))
+        if bcc or failures:
+            self._staged_kept.append(Kept(len(self._staged) - 1, bcc, failures))
         return True
 
     def _full(self, body_bytes: int) -> bool:
@@ -324,9 +329,9 @@ class WorkQueue:
         self._staged = []
         self._staged_publishers = []
         staged_bytes, self._staged_bytes = self._staged_bytes, 0
-        bcc = self._staged_bcc
-        if bcc:
-            self._staged_bcc = []
+        kept = self._staged_kept
+        if kept:
+            self._staged_kept = []
         count = written = len(staged)
         bounds = staged_batch_bounds(
             staged, staged_bytes, self._batch_records_max, self.engine.batch_bytes_max
@@ -334,9 +339,11 @@ class WorkQueue:
         for start, end in bounds:
             try:
                 batch = staged if end - start == count else staged[start:end]
-                if bcc:
+                if kept:
                     self.engine.append(
-                        batch, now_ms, [(i - start, keys) for i, keys in bcc if start <= i < end]
+                        batch,
+                        now_ms,
+                        [k._replace(index=k.index - start) for k in kept if start <= k.index < end],
                     )
                 else:
                     self.engine.append(batch, now_ms)
@@ -597,7 +604,9 @@ class WorkQueue:
 
     @staticmethod
     def _counted(taken: list[Message]) -> list[Message]:
-        return [_with_delivery_count(m) if m.delivery_count > 1 else m for m in taken]
+        return [
+            _with_delivery_count(m) if m.delivery_count > 1 or m.failed_count else m for m in taken
+        ]
 
     def _remove_head(self, reason: str) -> bool:
         """Drop the head message (expired, or beyond a length limit), or dead-letter it;

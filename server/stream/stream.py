@@ -206,16 +206,18 @@ class Stream:
         records in order, from the log's end (a duplicate `stage` drops is not staged)."""
         return self.log.end_offset + len(self._staged)
 
-    def stage_with_bcc(
+    def stage_kept(
         self,
         record: RawRecord,
-        bcc: tuple[str, ...],
         persistent: bool,
         expiring: bool = False,
         publisher: Any = None,
+        *,
+        bcc: tuple[str, ...] = (),
+        failures: int = 0,
     ) -> bool:
-        """`stage`: a queue keeps a message's BCC keys for its dead letter; a stream never
-        dead-letters, so it has no use for them."""
+        """`stage`: a queue keeps a message's BCC keys and carried failed deliveries for its
+        dead letter and delivery limit; a stream has neither, so it has no use for them."""
         return self.stage(record, persistent, expiring, publisher)
 
     def flush(self, now_ms: int) -> None:
