@@ -388,6 +388,62 @@ def test_browsing_a_priority_queue_covers_every_level(make_queue):
     assert sorted(m.body for m, _ in queue.engine.browse(0, 10)) == [b"high", b"low"]
 
 
+def _waits(queue: WorkQueue, now: int, returns: list[bool]) -> list[int]:
+    """Take the one message and return it (failed or not) once per entry: how long each
+    return kept it back (0: ready at once)."""
+    waits = []
+    for failed in returns:
+        message = queue.take(now)
+        queue.requeue([message.offset], failed=failed)
+        ready_at = queue.run_timers(now)
+        waits.append(0 if ready_at is None else ready_at - now)
+        now = now if ready_at is None else ready_at
+    return waits
+
+
+@pytest.mark.parametrize(
+    ("retry_type", "returns", "waits"),
+    [
+        # min * failed deliveries (this one included), at least min once, at most max.
+        ("failed", [True, True, True, False, True], [100, 200, 250, 0, 250]),
+        # A return that is no failure leaves the failed count as it was (at least 1 x min).
+        ("returned", [False, True, False, False], [100, 0, 100, 100]),
+        ("all", [False, True, True], [100, 100, 200]),
+    ],
+)
+def test_rabbitmq_4_3_delayed_retry(make_queue, retry_type, returns, waits):
+    queue = make_queue(
+        **{
+            "x-delayed-retry-type": retry_type,
+            "x-delayed-retry-min": 100,
+            "x-delayed-retry-max": 250,
+        }
+    )
+    publish(queue, T0, b"a")
+    assert _waits(queue, T0, returns) == waits
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"x-delayed-retry-type": "all"},
+        {"x-delayed-retry-type": "disabled", "x-delayed-retry-min": 100},
+        {"x-delayed-retry-type": "sometimes", "x-delayed-retry-min": 100},
+        {"x-delayed-retry-type": "all", "x-delayed-retry-min": 0},
+    ],
+)
+def test_a_delayed_retry_without_a_type_or_a_positive_minimum_is_disabled(make_queue, arguments):
+    queue = make_queue(**arguments)
+    publish(queue, T0, b"a")
+    assert _waits(queue, T0, [True, False]) == [0, 0]
+
+
+def test_the_delayed_retry_maximum_defaults_to_the_minimum(make_queue):
+    queue = make_queue(**{"x-delayed-retry-type": b"failed", "x-delayed-retry-min": 100})
+    publish(queue, T0, b"a")
+    assert _waits(queue, T0, [True, True, True]) == [100, 100, 100]
+
+
 def _reopened_work_queue(path, **arguments) -> WorkQueue:
     return work_queue(LogQueue.open(path, CONFIG), **arguments)
 

@@ -152,6 +152,28 @@ def test_limit_counts_every_vhost_and_frees_on_clear_and_vhost_deletion():
         ({"stream-filter-size-bytes": 15}, "15 is not a valid filter size. Valid range is 16-255"),
         ({"target-group-size": 0}, "0 is not a valid qq target count value"),
         ({"queue-leader-locator": "x"}, '<<"x">> is not a valid queue leader locator value'),
+        # 4.3's delayed retries (rabbit_quorum_queue's validate_policy/1):
+        (
+            {"delayed-retry-type": "some"},
+            '<<"some">> is not a valid delayed retry type. Must be one of: all, failed, '
+            "returned, disabled",
+        ),
+        (
+            {"delayed-retry-min": 0, "delayed-retry-type": "all"},
+            "0 is not a valid delayed retry minimum delay. Must be a positive integer",
+        ),
+        (
+            {"delayed-retry-max": "9"},
+            '<<"9">> is not a valid delayed retry maximum delay. Must be a positive integer',
+        ),
+        (
+            {"delayed-retry-type": "failed"},
+            "delayed-retry-min is required when delayed-retry-type is failed",
+        ),
+        (
+            {"delayed-retry-type": "all", "delayed-retry-min": 10, "delayed-retry-max": 5},
+            "delayed-retry-max (5) must not be smaller than delayed-retry-min (10)",
+        ),
         (
             {"alternate-exchange": {"a": 1}},
             '#{<<"a">> => 1} is not a valid alternate exchange name',
@@ -178,6 +200,8 @@ def test_definition_refusals(definition, line):
         {"stream-filter-size-bytes": 255, "initial-cluster-size": 3, "target-group-size": 1},
         {"queue-leader-locator": "balanced", "queue-master-locator": "min-masters"},
         {"alternate-exchange": "ae", "max-in-memory-length": 0, "max-in-memory-bytes": 0},
+        {"delayed-retry-type": "returned", "delayed-retry-min": 5, "delayed-retry-max": 5},
+        {"delayed-retry-type": "disabled"},
     ],
 )
 def test_every_known_key_with_a_good_value_is_accepted(definition):

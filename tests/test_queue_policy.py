@@ -178,6 +178,10 @@ def test_delivery_limit_takes_the_smaller_unless_one_is_unlimited(
         ("stream", "stream-max-segment-size-bytes", 10, 20, 20),
         ("stream", "stream-filter-size-bytes", 16, 32, 32),
         ("stream", "consumer-timeout", 10, 20, 10),
+        ("quorum", "delayed-retry-type", "failed", "all", "all"),
+        ("classic", "delayed-retry-type", "failed", "all", "all"),
+        ("quorum", "delayed-retry-min", 10, 20, 10),
+        ("quorum", "delayed-retry-max", 30, 20, 20),
     ],
 )
 def test_which_side_wins_per_key_and_type(queue_type, key, argument, policy_value, effective):

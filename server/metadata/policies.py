@@ -109,6 +109,19 @@ DEFINITION_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "requeue-delay": (_integer(0), "is not a valid requeue delay"),
     "requeue-delay-max": (_integer(0), "is not a valid maximum requeue delay"),
     "consumer-timeout": (_integer(0), "is not a valid consumer timeout"),
+    # RabbitMQ 4.3's delayed retries (rabbit_quorum_queue's validate_policy0/2).
+    "delayed-retry-max": (
+        _integer(1),
+        "is not a valid delayed retry maximum delay. Must be a positive integer",
+    ),
+    "delayed-retry-min": (
+        _integer(1),
+        "is not a valid delayed retry minimum delay. Must be a positive integer",
+    ),
+    "delayed-retry-type": (
+        _one_of("all", "failed", "returned", "disabled"),
+        "is not a valid delayed retry type. Must be one of: all, failed, returned, disabled",
+    ),
     "dead-letter-exchange": (_text, "is not a valid dead letter exchange name"),
     "dead-letter-routing-key": (_text, "is not a valid dead letter routing key"),
     "dead-letter-strategy": (
@@ -191,8 +204,23 @@ def _definition_error(definition: Any) -> str | None:
         check, refusal = known
         if not check(value):
             return f"{erlang_term(value)} {refusal}"
+    retry_error = _delayed_retry_error(definition)
+    if retry_error is not None:
+        return retry_error
     if unknown:
         return f"{erlang_term(unknown)} are not recognised policy settings"
+    return None
+
+
+def _delayed_retry_error(definition: Mapping[str, Any]) -> str | None:
+    """rabbit_quorum_queue's validate_delayed_retry_constraints/1."""
+    retry_type = definition.get("delayed-retry-type")
+    least = definition.get("delayed-retry-min")
+    most = definition.get("delayed-retry-max")
+    if retry_type not in (None, "disabled") and least is None:
+        return f"delayed-retry-min is required when delayed-retry-type is {retry_type}"
+    if least is not None and most is not None and most < least:
+        return f"delayed-retry-max ({most}) must not be smaller than delayed-retry-min ({least})"
     return None
 
 

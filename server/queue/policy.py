@@ -36,6 +36,8 @@ rabbit_channel's get_queue_consumer_timeout/2):
 | overflow                  | argument | policy   | -      |
 | dead-letter-exchange      | argument | argument | -      |
 | dead-letter-routing-key   | argument | argument | -      |
+| delayed-retry-type        | policy*  | policy   | -      |
+| delayed-retry-min, -max   | smaller* | smaller  | -      |
 | max-age, stream-max-segment-size-bytes, stream-filter-size-bytes | - | - | policy |
 
 "smaller": the smaller of the two numbers (Erlang's min/2; a declared value that is not a
@@ -47,9 +49,10 @@ Where 3.10 differed (read in v3.10.8): a quorum queue gave a policy's expires pr
 its argument, and delivery-limit had no negative "unlimited" value. The "argument wins" rule
 the RabbitMQ docs state holds only for the "argument" rows above.
 
-Warren's deviation: a classic queue takes delivery-limit as a quorum queue does (issue 8:
-x-delivery-limit works on classic and quorum queues alike), where RabbitMQ lists it among a
-classic queue's unsupported policy keys. Warren has no operator policies.
+Warren's deviation (*): a classic queue takes delivery-limit and the delayed retries (4.3) as
+a quorum queue does (issue 8: x-delivery-limit works on classic and quorum queues alike),
+where RabbitMQ lists them among a classic queue's unsupported policy keys. Warren has no
+operator policies.
 """
 
 from __future__ import annotations
@@ -139,6 +142,14 @@ WARREN_RESOLVERS: dict[str, Resolve] = {
     "requeue-delay-max": _argument,
 }
 
+# RabbitMQ 4.3's delayed retries (rabbit_quorum_queue's get_delayed_retry_config/1): the
+# policy's type wins, the smaller delays win. Warren takes them on classic queues too.
+DELAYED_RETRY_RESOLVERS: dict[str, Resolve] = {
+    "delayed-retry-type": _policy,
+    "delayed-retry-min": _smaller,
+    "delayed-retry-max": _smaller,
+}
+
 RESOLVERS: dict[str, dict[str, Resolve]] = {
     "classic": {
         "message-ttl": _smaller,
@@ -151,6 +162,7 @@ RESOLVERS: dict[str, dict[str, Resolve]] = {
         "dead-letter-exchange": _argument,
         "dead-letter-routing-key": _argument,
         **WARREN_RESOLVERS,
+        **DELAYED_RETRY_RESOLVERS,
     },
     "quorum": {
         "message-ttl": _smaller,
@@ -163,6 +175,7 @@ RESOLVERS: dict[str, dict[str, Resolve]] = {
         "dead-letter-exchange": _argument,
         "dead-letter-routing-key": _argument,
         **WARREN_RESOLVERS,
+        **DELAYED_RETRY_RESOLVERS,
     },
     "stream": {
         "max-length-bytes": _policy,

@@ -40,7 +40,7 @@ import heapq
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from warrenmq.amqp import fastpath
 from warrenmq.amqp import properties as props
@@ -70,6 +70,36 @@ DISPATCH_DELIVERIES_MAX = 1024
 def _int_argument(arguments: Mapping[str, Any], key: str) -> int | None:
     value = arguments.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class DelayedRetry(NamedTuple):
+    """RabbitMQ 4.3's delayed retry (x-delayed-retry-type, -min, -max): a return of the
+    kinds `type` names waits min * its failed deliveries (at least once min), at most max."""
+
+    type: str
+    """"all", "failed" (basic.reject, a lost channel, a visibility timeout) or "returned"
+    (basic.nack, basic.recover, a consumer timeout)."""
+    min_ms: int
+    max_ms: int
+
+    def applies(self, failed: bool) -> bool:
+        return self.type == "all" or (self.type == "failed") is failed
+
+    def delay_ms(self, failures: int) -> int:
+        return min(self.min_ms * max(1, failures), self.max_ms)
+
+
+def _delayed_retry(arguments: Mapping[str, Any]) -> DelayedRetry | None:
+    """rabbit_quorum_queue's get_delayed_retry_config/1: no type, "disabled", an unknown type
+    or no positive minimum disables it; the maximum defaults to the minimum."""
+    retry_type = arguments.get("x-delayed-retry-type")
+    if isinstance(retry_type, bytes):
+        retry_type = retry_type.decode("utf-8", "replace")
+    least = _int_argument(arguments, "x-delayed-retry-min")
+    if retry_type not in ("all", "failed", "returned") or least is None or least <= 0:
+        return None
+    most = _int_argument(arguments, "x-delayed-retry-max")
+    return DelayedRetry(retry_type, least, most if most is not None and most > 0 else least)
 
 
 def _highest_first(priority: int) -> int:
@@ -254,6 +284,8 @@ class WorkQueue:
         # in failed deliveries instead).
         self.requeue_delay_ms = _int_argument(effective, "x-requeue-delay") or None
         self.requeue_delay_max_ms = _int_argument(effective, "x-requeue-delay-max") or EXPIRY_MS_MAX
+        self.delayed_retry = _delayed_retry(effective)
+        self._delays_returns = self.requeue_delay_ms is not None or self.delayed_retry is not None
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -771,7 +803,9 @@ class WorkQueue:
                 self._die(spent, DELIVERY_LIMIT)
                 spent_set = set(spent)
                 offsets = [offset for offset in offsets if offset not in spent_set]
-        if self.requeue_delay_ms is not None:
+        if self.requeue_delay_ms is not None or (
+            self.delayed_retry is not None and self.delayed_retry.applies(failed)
+        ):
             self._requeued += [(offset, failed) for offset in offsets]
             return
         self._return(offsets, failed)
@@ -792,12 +826,24 @@ class WorkQueue:
             sizes = self._in_flight_bytes
             self.ready_bytes += sum(sizes.pop(offset, 0) for offset in offsets)
 
+    def _return_delay_ms(self, offset: int, failed: bool) -> int:
+        """How long a return waits: RabbitMQ's delayed retry where it applies, linear in
+        failed deliveries (this one included), else Warren's requeue delay, exponential in
+        deliveries."""
+        retry = self.delayed_retry
+        if retry is not None and retry.applies(failed):
+            return retry.delay_ms(self.engine.failures(offset) + failed)
+        if self.requeue_delay_ms is not None:
+            deliveries = self.engine.deliveries(offset)
+            return min(self.requeue_delay_ms << min(deliveries - 1, 32), self.requeue_delay_max_ms)
+        return 0
+
     def _back_off(self, now_ms: int) -> int | None:
         """Hand the requeues since the last call to the engine to hold until they are due,
         release those due by `now_ms`; returns when the next one is due."""
         backing_off = self._backing_off
         requeued, self._requeued = self._requeued, []
-        if self.requeue_delay_ms is None:
+        if not self._delays_returns:
             # A policy took the delay away meanwhile: whatever waited is ready now.
             self._release([offset for _, offset in backing_off])
             self._backing_off = []
@@ -806,10 +852,9 @@ class WorkQueue:
                 if offsets:
                     self._return(offsets, failed)
             return None
-        base, most = self.requeue_delay_ms, self.requeue_delay_max_ms
         engine = self.engine
         for offset, failed in requeued:
-            due_ms = now_ms + min(base << min(engine.deliveries(offset) - 1, 32), most)
+            due_ms = now_ms + self._return_delay_ms(offset, failed)
             if engine.hold([offset], due_ms, failed):
                 heapq.heappush(backing_off, (due_ms, offset))
         due = []
@@ -830,7 +875,7 @@ class WorkQueue:
         return (
             self.expires_messages
             or self.expires_ms is not None
-            or self.requeue_delay_ms is not None
+            or self._delays_returns
             or bool(self._backing_off or self._requeued or self._dead_letter_retries)
         )
 
@@ -853,7 +898,7 @@ class WorkQueue:
         as in RabbitMQ's classic queues; returns when the queue next wants this called
         (epoch ms), or None for never."""
         due_ms = self.expire_head(now_ms) if self.expires_messages else None
-        if self.requeue_delay_ms is not None or self._backing_off or self._requeued:
+        if self._delays_returns or self._backing_off or self._requeued:
             ready_ms = self._back_off(now_ms)
             if ready_ms is not None and (due_ms is None or ready_ms < due_ms):
                 due_ms = ready_ms
