@@ -40,6 +40,7 @@ from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
 from .redrive import Redrives
+from .session import admission
 from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
 from .stream.stream import Stream, StreamLog
@@ -392,6 +393,22 @@ class Broker:
         assert self.store is not None
         state = self.store.state
         return vhost in state.vhosts and state.permission(username, vhost) is not None
+
+    def connection_refusal(self, username: str, vhost: str) -> str | None:
+        assert self.store is not None
+        state = self.store.state
+        return admission.connection_refusal(
+            state.vhost_limits.get(vhost),
+            state.user_limits.get(username),
+            self.connections,
+            username,
+            vhost,
+        )
+
+    def channel_refusal(self, username: str) -> str | None:
+        assert self.store is not None
+        limits = self.store.state.user_limits.get(username)
+        return admission.channel_refusal(limits, self.connections, username)
 
     def check_access(self, username: str, vhost: str, access: str, kind: str, name: str) -> None:
         assert self.store is not None
