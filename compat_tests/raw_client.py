@@ -110,6 +110,23 @@ class RawClient:
         mechanism: str = "PLAIN",
     ) -> None:
         """Run start/tune/open, asking for the given limits (0 = take the server's)."""
+        _, answer = self.open_connection(
+            channel_max, frame_max, heartbeat_s, user, password, vhost, mechanism
+        )
+        assert isinstance(answer, commands.Connection.OpenOk), f"connection.open: {answer!r}"
+
+    def open_connection(
+        self,
+        channel_max: int = 0,
+        frame_max: int = 131072,
+        heartbeat_s: int = 0,
+        user: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+        mechanism: str = "PLAIN",
+    ):
+        """`handshake`, returning the (channel, frame) that answers connection.open: open-ok,
+        or the connection.close of a refusal."""
         self.send_bytes(PROTOCOL_HEADER)
         _, start = self.expect(commands.Connection.Start)
         self.server_properties = start.server_properties
@@ -132,7 +149,7 @@ class RawClient:
             ),
         )
         self.send(0, commands.Connection.Open(virtual_host=vhost))
-        self.expect(commands.Connection.OpenOk)
+        return self.recv()
 
     def open_channel(self, channel: int) -> None:
         self.send(channel, commands.Channel.Open())
