@@ -125,8 +125,8 @@ def test_vhost_max_queues_at_the_limit_and_one_past_it(api, clients, vhost):
     client = clients()
     client.handshake(vhost=vhost)
     client.open_channel(1)
-    for name in ("a", "b", "b"):
-        client.send(1, commands.Queue.Declare(queue=name))
+    for queue in ("a", "b", "b"):
+        client.send(1, commands.Queue.Declare(queue=queue))
         client.expect(commands.Queue.DeclareOk)
     client.send(1, commands.Queue.Declare(queue="c"))
     close = client.expect_channel_close(1)
