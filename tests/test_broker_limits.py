@@ -9,6 +9,8 @@ from http_api import HttpApi, add_user, name, path
 from pamqp import commands
 from raw_amqp import RawClient
 
+from warrenmq.server import admin_cli
+
 CONSUMERS_PER_CHANNEL_MAX = 3
 
 
@@ -199,3 +201,23 @@ def test_only_an_administrator_sets_limits(api, vhost):
     assert monitor.put(path("api", "vhost-limits", vhost, "max-queues"), {"value": 1}).status == 401
     assert monitor.get("/api/user-limits").status == 401
     assert monitor.get(path("api", "vhost-limits", vhost)).status == 200
+
+
+def test_cli_sets_and_clears_limits_through_the_api(broker, api, vhost, capsys):
+    url = ["--url", broker.management_url]
+    assert admin_cli.run(["vhosts", "set-limits", vhost, '{"max-queues": 4}', *url]) == 0
+    assert api.get(path("api", "vhost-limits", vhost)).json == [
+        {"vhost": vhost, "value": {"max-queues": 4}}
+    ]
+    # Replaces every limit, as rabbitmqctl set_vhost_limits does.
+    assert admin_cli.run(["vhosts", "set-limits", vhost, '{"max-connections": 9}', *url]) == 0
+    assert api.get(path("api", "vhost-limits", vhost)).json == [
+        {"vhost": vhost, "value": {"max-connections": 9}}
+    ]
+    assert admin_cli.run(["vhosts", "clear-limits", vhost, *url]) == 0
+    assert api.get(path("api", "vhost-limits", vhost)).json == []
+    capsys.readouterr()
+    assert admin_cli.run(["users", "set-limits", "guest", '{"max-queues": 1}', *url]) == 1
+    assert "Unrecognised terms" in capsys.readouterr().err
+    assert admin_cli.run(["vhosts", "set-limits", "no-such", '{"max-queues": 1}', *url]) == 1
+    assert capsys.readouterr().err == "Error: no vhost 'no-such'\n"
