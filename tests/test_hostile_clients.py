@@ -21,11 +21,10 @@ import time
 import uuid
 
 import pytest
+from hostile import RSS_BYTES_MAX, rss_bytes, serves_a_good_client
 from pamqp import commands, frame, header
 from raw_amqp import PROTOCOL_HEADER, Closed, RawClient, raw_frame
 
-# A broker idling at ~60 MB must stay well under this after any of the tests below.
-RSS_BYTES_MAX = 400 << 20
 TIMEOUT_S = 30.0
 
 
@@ -37,28 +36,6 @@ def warren(tmp_path_factory):
     process = WarrenProcess(data / "data", log_path=data / "warren.log").start()
     yield process
     process.kill()
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def serves_a_good_client(warren) -> None:
-    """A pika client declares a queue, publishes to it and gets the message back."""
-    connection = warren.connect()
-    try:
-        channel = connection.channel()
-        queue = channel.queue_declare("", exclusive=True).method.queue
-        channel.confirm_delivery()
-        channel.basic_publish("", queue, b"still here")
-        method, _, body = channel.basic_get(queue, auto_ack=True)
-        assert method is not None and body == b"still here"
-    finally:
-        connection.close()
 
 
 @pytest.fixture(autouse=True)
