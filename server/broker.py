@@ -34,6 +34,7 @@ from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
+from .descriptor_alarm import DescriptorAlarm
 from .http import HttpListeners
 from .queue.arguments import queue_type
 from .queue.dead_letter_counts import DeadLetterCounts
@@ -119,6 +120,7 @@ class Broker:
         # Every queue's logs open their files through this pool, so the number of queues is
         # bounded by disk and memory, not by RLIMIT_NOFILE.
         self.descriptors = DescriptorPool(config.log_open_files_max or default_capacity())
+        self.descriptor_alarm = DescriptorAlarm(self.descriptors.capacity)
         self.data_dir = Path(config.data_dir)
         self.store: MetadataStore | None = None
         self.vhosts: dict[str, VirtualHost] = {}
@@ -260,7 +262,13 @@ class Broker:
         """
         assert self.store is not None
         started = time.monotonic()
-        log.info("queue logs keep at most %d files open", self.descriptors.capacity)
+        log.info(
+            "file descriptors: %d (RLIMIT_NOFILE); queue logs keep at most %d open, "
+            "connections at most %d",
+            self.descriptor_alarm.limit,
+            self.descriptors.capacity,
+            self.descriptor_alarm.connections_max,
+        )
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
             kept = set(vhost.recover())
@@ -362,12 +370,15 @@ class Broker:
                 "shutting down" if self._stopping else "connections_max reached",
             )
             return False
+        if not self.descriptor_alarm.admit(len(self.connections)):
+            return False
         self.connections.add(connection)
         return True
 
     def forget(self, connection: BrokerConnection) -> None:
         self.connections.discard(connection)
         self._output.pop(connection, None)
+        self.descriptor_alarm.released(len(self.connections))
 
     async def authenticate(self, username: str, password: str, address: str, mechanism: str) -> Any:
         store = self.store
