@@ -99,20 +99,9 @@ class RawClient:
         )
         return channel, value
 
-    def handshake(
-        self,
-        channel_max: int = 0,
-        frame_max: int = 131072,
-        heartbeat_s: int = 0,
-        user: str = "guest",
-        password: str = "guest",
-        vhost: str = "/",
-        mechanism: str = "PLAIN",
-    ) -> None:
-        """Run start/tune/open, asking for the given limits (0 = take the server's)."""
-        _, answer = self.open_connection(
-            channel_max, frame_max, heartbeat_s, user, password, vhost, mechanism
-        )
+    def handshake(self, **login) -> None:
+        """Run start/tune/open (`open_connection`'s arguments), expecting open-ok."""
+        _, answer = self.open_connection(**login)
         assert isinstance(answer, commands.Connection.OpenOk), f"connection.open: {answer!r}"
 
     def open_connection(
@@ -125,8 +114,8 @@ class RawClient:
         vhost: str = "/",
         mechanism: str = "PLAIN",
     ):
-        """`handshake`, returning the (channel, frame) that answers connection.open: open-ok,
-        or the connection.close of a refusal."""
+        """Run start/tune/open, asking for the given limits (0 = take the server's); returns
+        the (channel, frame) that answers connection.open: open-ok, or a refusal's close."""
         self.send_bytes(PROTOCOL_HEADER)
         _, start = self.expect(commands.Connection.Start)
         self.server_properties = start.server_properties

@@ -8,6 +8,7 @@ at once, so one limit is set by replacing them with the others plus it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -29,26 +30,6 @@ async def list_vhost_limits(call: Call) -> web.Response:
     return call.listing(items, VHOST_SORT)
 
 
-async def put_vhost_limit(call: Call) -> web.Response:
-    vhost, name = call.params["vhost"], call.params["name"]
-    if vhost not in call.state.vhosts:
-        raise object_not_found()
-    value = await _value(call)
-    current = call.state.vhost_limits.get(vhost, {})
-    await core(call.api.store.apply(SetVhostLimits(vhost, {**current, name: value})))
-    return no_content()
-
-
-async def delete_vhost_limit(call: Call) -> web.Response:
-    vhost, name = call.params["vhost"], call.params["name"]
-    current = call.state.vhost_limits.get(vhost, {})
-    if vhost not in call.state.vhosts or name not in current:
-        raise object_not_found()
-    remaining = {key: value for key, value in current.items() if key != name}
-    await core(call.api.store.apply(SetVhostLimits(vhost, remaining)))
-    return no_content()
-
-
 async def list_user_limits(call: Call) -> web.Response:
     limits = call.state.user_limits
     wanted = call.params.get("user")
@@ -59,28 +40,43 @@ async def list_user_limits(call: Call) -> web.Response:
     return call.listing(items, USER_SORT)
 
 
+async def put_vhost_limit(call: Call) -> web.Response:
+    return await _put(call, "vhost", call.state.vhosts, call.state.vhost_limits, SetVhostLimits)
+
+
+async def delete_vhost_limit(call: Call) -> web.Response:
+    return await _delete(call, "vhost", call.state.vhosts, call.state.vhost_limits, SetVhostLimits)
+
+
 async def put_user_limit(call: Call) -> web.Response:
-    user, name = call.params["user"], call.params["name"]
-    if user not in call.state.users:
-        raise object_not_found()
-    value = await _value(call)
-    current = call.state.user_limits.get(user, {})
-    await core(call.api.store.apply(SetUserLimits(user, {**current, name: value})))
-    return no_content()
+    return await _put(call, "user", call.state.users, call.state.user_limits, SetUserLimits)
 
 
 async def delete_user_limit(call: Call) -> web.Response:
-    user, name = call.params["user"], call.params["name"]
-    current = call.state.user_limits.get(user, {})
-    if user not in call.state.users or name not in current:
+    return await _delete(call, "user", call.state.users, call.state.user_limits, SetUserLimits)
+
+
+async def _put(
+    call: Call, scope: str, owners: Mapping[str, Any], table: Mapping[str, Any], command: Any
+) -> web.Response:
+    owner, name = call.params[scope], call.params["name"]
+    if owner not in owners:
         raise object_not_found()
-    remaining = {key: value for key, value in current.items() if key != name}
-    await core(call.api.store.apply(SetUserLimits(user, remaining)))
-    return no_content()
-
-
-async def _value(call: Call) -> Any:
     body = await call.body()
     if "value" not in body:
         raise bad_request("[{key_missing,value}]")
-    return body["value"]
+    current = table.get(owner, {})
+    await core(call.api.store.apply(command(owner, {**current, name: body["value"]})))
+    return no_content()
+
+
+async def _delete(
+    call: Call, scope: str, owners: Mapping[str, Any], table: Mapping[str, Any], command: Any
+) -> web.Response:
+    owner, name = call.params[scope], call.params["name"]
+    current = table.get(owner, {})
+    if owner not in owners or name not in current:
+        raise object_not_found()
+    remaining = {key: value for key, value in current.items() if key != name}
+    await core(call.api.store.apply(command(owner, remaining)))
+    return no_content()
