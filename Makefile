@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install reference-rabbitmq browser run lint format test test-fast soak bench bench-delayed clean
+.PHONY: install reference-rabbitmq browser run lint format test test-fast soak fuzz bench bench-delayed clean
 
 install: $(STAMP)
 
@@ -57,6 +57,11 @@ test-fast: $(STAMP)
 # 100,000 queues and 255,000 priority levels under a 4,096-file limit: long, and gigabytes.
 soak: $(STAMP)
 	$(BIN)/pytest -m soak
+
+# 1,000,000 mutated frames over real sockets to a running broker (`make test` sends 20,000):
+# about a minute. WARREN_FUZZ_SEED=N replays a run; the seed is printed.
+fuzz: $(STAMP)
+	WARREN_FUZZ_FRAMES=1000000 $(BIN)/pytest -s tests/test_hostile_fuzz.py
 
 bench: $(STAMP)
 	$(BIN)/warren bench log

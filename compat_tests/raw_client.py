@@ -99,7 +99,12 @@ class RawClient:
         )
         return channel, value
 
-    def handshake(
+    def handshake(self, **login) -> None:
+        """Run start/tune/open (`open_connection`'s arguments), expecting open-ok."""
+        _, answer = self.open_connection(**login)
+        assert isinstance(answer, commands.Connection.OpenOk), f"connection.open: {answer!r}"
+
+    def open_connection(
         self,
         channel_max: int = 0,
         frame_max: int = 131072,
@@ -108,8 +113,9 @@ class RawClient:
         password: str = "guest",
         vhost: str = "/",
         mechanism: str = "PLAIN",
-    ) -> None:
-        """Run start/tune/open, asking for the given limits (0 = take the server's)."""
+    ):
+        """Run start/tune/open, asking for the given limits (0 = take the server's); returns
+        the (channel, frame) that answers connection.open: open-ok, or a refusal's close."""
         self.send_bytes(PROTOCOL_HEADER)
         _, start = self.expect(commands.Connection.Start)
         self.server_properties = start.server_properties
@@ -132,7 +138,7 @@ class RawClient:
             ),
         )
         self.send(0, commands.Connection.Open(virtual_host=vhost))
-        self.expect(commands.Connection.OpenOk)
+        return self.recv()
 
     def open_channel(self, channel: int) -> None:
         self.send(channel, commands.Channel.Open())

@@ -1,4 +1,4 @@
-"""`warren users|vhosts|policies ...`: manage users, permissions, vhosts and policies.
+"""`warren users|vhosts|policies ...`: manage users, permissions, vhosts, policies and limits.
 
 Two ways, one set of commands and outputs. By default a command goes through a running
 broker's management API (`--url`, default $WARREN_MANAGEMENT_URL or http://127.0.0.1:15672;
@@ -28,6 +28,7 @@ from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords
 from warrenmq.server.metadata.errors import BadRequest, PreconditionFailed
+from warrenmq.server.metadata.limits import USER_LIMITS, VHOST_LIMITS, validate_limits
 from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore
 
 from .admin_remote import ApiAdmin
@@ -113,6 +114,8 @@ def register(commands: Any) -> None:
     shown.add_argument("--json", action="store_true", help="print JSON")
     shown.set_defaults(handler=_run(_list_permissions))
 
+    _limit_commands(user_actions, common, "user", "max-connections, max-channels")
+
     vhosts = commands.add_parser("vhosts", help="add, delete and list virtual hosts")
     vhost_actions = vhosts.add_subparsers(dest="action", metavar="ACTION", required=True)
     vhost_add = vhost_actions.add_parser("add", parents=[common], help="add a vhost")
@@ -128,6 +131,7 @@ def register(commands: Any) -> None:
     vhost_list = vhost_actions.add_parser("list", parents=[common], help="list vhosts")
     vhost_list.add_argument("--json", action="store_true", help="print JSON")
     vhost_list.set_defaults(handler=_run(_list_vhosts))
+    _limit_commands(vhost_actions, common, "vhost", "max-connections, max-queues")
 
     policies = commands.add_parser("policies", help="set, clear and list policies")
     policy_actions = policies.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -155,6 +159,28 @@ def register(commands: Any) -> None:
     policy_list.add_argument("--vhost", "-p", help="only this vhost")
     policy_list.add_argument("--json", action="store_true", help="print JSON")
     policy_list.set_defaults(handler=_run(_list_policies))
+
+
+def _limit_commands(actions: Any, common: argparse.ArgumentParser, scope: str, keys: str) -> None:
+    """set-limits, clear-limits and limits, as rabbitmqctl set_/clear_/list_{scope}_limits."""
+    set_limits = actions.add_parser(
+        "set-limits",
+        parents=[common],
+        help=f"replace a {scope}'s limits (as rabbitmqctl set_{scope}_limits)",
+    )
+    set_limits.add_argument("name")
+    set_limits.add_argument(
+        "definition", help=f"a JSON object of {keys}, e.g. '{{\"max-connections\": 64}}'"
+    )
+    set_limits.set_defaults(handler=_run(_set_limits), scope=scope)
+    clear_limits = actions.add_parser(
+        "clear-limits", parents=[common], help=f"remove every limit of a {scope}"
+    )
+    clear_limits.add_argument("name")
+    clear_limits.set_defaults(handler=_run(_clear_limits), scope=scope)
+    listed = actions.add_parser("limits", parents=[common], help=f"list the {scope}s' limits")
+    listed.add_argument("--json", action="store_true", help="print JSON")
+    listed.set_defaults(handler=_run(_list_limits), scope=scope)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -245,6 +271,16 @@ class DataDirAdmin:
             for name in (state.vhosts if vhost is None else [vhost])
             for p in state.policies(name).values()
         ]
+
+    async def set_limits(self, scope: str, name: str, limits: dict[str, Any]) -> None:
+        command = c.SetVhostLimits if scope == "vhost" else c.SetUserLimits
+        await self.store.apply(command(name, limits))
+
+    async def limits(self, scope: str) -> list[dict[str, Any]]:
+        state = self.store.state
+        table = state.vhost_limits if scope == "vhost" else state.user_limits
+        # The items of RabbitMQ's GET /api/vhost-limits (/api/user-limits).
+        return [{scope: name, "value": dict(value)} for name, value in table.items()]
 
 
 def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
@@ -398,6 +434,31 @@ async def _list_policies(admin: Admin, args: argparse.Namespace) -> None:
             f"{p['vhost']}\t{p['name']}\t{p['pattern']}\t{p['apply-to']}\t{definition}\t"
             f"{p['priority']}"
         )
+
+
+async def _set_limits(admin: Admin, args: argparse.Namespace) -> None:
+    try:
+        limits = json.loads(args.definition, parse_constant=_reject_constant)
+    except ValueError as error:
+        raise BadRequest(f"Could not parse JSON document: {error}") from None
+    known = VHOST_LIMITS if args.scope == "vhost" else USER_LIMITS
+    await admin.set_limits(args.scope, args.name, validate_limits(limits, known))
+    print(f'Set the limits of {args.scope} "{args.name}".')
+
+
+async def _clear_limits(admin: Admin, args: argparse.Namespace) -> None:
+    await admin.set_limits(args.scope, args.name, {})
+    print(f'Cleared the limits of {args.scope} "{args.name}".')
+
+
+async def _list_limits(admin: Admin, args: argparse.Namespace) -> None:
+    rows = sorted(await admin.limits(args.scope), key=lambda row: row[args.scope])
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"{args.scope}\tlimits")
+    for row in rows:
+        print(f"{row[args.scope]}\t{json.dumps(row['value'], separators=(',', ':'))}")
 
 
 if __name__ == "__main__":

@@ -134,3 +134,20 @@ class ApiAdmin:
         if vhost is None:
             return self._call("GET", "api", "policies")
         return self._call("GET", "api", "policies", vhost, missing=f"no vhost '{vhost}'")
+
+    # -- limits --------------------------------------------------------------------------------
+
+    async def set_limits(self, scope: str, name: str, limits: dict[str, Any]) -> None:
+        """Replace the limits (validated already) one by one: the API sets one at a time."""
+        root = f"{scope}-limits"
+        missing = f"no {scope} '{name}'"
+        self._call("GET", "api", f"{scope}s", name, missing=missing)
+        current = self._call("GET", "api", root, name, missing=missing)
+        for key in current[0]["value"] if current else {}:
+            if key not in limits:
+                self._call("DELETE", "api", root, name, key)
+        for key, value in limits.items():
+            self._call("PUT", "api", root, name, key, body={"value": value}, missing=missing)
+
+    async def limits(self, scope: str) -> list[dict[str, Any]]:
+        return self._call("GET", "api", f"{scope}-limits")

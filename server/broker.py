@@ -34,12 +34,14 @@ from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
+from .descriptor_alarm import DescriptorAlarm
 from .http import HttpListeners
 from .queue.arguments import queue_type
 from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
 from .redrive import Redrives
+from .session import admission
 from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
 from .stream.stream import Stream, StreamLog
@@ -118,6 +120,7 @@ class Broker:
         # Every queue's logs open their files through this pool, so the number of queues is
         # bounded by disk and memory, not by RLIMIT_NOFILE.
         self.descriptors = DescriptorPool(config.log_open_files_max or default_capacity())
+        self.descriptor_alarm = DescriptorAlarm(self.descriptors.capacity)
         self.data_dir = Path(config.data_dir)
         self.store: MetadataStore | None = None
         self.vhosts: dict[str, VirtualHost] = {}
@@ -259,7 +262,13 @@ class Broker:
         """
         assert self.store is not None
         started = time.monotonic()
-        log.info("queue logs keep at most %d files open", self.descriptors.capacity)
+        log.info(
+            "file descriptors: %d (RLIMIT_NOFILE); queue logs keep at most %d open, "
+            "connections at most %d",
+            self.descriptor_alarm.limit,
+            self.descriptors.capacity,
+            self.descriptor_alarm.connections_max,
+        )
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
             kept = set(vhost.recover())
@@ -361,12 +370,15 @@ class Broker:
                 "shutting down" if self._stopping else "connections_max reached",
             )
             return False
+        if not self.descriptor_alarm.admit(len(self.connections)):
+            return False
         self.connections.add(connection)
         return True
 
     def forget(self, connection: BrokerConnection) -> None:
         self.connections.discard(connection)
         self._output.pop(connection, None)
+        self.descriptor_alarm.released(len(self.connections))
 
     async def authenticate(self, username: str, password: str, address: str, mechanism: str) -> Any:
         store = self.store
@@ -392,6 +404,22 @@ class Broker:
         assert self.store is not None
         state = self.store.state
         return vhost in state.vhosts and state.permission(username, vhost) is not None
+
+    def connection_refusal(self, username: str, vhost: str) -> str | None:
+        assert self.store is not None
+        state = self.store.state
+        return admission.connection_refusal(
+            state.vhost_limits.get(vhost),
+            state.user_limits.get(username),
+            self.connections,
+            username,
+            vhost,
+        )
+
+    def channel_refusal(self, username: str) -> str | None:
+        assert self.store is not None
+        limits = self.store.state.user_limits.get(username)
+        return admission.channel_refusal(limits, self.connections, username)
 
     def check_access(self, username: str, vhost: str, access: str, kind: str, name: str) -> None:
         assert self.store is not None

@@ -56,6 +56,10 @@ class BrokerConfig:
     """Queued output above this stops deliveries to that connection until it drains."""
     unacked_per_channel_max: int = 1_000_000
     """In-flight deliveries on one channel even without a prefetch limit."""
+    consumers_per_channel_max: int = 0
+    """Consumers one channel may hold; one more is 530 NOT_ALLOWED "reached maximum (N) of
+    consumers per channel", closing the connection (RabbitMQ 3.12's consumer_max_per_channel).
+    0 is no limit, RabbitMQ's default (infinity)."""
     channel_tx_message_max: int = 10_000
     """Publishes one open transaction holds until tx.commit; the next is refused with 406
     (RabbitMQ 4.3.6's channel_tx_message_max and its default)."""
@@ -130,6 +134,11 @@ class BrokerConfig:
             raise ConfigError(
                 "log_open_files_max must not be negative (0 is "
                 f"automatic), got {self.log_open_files_max}"
+            )
+        if self.consumers_per_channel_max < 0:
+            raise ConfigError(
+                "consumers_per_channel_max must not be negative (0 is no limit), "
+                f"got {self.consumers_per_channel_max}"
             )
         if self.consumer_timeout_ms < 0:
             raise ConfigError(

@@ -253,3 +253,37 @@ def test_a_priority_that_is_no_integer_is_a_usage_error(tmp_path):
     assert result.returncode == 2
     assert "argument --priority: invalid int value: 'x'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_limits_set_list_and_clear_through_the_cli(tmp_path):
+    assert admin(tmp_path, "vhosts", "add", "v1").returncode == 0
+    set_ = admin(tmp_path, "vhosts", "set-limits", "v1", '{"max-queues": 3, "max-connections": -1}')
+    assert set_.returncode == 0, set_.stderr
+    assert set_.stdout == 'Set the limits of vhost "v1".\n'
+    assert admin(tmp_path, "users", "set-limits", "guest", '{"max-channels": 8}').returncode == 0
+    listed = admin(tmp_path, "vhosts", "limits", "--json")
+    assert json.loads(listed.stdout) == [
+        {"vhost": "v1", "value": {"max-connections": -1, "max-queues": 3}}
+    ]
+    assert admin(tmp_path, "users", "limits").stdout == 'user\tlimits\nguest\t{"max-channels":8}\n'
+    cleared = admin(tmp_path, "vhosts", "clear-limits", "v1")
+    assert cleared.stdout == 'Cleared the limits of vhost "v1".\n'
+    assert json.loads(admin(tmp_path, "vhosts", "limits", "--json").stdout) == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ("vhosts", "set-limits", "/", '{"max-channels": 1}'),
+            'Error: Validation failed\n\nUnrecognised terms [{<<"max-channels">>,1}] in '
+            "vhost-limits\n",
+        ),
+        (("users", "set-limits", "nobody", '{"max-channels": 1}'), "Error: no user 'nobody'\n"),
+        (("vhosts", "set-limits", "/", "{"), "Error: Could not parse JSON document"),
+    ],
+)
+def test_limit_errors_exit_1_with_rabbitmqs_text(tmp_path, argv, message):
+    done = admin(tmp_path, *argv)
+    assert done.returncode == 1
+    assert done.stderr.startswith(message)

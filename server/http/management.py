@@ -35,6 +35,7 @@ from . import (
     definitions,
     dlq,
     exchanges,
+    limits,
     overview,
     policies,
     queues,
@@ -201,6 +202,23 @@ ROUTES: tuple[Route, ...] = (
         GET=users.get_permission,
         PUT=users.put_permission,
         DELETE=users.delete_permission,
+    ),
+    # Lists of vhost limits are any vhost user's (filtered); setting one is an administrator's.
+    route("/api/vhost-limits", VHOST, GET=limits.list_vhost_limits),
+    route("/api/vhost-limits/{vhost}", VHOST, GET=limits.list_vhost_limits),
+    route(
+        "/api/vhost-limits/{vhost}/{name}",
+        ADMIN,
+        PUT=limits.put_vhost_limit,
+        DELETE=limits.delete_vhost_limit,
+    ),
+    route("/api/user-limits", ADMIN, GET=limits.list_user_limits),
+    route("/api/user-limits/{user}", ADMIN, GET=limits.list_user_limits),
+    route(
+        "/api/user-limits/{user}/{name}",
+        ADMIN,
+        PUT=limits.put_user_limit,
+        DELETE=limits.delete_user_limit,
     ),
     # Lists are any vhost user's (filtered); one policy is a policymaker's (rabbit_mgmt_wm_*).
     route("/api/policies", VHOST, GET=policies.list_policies),

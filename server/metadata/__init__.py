@@ -11,7 +11,8 @@ state machine.
   `await store.apply(command)`, `await store.authenticate(user, password)`,
   `await store.sync_external_changes()`.
 * `passwords` — scrypt hashing; `permissions` — regex checks, refusal texts and the
-  loopback_users rule; `policies` — policy validation with RabbitMQ's texts; `errors` — the
+  loopback_users rule; `policies` — policy validation with RabbitMQ's texts; `limits` — vhost
+  and user limits (max-connections, max-queues, max-channels); `errors` — the
   reply-coded refusals (the routing layer's family);
   `encoding` — field tables as JSON.
 """
@@ -32,7 +33,9 @@ from warrenmq.server.metadata.commands import (
     DeleteVhost,
     SetPermissions,
     SetPolicy,
+    SetUserLimits,
     SetUserTags,
+    SetVhostLimits,
     Unbind,
 )
 from warrenmq.server.metadata.errors import (
@@ -78,7 +81,9 @@ __all__ = [
     "ResourceLocked",
     "SetPermissions",
     "SetPolicy",
+    "SetUserLimits",
     "SetUserTags",
+    "SetVhostLimits",
     "StoreFailed",
     "Unbind",
     "User",

@@ -156,6 +156,25 @@ class ClearPolicy:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class SetVhostLimits:
+    """Replace a vhost's limits (rabbitmqctl set_vhost_limits); an empty mapping clears them.
+
+    `limits` arrives as the client sent it (decoded JSON): the state validates it
+    (`warrenmq.server.metadata.limits`)."""
+
+    vhost: str
+    limits: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SetUserLimits:
+    """Replace a user's limits (rabbitmqctl set_user_limits); an empty mapping clears them."""
+
+    user: str
+    limits: Mapping[str, Any]
+
+
 Command = (
     DeclareVhost
     | DeleteVhost
@@ -173,4 +192,6 @@ Command = (
     | Unbind
     | SetPolicy
     | ClearPolicy
+    | SetVhostLimits
+    | SetUserLimits
 )

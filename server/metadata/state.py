@@ -53,6 +53,13 @@ from warrenmq.server.metadata.errors import (
     PreconditionFailed,
     ResourceLocked,
 )
+from warrenmq.server.metadata.limits import (
+    MAX_QUEUES,
+    USER_LIMITS,
+    VHOST_LIMITS,
+    limit_reached,
+    validate_limits,
+)
 from warrenmq.server.metadata.permissions import Access, Permission
 from warrenmq.server.metadata.records import (
     DEFAULT_VHOST,
@@ -93,7 +100,8 @@ _PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
 # ("put_exchange", vhost, Exchange), ("delete_exchange", vhost, name), ("put_queue", QueueRecord),
 # ("delete_queue", vhost, name), ("put_binding", vhost, source, Binding),
 # ("delete_binding", vhost, source, Binding), ("put_policy", Policy),
-# ("delete_policy", vhost, name).
+# ("delete_policy", vhost, name), ("put_limits", "vhost" or "user", name, limits),
+# ("delete_limits", "vhost" or "user", name).
 Write = tuple
 
 
@@ -137,6 +145,9 @@ class MetadataState:
         self.permissions: dict[tuple[str, str], Permission] = {}
         self._policies: dict[str, dict[str, Policy]] = {}
         self._policy_count = 0
+        # set_vhost_limits and set_user_limits: absent when none are set.
+        self.vhost_limits: dict[str, Mapping[str, int]] = {}
+        self.user_limits: dict[str, Mapping[str, int]] = {}
         self._routers: dict[str, Router] = {}
         self._queues: dict[str, dict[str, QueueRecord]] = {}
         # Exclusive queues by owning connection, so a closing connection finds its own without
@@ -163,6 +174,8 @@ class MetadataState:
             c.Unbind: self._unbind,
             c.SetPolicy: self._set_policy,
             c.ClearPolicy: self._clear_policy,
+            c.SetVhostLimits: self._set_vhost_limits,
+            c.SetUserLimits: self._set_user_limits,
         }
 
     # --- the state machine -----------------------------------------------------------------
@@ -320,6 +333,10 @@ class MetadataState:
             "exchanges": exchanges,
             "queues": queues,
             "bindings": bindings,
+            "limits": [
+                ["vhost", name, dict(value)] for name, value in sorted(self.vhost_limits.items())
+            ]
+            + [["user", name, dict(value)] for name, value in sorted(self.user_limits.items())],
         }
         return encoding.dumps(document).encode("utf-8")
 
@@ -383,6 +400,7 @@ class MetadataState:
         for key in [key for key in self.permissions if key[1] == name]:
             del self.permissions[key]
         self._policy_count -= len(self._policies.pop(name))
+        self.vhost_limits.pop(name, None)
         return Outcome(
             True,
             deleted_exchanges=deleted_exchanges,
@@ -409,6 +427,7 @@ class MetadataState:
         del self.users[command.name]
         for key in [key for key in self.permissions if key[0] == command.name]:
             del self.permissions[key]
+        self.user_limits.pop(command.name, None)
         return Outcome(True, writes=(("delete_user", command.name),))
 
     def _change_password(self, command: c.ChangePassword) -> Outcome:
@@ -493,6 +512,19 @@ class MetadataState:
         self._policy_count -= 1
         return Outcome(True, writes=(("delete_policy", command.vhost, command.name),))
 
+    # --- vhost and user limits -------------------------------------------------------------
+
+    def _set_vhost_limits(self, command: c.SetVhostLimits) -> Outcome:
+        if command.vhost not in self.vhosts:
+            raise NotFound(f"no vhost '{command.vhost}'")
+        value = validate_limits(command.limits, VHOST_LIMITS)
+        return _replace_limits(self.vhost_limits, "vhost", command.vhost, value)
+
+    def _set_user_limits(self, command: c.SetUserLimits) -> Outcome:
+        self._user_or_die(command.user)
+        value = validate_limits(command.limits, USER_LIMITS)
+        return _replace_limits(self.user_limits, "user", command.user, value)
+
     # --- exchanges -------------------------------------------------------------------------
 
     def _declare_exchange(self, command: c.DeclareExchange) -> Outcome:
@@ -567,6 +599,12 @@ class MetadataState:
                 existing, durable, command.auto_delete, command.arguments, owner
             )
             return Outcome(False, queue=existing)
+        limit = limit_reached(self.vhost_limits.get(vhost), MAX_QUEUES, len(queues))
+        if limit is not None:
+            raise PreconditionFailed(
+                f"cannot declare queue '{name}': queue limit in vhost '{vhost}' ({limit}) "
+                "is reached"
+            )
         if len(queues) >= self.limits.queues_per_vhost_max:
             raise PreconditionFailed(
                 f"cannot declare queue '{name}' in vhost '{vhost}': queue limit in vhost "
@@ -713,6 +751,18 @@ def _check_name(kind: str, name: str) -> None:
         raise PreconditionFailed(f"{kind} name longer than {NAME_CHARS_MAX} bytes")
 
 
+def _replace_limits(
+    table: dict[str, Mapping[str, int]], scope: str, name: str, value: dict[str, int]
+) -> Outcome:
+    if table.get(name, {}) == value:
+        return Outcome(False)
+    if not value:
+        del table[name]
+        return Outcome(True, writes=(("delete_limits", scope, name),))
+    table[name] = value
+    return Outcome(True, writes=(("put_limits", scope, name, value),))
+
+
 def _check_password_hash(password_hash: str) -> None:
     if not passwords.is_password_hash(password_hash):
         raise PreconditionFailed("not a password hash this broker produced")
@@ -761,4 +811,9 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
         commands.append(
             c.Bind(vhost, source, destination, kind, routing_key, encoding.decode_table(arguments))
         )
+    # After the queues: a snapshot may hold more queues than a max-queues set later allows.
+    # Snapshots from before limits existed have none.
+    for scope, name, value in document.get("limits", []):
+        command = c.SetVhostLimits if scope == "vhost" else c.SetUserLimits
+        commands.append(command(name, value))
     return commands

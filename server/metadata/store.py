@@ -15,12 +15,13 @@ A failed write leaves memory ahead of disk, so the store stops accepting command
 Changes made by another process (`warren users|vhosts|policies ...` against the same data dir
 while a broker runs) are picked up by `sync_external_changes()`: SQLite's `PRAGMA data_version`
 changes exactly when another connection has committed, so the check is one cheap query; when
-it changed, vhosts, users, permissions and policies are re-read and the differences applied
+it changed, vhosts, users, permissions, policies and limits are re-read and the differences applied
 to the state as commands. The broker calls it before authenticating each new connection and
-once a second; the CLI only ever edits those four tables.
+once a second; the CLI only ever edits those five tables.
 
-The policies table came after schema 2 without a version of its own: it is only added
-(CREATE TABLE IF NOT EXISTS), and a broker that predates it has no policies to lose.
+The policies and limits tables came after schema 2 without a version of their own: they are
+only added (CREATE TABLE IF NOT EXISTS), and a broker that predates them has none to lose.
+Limits ("vhost" or "user" scope, a JSON object) are the CLI's to edit too.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ CREATE TABLE IF NOT EXISTS permissions (
 CREATE TABLE IF NOT EXISTS policies (
     vhost TEXT NOT NULL, name TEXT NOT NULL, pattern TEXT NOT NULL, apply_to TEXT NOT NULL,
     priority TEXT NOT NULL, definition TEXT NOT NULL, PRIMARY KEY (vhost, name));
+CREATE TABLE IF NOT EXISTS limits (
+    scope TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (scope, name));
 CREATE TABLE IF NOT EXISTS exchanges (
     vhost TEXT NOT NULL, name TEXT NOT NULL, type TEXT NOT NULL, auto_delete INTEGER NOT NULL,
     internal INTEGER NOT NULL, arguments TEXT NOT NULL, PRIMARY KEY (vhost, name));
@@ -279,9 +282,11 @@ class MetadataStore:
             self._data_version = version
             vhosts, users, permissions = await self._read_access_rows()
             policies = await self._read_policy_rows()
+            limit_rows = await self._read_limit_rows()
             outcomes = []
             commands = _reconcile(self.state, vhosts, users, permissions)
             commands += _reconcile_policies(self.state, policies, {name for name, _, _ in vhosts})
+            commands += _reconcile_limits(self.state, limit_rows)
             for command in commands:
                 try:
                     outcomes.append(await self.apply(command))
@@ -377,6 +382,12 @@ class MetadataStore:
         ) as cursor:
             return list(await cursor.fetchall())
 
+    async def _read_limit_rows(self) -> list:
+        async with self._db.execute(
+            "SELECT scope, name, value FROM limits ORDER BY scope, name"
+        ) as cursor:
+            return list(await cursor.fetchall())
+
     async def _load(self) -> None:
         db = self._db
         vhosts, users, permissions = await self._read_access_rows()
@@ -435,6 +446,8 @@ class MetadataStore:
                     encoding.table_from_json(arguments),
                 )
             )
+        # Last: a vhost may hold more queues than a max-queues set since allows.
+        loaded.extend(_reconcile_limits(MetadataState(), await self._read_limit_rows()))
         for command in loaded:
             try:
                 self.state.apply(command)
@@ -521,6 +534,25 @@ def _reconcile_policies(state: MetadataState, rows: list, vhost_names: set[str])
     return commands
 
 
+def _reconcile_limits(state: MetadataState, rows: list) -> list[c.Command]:
+    """Commands that turn the state's vhost and user limits into the given rows (a deleted
+    vhost or user takes its limits with it)."""
+    commands: list[c.Command] = []
+    wanted: dict[tuple[str, str], dict] = {(scope, name): json.loads(v) for scope, name, v in rows}
+    for (scope, name), value in sorted(wanted.items()):
+        current = (state.vhost_limits if scope == "vhost" else state.user_limits).get(name)
+        if current != value:
+            command = c.SetVhostLimits if scope == "vhost" else c.SetUserLimits
+            commands.append(command(name, value))
+    for name in sorted(state.vhost_limits):
+        if ("vhost", name) not in wanted:
+            commands.append(c.SetVhostLimits(name, {}))
+    for name in sorted(state.user_limits):
+        if ("user", name) not in wanted:
+            commands.append(c.SetUserLimits(name, {}))
+    return commands
+
+
 def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
     kind = write[0]
     if kind == "put_vhost":
@@ -543,7 +575,7 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
                 ("queues", "vhost"),
                 ("bindings", "vhost"),
             )
-        ]
+        ] + [("DELETE FROM limits WHERE scope = 'vhost' AND name = ?", (name,))]
     if kind == "put_user":
         user = write[1]
         return [
@@ -556,6 +588,7 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
         return [
             ("DELETE FROM users WHERE name = ?", (write[1],)),
             ("DELETE FROM permissions WHERE user = ?", (write[1],)),
+            ("DELETE FROM limits WHERE scope = 'user' AND name = ?", (write[1],)),
         ]
     if kind == "put_permission":
         p = write[1]
@@ -586,6 +619,16 @@ def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
         ]
     if kind == "delete_policy":
         return [("DELETE FROM policies WHERE vhost = ? AND name = ?", (write[1], write[2]))]
+    if kind == "put_limits":
+        _, scope, name, value = write
+        return [
+            (
+                "INSERT OR REPLACE INTO limits (scope, name, value) VALUES (?, ?, ?)",
+                (scope, name, json.dumps(value)),
+            )
+        ]
+    if kind == "delete_limits":
+        return [("DELETE FROM limits WHERE scope = ? AND name = ?", (write[1], write[2]))]
     if kind == "put_exchange":
         _, vhost, exchange = write
         return [

@@ -88,6 +88,14 @@ class Host(Protocol):
 
     def may_use_vhost(self, username: str, vhost: str) -> bool: ...
 
+    def connection_refusal(self, username: str, vhost: str) -> str | None:
+        """Why the vhost's or the user's connection limit refuses one more (530), or None."""
+        ...
+
+    def channel_refusal(self, username: str) -> str | None:
+        """Why the user's channel limit refuses one more channel (530), or None."""
+        ...
+
     def check_access(self, username: str, vhost: str, access: str, kind: str, name: str) -> None:
         """Raise 403 with RabbitMQ's text unless the user may do `access` on the resource."""
         ...
@@ -354,6 +362,9 @@ class BrokerConnection(asyncio.Protocol):
                 raise not_implemented(f"{type(event.method).__name__}")
             return handler(self, self.channels[event.channel], event.method)
         if kind is events.ChannelOpened:
+            refusal = self.broker.channel_refusal(self.username)
+            if refusal is not None:
+                raise not_allowed(refusal)
             config = self.broker.config
             self.channels[event.channel] = BrokerChannel(
                 self,
@@ -414,6 +425,12 @@ class BrokerConnection(asyncio.Protocol):
             log.error("connection %s: vhost '%s' not found", self.name, event.vhost)
             self.amqp.refuse_vhost(f"vhost {event.vhost} not found")
             return
+        # rabbit_reader's order: the vhost's connection limit, the user's, then access.
+        refusal = self.broker.connection_refusal(self.username, event.vhost)
+        if refusal is not None:
+            log.error("connection %s: %s", self.name, refusal)
+            self.amqp.refuse_vhost(refusal)
+            return
         if not self.broker.may_use_vhost(self.username, event.vhost):
             log.error(
                 "connection %s: access to vhost '%s' refused for user '%s'",
@@ -433,6 +450,15 @@ class BrokerConnection(asyncio.Protocol):
             vhost.name,
             self.username,
         )
+
+    @property
+    def vhost_name(self) -> str | None:
+        """The vhost once connection.open was accepted (what limits count), else None."""
+        return self.vhost.name if self.vhost is not None else None
+
+    @property
+    def channel_count(self) -> int:
+        return len(self.channels)
 
     # -- permissions -------------------------------------------------------------------------
 
@@ -838,6 +864,9 @@ def _basic_consume(
 ) -> None:
     name = method.queue
     tag = method.consumer_tag or generated_name("amq.ctag-")
+    consumers_max = conn.broker.config.consumers_per_channel_max
+    if consumers_max and tag not in channel.consumers and len(channel.consumers) >= consumers_max:
+        raise not_allowed(f"reached maximum ({consumers_max}) of consumers per channel")
     if tag in channel.consumers or (channel.reply_consumer == tag):
         raise not_allowed(f"attempt to reuse consumer tag '{tag}'")
     if name == REPLY_TO_QUEUE:
