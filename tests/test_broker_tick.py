@@ -67,6 +67,9 @@ class GatedEngine:
     ready_count = 0
     needs_commit = False
 
+    def held(self):
+        return []
+
     async def commit(self):
         await self.gate.wait()
         if self.commit_failure is not None:

@@ -58,6 +58,9 @@ from .channel import BrokerChannel, monotonic_ms
 # tags), optionally x-visibility-timeout (ms from now; default: the queue's). Never stored;
 # in confirm mode an ack means extended, a nack that some tag was not an invisible delivery.
 VISIBILITY_QUEUE = "amq.warren.visibility"
+# How long a finished connection's socket stays open for the client to read the last frames
+# and close its end (`_linger`).
+LINGER_S = 1.0
 
 log = logging.getLogger("warrenmq.server")
 
@@ -163,6 +166,8 @@ class BrokerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_bytes += len(data)
+        if self.closed:
+            return
         amqp = self.amqp
         amqp.receive_data(data, self.loop.time())
         if self._busy is None:
@@ -270,9 +275,24 @@ class BrokerConnection(asyncio.Protocol):
             transport.write(data)
         if self.amqp.finished:
             self._teardown(None)
-            transport.close()
+            self._linger(transport)
         else:
             self._arm_timer()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close once the client has the last frames: a socket closed with input unread
+        (the rest of a frame too large to read, say) is reset, and a reset can destroy the
+        connection.close in flight before the client reads it. So the sending side is shut,
+        further input dropped, and the socket closed when the client closes its end or
+        after LINGER_S."""
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self.loop.call_later(LINGER_S, transport.close)
 
     @property
     def name(self) -> str:
