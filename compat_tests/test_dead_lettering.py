@@ -740,6 +740,31 @@ def test_cc_and_bcc_keys_route_the_dead_letter(channel, declare, uid):
     assert message_count(channel, src) == 0
 
 
+def test_a_publish_refused_by_reject_publish_dlx_is_dead_lettered_by_its_bcc_keys(
+    channel, declare, uid
+):
+    channel.exchange_declare(f"{uid}-dlx", "direct", auto_delete=True)
+    src = declare(
+        f"{uid}-src",
+        {
+            "x-max-length": 0,
+            "x-overflow": "reject-publish-dlx",
+            "x-dead-letter-exchange": f"{uid}-dlx",
+        },
+    )
+    dead = {}
+    for key in (src, "bcc"):
+        dead[key] = declare(f"{uid}-dl-{key}")
+        channel.queue_bind(dead[key], f"{uid}-dlx", key)
+    channel.confirm_delivery()
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish("", src, b"x", pika.BasicProperties(headers={"BCC": ["bcc"]}))
+    for key in (src, "bcc"):
+        method, properties, body = take(channel, dead[key])
+        assert (method.routing_key, body) == (src, b"x"), key
+        assert "BCC" not in properties.headers, key
+
+
 def test_a_dead_letter_routing_key_removes_the_cc_header(channel, declare, uid):
     channel.exchange_declare(f"{uid}-dlx", "direct", auto_delete=True)
     dead = {}

@@ -173,7 +173,7 @@ class DeadLetterHandoff:
     def confirm(self, _through_tag: int, _refused: object) -> None:
         failed = self._failed
         settled = [m.offset for tag, (m, _) in enumerate(self.dead_letters, 1) if tag not in failed]
-        self.queue.dead_lettered([offset for offset in settled if offset >= 0])
+        self.queue.dead_lettered(settled)
         if self.settled is not None:
             self.settled()
         if failed:
@@ -487,8 +487,7 @@ class VirtualHost:
         plan = []
         dead_letter_routing_key = queue.dead_letter_routing_key
         for message, reason in dead_letters:
-            # A refused publish (offset -1) was never stored, nor were its BCC keys.
-            bcc = queue.engine.bcc_keys(message.offset) if message.offset >= 0 else ()
+            bcc = queue.bcc_keys(message.offset)
             properties, keys = dead_letter(
                 message.properties,
                 queue=queue.name,

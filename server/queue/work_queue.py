@@ -185,7 +185,10 @@ class WorkQueue:
         heapq.heapify(self._backing_off)
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
-        publish, never stored here, has offset -1)."""
+        publish, never stored here, has a negative offset of its own)."""
+        self._refused_offset = 0
+        # The BCC keys of refused publishes among the dead letters, by their offset.
+        self._refused_bcc: dict[int, tuple[str, ...]] = {}
         self._dead_letter_retries: list[tuple[Message, str]] = []
         self._dead_letter_retry_ms: int | None = None
         """When the retries go out again; stamped by the first `run_timers` after they came."""
@@ -305,7 +308,9 @@ class WorkQueue:
         """
         if self.reject_when_full and self._full(len(record[3])):
             if self.dead_letter_refused and self.dead_letter_exchange is not None:
-                self.dead_letters.append((Message(-1, 0, *record, False, 0, 0), MAXLEN))
+                self._refused_offset -= 1
+                refused = Message(self._refused_offset, 0, *record, False, 0, 0)
+                self.dead_letters.append((refused, MAXLEN))
                 self._count_deaths(MAXLEN, 1)
             return False
         self._staged.append(record)
@@ -333,6 +338,13 @@ class WorkQueue:
         was published with, so that its dead letter is routed by them too, and the failed
         deliveries a dead letter carries."""
         if not self.stage(record, persistent, expiring, publisher):
+            if (
+                bcc
+                and self.dead_letters
+                and self.dead_letters[-1][0].offset == self._refused_offset
+            ):
+                # Refused and dead-lettered (reject-publish-dlx): routed by its BCC keys too.
+                self._refused_bcc[self._refused_offset] = bcc
             return False
         if bcc or failures:
             self._staged_kept.append(Kept(len(self._staged) - 1, bcc, failures))
@@ -766,8 +778,20 @@ class WorkQueue:
         return dead_letters
 
     def dead_lettered(self, offsets: list[int]) -> None:
-        """Dead letters every target now holds: they leave this queue."""
-        self.ack(offsets)
+        """Dead letters every target now holds: they leave this queue (a refused publish
+        was never in it)."""
+        if self._refused_bcc:
+            for offset in offsets:
+                if offset < 0:
+                    self._refused_bcc.pop(offset, None)
+        self.ack([offset for offset in offsets if offset >= 0])
+
+    def bcc_keys(self, offset: int) -> tuple[str, ...]:
+        """The BCC keys of the dead letter at `offset`: a stored message's from the engine,
+        a refused publish's as it came."""
+        if offset < 0:
+            return self._refused_bcc.get(offset, ())
+        return self.engine.bcc_keys(offset)
 
     def retry_dead_letters(self, failed: list[tuple[Message, str]]) -> None:
         """Dead letters a target could not store: still in flight here, published again after
