@@ -23,10 +23,9 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
   the AMQP 1.0 SASL header since it speaks 1.0 too).
 * connection.start carries RabbitMQ's nine capabilities, mechanisms "PLAIN AMQPLAIN" (and
   EXTERNAL where the broker's config offers it), locale en_US. The broker checks credentials
-  (``AuthenticationRequested``). A refused login
-  is 403 ACCESS_REFUSED "Login was refused using authentication mechanism PLAIN. For details
-  see the broker logfile.", sent only if the client announced authentication_failure_close;
-  otherwise the socket just closes.
+  (``AuthenticationRequested``). A refused login is 403 ACCESS_REFUSED "Login was refused
+  using authentication mechanism PLAIN. For details see the broker logfile.", sent only if
+  the client announced authentication_failure_close; otherwise the socket just closes.
 * Errors before the connection is open close silently, as ``rabbit_reader:handle_exception``
   does, except: a refused login (above), 530 NOT_ALLOWED while tuning, and any error while
   opening (awaiting or checking connection.open), which get a connection.close.
