@@ -12,8 +12,8 @@ The machine only extracts credentials; checking them is the broker's job (it ans
   502 with RabbitMQ's texts.
 * EXTERNAL (``rabbit_auth_mechanism_ssl``): the response is ignored; the user is the one the
   TLS client certificate names, which the broker knows and the machine does not, so the
-  username here is empty. The broker offers it (``ConnectionConfig.mechanisms``) only on a
-  connection whose client certificate was verified.
+  username here is empty. The broker offers it (``ConnectionConfig.mechanisms``) on TLS
+  connections only, and refuses it without a verified client certificate.
 * A mechanism that is not offered: 503 COMMAND_INVALID "unknown authentication mechanism 'X'"
   (``rabbit_reader:auth_mechanism_to_module``).
 """

@@ -20,9 +20,9 @@ directory. A pytest run whose WARREN_REFERENCE_URL names that node finds the fil
 seed and restart the node as it does its own.
 
 With ``--tls DIR`` (the files of ``warren tls generate DIR``) the node also listens for AMQP
-over TLS on a free loopback port, with ``verify_peer`` against DIR's CA, as Warren's benchmark
-of TLS compares them; the second line printed is that listener's amqps URL with the client
-certificate's query parameters.
+over TLS on a free loopback port, with ``verify_peer`` against DIR's CA, and offers SASL EXTERNAL
+(rabbitmq_auth_mechanism_ssl) to clients with a certificate; the second line printed is that
+listener's amqps URL with the client certificate's query parameters.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ BOOT_SECONDS_MAX = 60.0
 STOP_SECONDS_MAX = 30.0
 CTL_SECONDS_MAX = 60.0
 PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus")
+# With TLS: SASL EXTERNAL, offered beside the password mechanisms.
+TLS_PLUGINS = ("rabbitmq_auth_mechanism_ssl",)
 STATISTICS_INTERVAL_MS = 500
 
 _node_counter = itertools.count()
@@ -188,7 +190,8 @@ class ReferenceNode:
         base = Path(tempfile.mkdtemp(prefix="warren-rabbitmq-"))
         for sub in ("home", "mnesia", "log"):
             (base / sub).mkdir()
-        (base / "enabled_plugins").write_text(f"[{','.join(PLUGINS)}].\n")
+        plugins = PLUGINS if tls_dir is None else PLUGINS + TLS_PLUGINS
+        (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
         (base / "rabbitmq-env.conf").write_text("")
         (base / "advanced.config").write_text("[].\n")
         if tls_dir is not None:
@@ -240,6 +243,9 @@ class ReferenceNode:
                 f"ssl_options.keyfile = {files / 'server_key.pem'}",
                 "ssl_options.verify = verify_peer",
                 "ssl_options.fail_if_no_peer_cert = false",
+                "auth_mechanisms.1 = PLAIN",
+                "auth_mechanisms.2 = AMQPLAIN",
+                "auth_mechanisms.3 = EXTERNAL",
             ]
         config = Path(self.base_dir) / "rabbitmq.conf"
         config.write_text("\n".join(lines) + "\n")

@@ -110,10 +110,10 @@ class Broker:
             heartbeat_s=config.heartbeat_s,
             message_bytes_max=config.message_bytes_max,
         )
-        # What a TLS connection whose client certificate was verified is offered: EXTERNAL
-        # too, after the password mechanisms (RabbitMQ's auth_mechanisms order with
-        # rabbitmq_auth_mechanism_ssl enabled).
-        self.amqp_certificate_config = dataclasses.replace(
+        # A TLS connection is offered EXTERNAL too, as rabbitmq_auth_mechanism_ssl offers it
+        # on every TLS socket (since 3.x: a client without a certificate then gets a refusal
+        # that says so rather than no common mechanism).
+        self.amqp_tls_config = dataclasses.replace(
             self.amqp_config, mechanisms=(*self.amqp_config.mechanisms, EXTERNAL)
         )
         self.message_log_config = message_log_config(config)

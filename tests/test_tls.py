@@ -210,15 +210,28 @@ def test_generate_writes_keys_for_the_owner_only(certificates):
 # -- the amqps listener ---------------------------------------------------------------------
 
 
-def test_external_is_offered_only_with_a_verified_client_certificate(tls_broker, certificates):
+def test_external_is_offered_on_tls_connections_only(tls_broker, certificates):
     assert offered_mechanisms(tls_broker.port) == ["PLAIN", "AMQPLAIN"]
     without = client_context(certificates, with_certificate=False)
-    assert offered_mechanisms(tls_broker.broker.tls_port, without) == ["PLAIN", "AMQPLAIN"]
-    assert offered_mechanisms(tls_broker.broker.tls_port, client_context(certificates)) == [
-        "PLAIN",
-        "AMQPLAIN",
-        "EXTERNAL",
-    ]
+    for context in (without, client_context(certificates)):
+        assert offered_mechanisms(tls_broker.broker.tls_port, context) == [
+            "PLAIN",
+            "AMQPLAIN",
+            "EXTERNAL",
+        ]
+
+
+def test_external_without_a_client_certificate_is_access_refused(tls_broker, certificates):
+    parameters = pika_parameters(
+        tls_broker.broker.tls_port,
+        client_context(certificates, with_certificate=False),
+        credentials=pika.credentials.ExternalCredentials(),
+    )
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as refused:
+        pika.BlockingConnection(parameters)
+    assert "ACCESS_REFUSED - Login was refused using authentication mechanism EXTERNAL" in str(
+        refused.value
+    )
 
 
 def test_pika_logs_in_with_external_and_its_certificate(tls_broker, certificates):
@@ -360,9 +373,8 @@ def test_serve_announces_the_amqps_listener(tmp_path, certificates):
         line = process.stdout.readline()
         assert "; amqps on 127.0.0.1:" in line, line
         port = int(line.split("; amqps on 127.0.0.1:")[1].split(";")[0])
-        # verify_none: no client certificate asked for, so no EXTERNAL either.
         without = client_context(certificates, with_certificate=False)
-        assert offered_mechanisms(port, without) == ["PLAIN", "AMQPLAIN"]
+        assert "EXTERNAL" in offered_mechanisms(port, without)
     finally:
         process.terminate()
         process.wait(30)

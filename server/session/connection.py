@@ -76,8 +76,8 @@ class Host(Protocol):
 
     config: BrokerConfig
     amqp_config: ConnectionConfig
-    amqp_certificate_config: ConnectionConfig
-    """The machine's config for a client whose TLS certificate was verified (EXTERNAL)."""
+    amqp_tls_config: ConnectionConfig
+    """The machine's config on a TLS connection: EXTERNAL offered too."""
     vhosts: dict[str, VirtualHost]
 
     def accept(self, connection: BrokerConnection) -> bool:
@@ -157,14 +157,16 @@ class BrokerConnection(asyncio.Protocol):
         if not self.broker.accept(self):
             transport.abort()
             return
-        certificate = peer_certificate(transport.get_extra_info("ssl_object"))
-        if certificate is not None:
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:
             # Nothing is sent before the client's protocol header, so the machine can still
             # be swapped for one that offers EXTERNAL.
-            self.certificate_user = certificate_user(
-                certificate, self.broker.config.ssl_cert_login_from
-            )
-            self.amqp = Connection(self.broker.amqp_certificate_config, now=self.loop.time())
+            self.amqp = Connection(self.broker.amqp_tls_config, now=self.loop.time())
+            certificate = peer_certificate(ssl_object)
+            if certificate is not None:
+                self.certificate_user = certificate_user(
+                    certificate, self.broker.config.ssl_cert_login_from
+                )
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -412,7 +414,7 @@ class BrokerConnection(asyncio.Protocol):
     async def _authenticate(self, event: events.AuthenticationRequested) -> None:
         username = event.username
         if event.mechanism == EXTERNAL:
-            # Offered only with a verified certificate; one naming nobody is refused.
+            # Without a verified certificate, or one naming nobody, the login is refused.
             username = self.certificate_user or ""
         user = (
             await self.broker.authenticate(username, event.password, self.peer[0], event.mechanism)
