@@ -22,6 +22,7 @@ import pika
 import pytest
 from brokers import warren_serve
 from cryptography import x509
+from http_api import HttpApi
 from pamqp import commands
 
 import amqp as py_amqp  # py-amqp, not our folder: the repository root is off sys.path
@@ -242,6 +243,29 @@ def test_pika_logs_in_with_external_and_its_certificate(tls_broker, certificates
     )
     with pika.BlockingConnection(parameters) as connection:
         assert round_trip(connection) == b"over tls"
+
+
+def test_the_api_lists_the_tls_listener_and_tls_connections(tls_broker, certificates):
+    api = HttpApi(tls_broker.management_url)
+    listeners = api.get("/api/overview").json["listeners"]
+    assert {"protocol": "amqp/ssl", "port": tls_broker.broker.tls_port} in [
+        {"protocol": listener["protocol"], "port": listener["port"]} for listener in listeners
+    ]
+    parameters = pika_parameters(
+        tls_broker.broker.tls_port,
+        client_context(certificates),
+        credentials=pika.credentials.ExternalCredentials(),
+        client_properties={"connection_name": "tls-listed"},
+    )
+    with pika.BlockingConnection(parameters):
+        listed = [
+            connection
+            for connection in api.get("/api/connections").json
+            if connection["client_properties"].get("connection_name") == "tls-listed"
+        ]
+    assert [(c["ssl"], c["auth_mechanism"], c["user"]) for c in listed] == [
+        (True, "EXTERNAL", CLIENT_NAME)
+    ]
 
 
 def test_pika_logs_in_with_a_password_over_tls_without_a_certificate(tls_broker, certificates):
