@@ -9,25 +9,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import socket
 import ssl
 import stat
 import subprocess
 import urllib.request
 
 import aio_pika
-import pamqp.exceptions
-import pamqp.frame
 import pika
 import pytest
 from brokers import warren_serve
 from cryptography import x509
 from http_api import HttpApi
-from pamqp import commands
+from raw_client import Closed, offered_mechanisms
 
 import amqp as py_amqp  # py-amqp, not our folder: the repository root is off sys.path
 from amqp import sasl as py_amqp_sasl
-from warrenmq.amqp import frames
 from warrenmq.server import config as broker_config
 from warrenmq.server import tls, tls_cli
 from warrenmq.server.config import BrokerConfig, ConfigError
@@ -103,26 +99,8 @@ def round_trip(connection: pika.BlockingConnection) -> bytes:
     return body
 
 
-def offered_mechanisms(port, context=None) -> list[str]:
-    """The mechanisms of connection.start, read over a raw (TLS) socket."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-        sock = context.wrap_socket(raw, server_hostname="localhost") if context else raw
-        sock.sendall(frames.PROTOCOL_HEADER)
-        data = b""
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                # TLS 1.3: the server refuses a client certificate after the client's side
-                # of the handshake is done, by closing.
-                raise ConnectionError("closed before connection.start")
-            data += chunk
-            try:
-                _, _, method = pamqp.frame.unmarshal(data)
-            except pamqp.exceptions.UnmarshalingException:
-                continue
-            break
-    assert isinstance(method, commands.Connection.Start)
-    return method.mechanisms.split()
+def mechanisms(port, context=None) -> list[str]:
+    return offered_mechanisms("127.0.0.1", port, context)
 
 
 # -- settings and the context ---------------------------------------------------------------
@@ -212,10 +190,10 @@ def test_generate_writes_keys_for_the_owner_only(certificates):
 
 
 def test_external_is_offered_on_tls_connections_only(tls_broker, certificates):
-    assert offered_mechanisms(tls_broker.port) == ["PLAIN", "AMQPLAIN"]
+    assert mechanisms(tls_broker.port) == ["PLAIN", "AMQPLAIN"]
     without = client_context(certificates, with_certificate=False)
     for context in (without, client_context(certificates)):
-        assert offered_mechanisms(tls_broker.broker.tls_port, context) == [
+        assert mechanisms(tls_broker.broker.tls_port, context) == [
             "PLAIN",
             "AMQPLAIN",
             "EXTERNAL",
@@ -320,8 +298,8 @@ def test_py_amqp_logs_in_with_external(tls_broker, certificates):
 
 def test_a_certificate_from_another_ca_is_refused(tls_broker, certificates, wrong_certificates):
     context = client_context(certificates, client=wrong_certificates)
-    with pytest.raises((ssl.SSLError, ConnectionError)):
-        offered_mechanisms(tls_broker.broker.tls_port, context)
+    with pytest.raises((ssl.SSLError, Closed)):
+        mechanisms(tls_broker.broker.tls_port, context)
     parameters = pika_parameters(
         tls_broker.broker.tls_port, context, credentials=pika.credentials.ExternalCredentials()
     )
@@ -332,7 +310,7 @@ def test_a_certificate_from_another_ca_is_refused(tls_broker, certificates, wron
 def test_a_client_trusting_another_ca_refuses_the_broker(tls_broker, wrong_certificates):
     context = client_context(wrong_certificates)
     with pytest.raises(ssl.SSLCertVerificationError):
-        offered_mechanisms(tls_broker.broker.tls_port, context)
+        mechanisms(tls_broker.broker.tls_port, context)
 
 
 def test_fail_if_no_peer_cert_refuses_a_client_without_one(tmp_path, start_broker, certificates):
@@ -340,9 +318,9 @@ def test_fail_if_no_peer_cert_refuses_a_client_without_one(tmp_path, start_broke
         tmp_path, **tls_settings(certificates, ssl_options_fail_if_no_peer_cert=True)
     )
     without = client_context(certificates, with_certificate=False)
-    with pytest.raises((ssl.SSLError, ConnectionError)):
-        offered_mechanisms(running.broker.tls_port, without)
-    assert "EXTERNAL" in offered_mechanisms(running.broker.tls_port, client_context(certificates))
+    with pytest.raises((ssl.SSLError, Closed)):
+        mechanisms(running.broker.tls_port, without)
+    assert "EXTERNAL" in mechanisms(running.broker.tls_port, client_context(certificates))
 
 
 def test_external_for_a_user_that_does_not_exist_is_access_refused(
@@ -398,7 +376,7 @@ def test_serve_announces_the_amqps_listener(tmp_path, certificates):
         assert "; amqps on 127.0.0.1:" in line, line
         port = int(line.split("; amqps on 127.0.0.1:")[1].split(";")[0])
         without = client_context(certificates, with_certificate=False)
-        assert "EXTERNAL" in offered_mechanisms(port, without)
+        assert "EXTERNAL" in mechanisms(port, without)
     finally:
         process.terminate()
         process.wait(30)
