@@ -1,4 +1,4 @@
-"""SASL responses of connection.start-ok: PLAIN and AMQPLAIN, parsed as RabbitMQ parses them.
+"""SASL responses of connection.start-ok: PLAIN, AMQPLAIN and EXTERNAL, parsed as RabbitMQ does.
 
 The machine only extracts credentials; checking them is the broker's job (it answers the
 ``AuthenticationRequested`` event). Matched against RabbitMQ:
@@ -10,13 +10,20 @@ The machine only extracts credentials; checking them is the broker's job (it ans
 * AMQPLAIN (``rabbit_auth_mechanism_amqplain``): a field table without its length prefix,
   holding string ``LOGIN`` and ``PASSWORD`` entries; a missing entry or a non-string one is a
   502 with RabbitMQ's texts.
+* EXTERNAL (``rabbit_auth_mechanism_ssl``): the response is ignored; the user is the one the
+  TLS client certificate names, which the broker knows and the machine does not, so the
+  username here is empty. The broker offers it (``ConnectionConfig.mechanisms``) on TLS
+  connections only, and refuses it without a verified client certificate.
 * A mechanism that is not offered: 503 COMMAND_INVALID "unknown authentication mechanism 'X'"
   (``rabbit_reader:auth_mechanism_to_module``).
 """
 
 from . import frames, replies
 
-MECHANISMS = ("PLAIN", "AMQPLAIN")
+EXTERNAL = "EXTERNAL"
+MECHANISMS = ("PLAIN", "AMQPLAIN", EXTERNAL)
+# What a connection offers unless the broker says otherwise: the password mechanisms.
+PASSWORD_MECHANISMS = ("PLAIN", "AMQPLAIN")
 
 
 def _text(value):
@@ -32,6 +39,8 @@ def parse_response(mechanism, response, class_id, method_id):
             class_id,
             method_id,
         )
+    if mechanism == EXTERNAL:
+        return "", ""
     raw = response.encode("utf-8") if isinstance(response, str) else bytes(response)
     try:
         if mechanism == "PLAIN":

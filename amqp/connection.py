@@ -21,11 +21,11 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
 * Protocol header: ``AMQP 0 0 9 1`` starts the handshake. Anything else is answered with
   ``AMQP 0 0 9 1`` and the connection closes (RabbitMQ 3.x; 4.x answers most headers with
   the AMQP 1.0 SASL header since it speaks 1.0 too).
-* connection.start carries RabbitMQ's nine capabilities, mechanisms "PLAIN AMQPLAIN",
-  locale en_US. The broker checks credentials (``AuthenticationRequested``). A refused login
-  is 403 ACCESS_REFUSED "Login was refused using authentication mechanism PLAIN. For details
-  see the broker logfile.", sent only if the client announced authentication_failure_close;
-  otherwise the socket just closes.
+* connection.start carries RabbitMQ's nine capabilities, mechanisms "PLAIN AMQPLAIN" (and
+  EXTERNAL where the broker's config offers it), locale en_US. The broker checks credentials
+  (``AuthenticationRequested``). A refused login is 403 ACCESS_REFUSED "Login was refused
+  using authentication mechanism PLAIN. For details see the broker logfile.", sent only if
+  the client announced authentication_failure_close; otherwise the socket just closes.
 * Errors before the connection is open close silently, as ``rabbit_reader:handle_exception``
   does, except: a refused login (above), 530 NOT_ALLOWED while tuning, and any error while
   opening (awaiting or checking connection.open), which get a connection.close.
@@ -117,7 +117,7 @@ class ConnectionConfig:
     message_bytes_max: int = 128 * 1024 * 1024
     handshake_timeout_s: float = 10.0
     closing_timeout_s: float = 30.0
-    mechanisms: tuple = auth.MECHANISMS
+    mechanisms: tuple = auth.PASSWORD_MECHANISMS
     server_properties: dict = field(
         default_factory=lambda: {"product": "Warren", "platform": "Python"}
     )

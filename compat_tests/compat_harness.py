@@ -32,6 +32,13 @@ from rabbitmq_reference import (
     wait_for_port,
 )
 
+from warrenmq.server.tls_cli import (
+    CA_CERTIFICATE,
+    SERVER_CERTIFICATE,
+    SERVER_KEY,
+    generate,
+)
+
 WARREN_READY_LINE = "Warren listening on"
 WARREN_BOOT_SECONDS_MAX = 30.0
 WARREN_STOP_SECONDS_MAX = 15.0
@@ -58,6 +65,8 @@ class Broker(abc.ABC):
     # when this broker does not serve them (HTTP tests are then skipped).
     management_url: str | None = None
     metrics_url: str | None = None
+    # AMQP over TLS with certificates from `tls_certificates()` (None: no TLS listener).
+    tls_port: int | None = None
 
     def __init__(self) -> None:
         self._seeded = False
@@ -117,6 +126,19 @@ class Broker(abc.ABC):
         """Clear a policy of "/"."""
 
 
+_certificates: list[Path] = []
+
+
+def tls_certificates() -> Path:
+    """The directory of `warren tls generate` files both brokers' TLS listeners use (made
+    once per session: EC keys, a few milliseconds)."""
+    if not _certificates:
+        directory = Path(tempfile.mkdtemp(prefix="warren-compat-tls-"))
+        generate(directory, hosts=("localhost", "127.0.0.1"), client_name="guest")
+        _certificates.append(directory)
+    return _certificates[0]
+
+
 class WarrenBroker(Broker):
     name = "warren"
 
@@ -130,6 +152,7 @@ class WarrenBroker(Broker):
         self.metrics_port = free_port()
         self.management_url = f"http://{self.host}:{self.management_port}"
         self.metrics_url = f"http://{self.host}:{self.metrics_port}"
+        self.tls_port = free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix="warren-compat-"))
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.process: subprocess.Popen | None = None
@@ -158,6 +181,16 @@ class WarrenBroker(Broker):
                     str(self.management_port),
                     "--metrics-port",
                     str(self.metrics_port),
+                    "--tls-port",
+                    str(self.tls_port),
+                    "--ssl-certfile",
+                    str(tls_certificates() / SERVER_CERTIFICATE),
+                    "--ssl-keyfile",
+                    str(tls_certificates() / SERVER_KEY),
+                    "--ssl-cacertfile",
+                    str(tls_certificates() / CA_CERTIFICATE),
+                    "--ssl-verify",
+                    "verify_peer",
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -279,6 +312,8 @@ class ManagedRabbitMQ(Broker):
             self.management_url = self.node.management_url
         if self.node.metrics_port:
             self.metrics_url = self.node.metrics_url
+        if self.node.tls_port:
+            self.tls_port = self.node.tls_port
 
     def start(self) -> None:
         self.node.start()
@@ -368,7 +403,7 @@ def start_reference() -> Broker:
                 return ManagedRabbitMQ(node, owned=False)
         return ExternalRabbitMQ(url)
     try:
-        broker = ManagedRabbitMQ(ReferenceNode.create(), owned=True)
+        broker = ManagedRabbitMQ(ReferenceNode.create(tls_certificates()), owned=True)
     except ReferenceUnavailable as why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true needs a reference RabbitMQ: {why}")

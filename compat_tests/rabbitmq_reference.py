@@ -12,11 +12,17 @@ first, then SIGKILL of its process group if it lingers.
 Used by ``compat_tests/conftest.py`` and, for scripts and CI, as a command line::
 
     python compat_tests/rabbitmq_reference.py start [--state FILE]   # prints the AMQP URL
+    python compat_tests/rabbitmq_reference.py start --tls DIR   # and the amqps URL below it
     python compat_tests/rabbitmq_reference.py stop [--state FILE]
 
 FILE defaults to $WARREN_REFERENCE_STATE, else warren-rabbitmq-reference.json in the temporary
 directory. A pytest run whose WARREN_REFERENCE_URL names that node finds the file and may then
 seed and restart the node as it does its own.
+
+With ``--tls DIR`` (the files of ``warren tls generate DIR``) the node also listens for AMQP
+over TLS on a free loopback port, with ``verify_peer`` against DIR's CA, and offers SASL EXTERNAL
+(rabbitmq_auth_mechanism_ssl) to clients with a certificate; the second line printed is that
+listener's amqps URL with the client certificate's query parameters.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ BOOT_SECONDS_MAX = 60.0
 STOP_SECONDS_MAX = 30.0
 CTL_SECONDS_MAX = 60.0
 PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus")
+# With TLS: SASL EXTERNAL, offered beside the password mechanisms.
+TLS_PLUGINS = ("rabbitmq_auth_mechanism_ssl",)
 STATISTICS_INTERVAL_MS = 500
 
 _node_counter = itertools.count()
@@ -127,10 +135,22 @@ class ReferenceNode:
     # The management (HTTP API) and Prometheus plugins' listeners, on loopback.
     management_port: int = 0
     metrics_port: int = 0
+    # AMQP over TLS, when started with certificates: their copies in base_dir/tls.
+    tls_port: int = 0
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    @property
+    def tls_url(self) -> str:
+        files = Path(self.base_dir) / "tls"
+        return (
+            f"amqps://guest:guest@localhost:{self.tls_port}/%2F"
+            f"?cacertfile={files / 'ca_certificate.pem'}"
+            f"&certfile={files / 'client_certificate.pem'}"
+            f"&keyfile={files / 'client_key.pem'}"
+        )
 
     @property
     def management_url(self) -> str:
@@ -163,24 +183,27 @@ class ReferenceNode:
         return {"env": self._env()}
 
     @classmethod
-    def create(cls) -> ReferenceNode:
+    def create(cls, tls_dir: Path | None = None) -> ReferenceNode:
         reason = unavailable_reason()
         if reason is not None:
             raise ReferenceUnavailable(reason)
         base = Path(tempfile.mkdtemp(prefix="warren-rabbitmq-"))
         for sub in ("home", "mnesia", "log"):
             (base / sub).mkdir()
-        (base / "enabled_plugins").write_text(f"[{','.join(PLUGINS)}].\n")
+        plugins = PLUGINS if tls_dir is None else PLUGINS + TLS_PLUGINS
+        (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
         (base / "rabbitmq-env.conf").write_text("")
         (base / "advanced.config").write_text("[].\n")
+        if tls_dir is not None:
+            shutil.copytree(tls_dir, base / "tls")
         user = pwd.getpwnam(RABBITMQ_USER)
         os.chmod(base, 0o755)
         for path in [base, *base.rglob("*")]:
             os.chown(path, user.pw_uid, user.pw_gid)
         ports: set[int] = set()
-        while len(ports) < 4:
+        while len(ports) < 5:
             ports.add(free_port())
-        amqp_port, dist_port, management_port, metrics_port = ports
+        amqp_port, dist_port, management_port, metrics_port, tls_port = ports
         nodename = f"rabbit-warren-{os.getpid()}-{next(_node_counter)}@localhost"
         node = cls(
             nodename=nodename,
@@ -190,6 +213,7 @@ class ReferenceNode:
             external_host=non_loopback_address(),
             management_port=management_port,
             metrics_port=metrics_port,
+            tls_port=tls_port if tls_dir is not None else 0,
         )
         node.write_config()
         return node
@@ -210,6 +234,19 @@ class ReferenceNode:
             ]
         if self.metrics_port:
             lines += ["prometheus.tcp.ip = 127.0.0.1", f"prometheus.tcp.port = {self.metrics_port}"]
+        if self.tls_port:
+            files = Path(self.base_dir) / "tls"
+            lines += [
+                f"listeners.ssl.loopback = 127.0.0.1:{self.tls_port}",
+                f"ssl_options.cacertfile = {files / 'ca_certificate.pem'}",
+                f"ssl_options.certfile = {files / 'server_certificate.pem'}",
+                f"ssl_options.keyfile = {files / 'server_key.pem'}",
+                "ssl_options.verify = verify_peer",
+                "ssl_options.fail_if_no_peer_cert = false",
+                "auth_mechanisms.1 = PLAIN",
+                "auth_mechanisms.2 = AMQPLAIN",
+                "auth_mechanisms.3 = EXTERNAL",
+            ]
         config = Path(self.base_dir) / "rabbitmq.conf"
         config.write_text("\n".join(lines) + "\n")
         user = pwd.getpwnam(RABBITMQ_USER)
@@ -218,7 +255,8 @@ class ReferenceNode:
     @property
     def ports(self) -> list[int]:
         """The ports the node serves clients on: AMQP, and the plugins' HTTP when it has them."""
-        return [port for port in (self.amqp_port, self.management_port, self.metrics_port) if port]
+        ports = (self.amqp_port, self.management_port, self.metrics_port, self.tls_port)
+        return [port for port in ports if port]
 
     def start(self) -> None:
         """Boot the node in the foreground as our child and wait until its ports accept."""
@@ -314,15 +352,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("action", choices=["start", "stop"])
     parser.add_argument("--state", help="JSON file that remembers the node (see above)")
+    parser.add_argument("--tls", metavar="DIR", help="also listen for amqps, DIR's certificates")
     args = parser.parse_args(argv)
     state = Path(args.state) if args.state else default_state_path()
     if args.action == "start":
         if state.exists():
             parser.error(f"{state} exists: a node may still run (stop it first)")
-        node = ReferenceNode.create()
+        node = ReferenceNode.create(Path(args.tls) if args.tls else None)
         node.start()
         state.write_text(json.dumps(asdict(node)))
         print(node.url)
+        if node.tls_port:
+            print(node.tls_url)
         return 0
     node = load_node(state)
     node.stop()

@@ -9,6 +9,7 @@ This client encodes with pamqp and sends whatever it is told, in order, and read
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 
@@ -26,9 +27,14 @@ class Closed(Exception):
 
 
 class RawClient:
-    def __init__(self, host: str, port: int, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, host: str, port: int, timeout_s: float = 5.0, tls: ssl.SSLContext | None = None
+    ) -> None:
+        """Connected to host:port; over TLS with `tls`, the broker named "localhost"."""
         self.sock = socket.create_connection((host, port), timeout=timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname="localhost")
         self.buffer = b""
         self.timeout_s = timeout_s
         self.server_properties: dict = {}
@@ -190,6 +196,16 @@ class RawClient:
             except (Closed, ConnectionResetError):
                 return
             self.buffer = b""
+
+
+def offered_mechanisms(host: str, port: int, tls: ssl.SSLContext | None = None) -> list[str]:
+    """The SASL mechanisms of the broker's connection.start, in its order. With TLS 1.3 a
+    client certificate the broker refuses shows as Closed here (the client's side of the
+    handshake was done), else as ssl.SSLError."""
+    with RawClient(host, port, tls=tls) as client:
+        client.send_bytes(PROTOCOL_HEADER)
+        _, start = client.expect(commands.Connection.Start)
+    return start.mechanisms.split()
 
 
 def raw_frame(frame_type: int, channel: int, payload: bytes, end: bytes = FRAME_END) -> bytes:

@@ -3,6 +3,8 @@
 # for several runs (pytest starts its own when WARREN_REFERENCE_URL is unset):
 #
 #   url=$(scripts/rabbitmq_reference.sh start)     # prints amqp://guest:guest@127.0.0.1:PORT/%2F
+#   scripts/rabbitmq_reference.sh start --tls DIR  # also amqps (DIR: `warren tls generate DIR`),
+#                                                  # its amqps:// URL on a second line
 #   WARREN_REFERENCE_URL=$url .venv/bin/pytest compat_tests
 #   scripts/rabbitmq_reference.sh stop
 #
@@ -17,10 +19,10 @@ if [ -x "$root/.venv/bin/python" ] && [ -z "${PYTHON:-}" ]; then
 fi
 case "${1:-}" in
 start | stop)
-	exec "$python" "$root/compat_tests/rabbitmq_reference.py" "$1"
+	exec "$python" "$root/compat_tests/rabbitmq_reference.py" "$@"
 	;;
 *)
-	echo "usage: $0 start|stop" >&2
+	echo "usage: $0 start [--tls DIR] | stop" >&2
 	exit 2
 	;;
 esac

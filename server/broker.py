@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import gc
 import logging
 import shutil
@@ -23,6 +24,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+from warrenmq.amqp.auth import EXTERNAL
 from warrenmq.amqp.connection import ConnectionConfig
 from warrenmq.log import DescriptorPool, LogConfig
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
@@ -45,6 +47,7 @@ from .session import admission
 from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
 from .stream.stream import Stream, StreamLog
+from .tls import server_context
 from .vhost import REPLY_TO_PREFIX, DeadLetterHandoff, VirtualHost, generated_name
 
 log = logging.getLogger("warrenmq.server")
@@ -109,6 +112,12 @@ class Broker:
             heartbeat_s=config.heartbeat_s,
             message_bytes_max=config.message_bytes_max,
         )
+        # A TLS connection is offered EXTERNAL too, as rabbitmq_auth_mechanism_ssl offers it
+        # on every TLS socket (since 3.x: a client without a certificate then gets a refusal
+        # that says so rather than no common mechanism).
+        self.amqp_tls_config = dataclasses.replace(
+            self.amqp_config, mechanisms=(*self.amqp_config.mechanisms, EXTERNAL)
+        )
         self.message_log_config = message_log_config(config)
         self._delayed_log_config = DelayedLogConfig.holding(self.message_log_config)
         # One config per queue type, shared by every queue: 100,000 queues need not hold
@@ -128,6 +137,8 @@ class Broker:
         self.reply_channels: dict[str, BrokerChannel] = {}
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
+        self.tls_server: asyncio.AbstractServer | None = None
+        self.tls_port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_scheduled = False
         self._tick_wanted_s = 0.0
@@ -181,6 +192,18 @@ class Broker:
                 backlog=1024,
             )
             self.port = self.server.sockets[0].getsockname()[1]
+            if self.config.tls_enabled:
+                context = server_context(self.config)
+                self.tls_server = await self._loop.create_server(
+                    lambda: BrokerConnection(self),
+                    self.config.bind,
+                    self.config.tls_port,
+                    ssl=context,
+                    reuse_address=True,
+                    backlog=1024,
+                )
+                self.tls_port = self.tls_server.sockets[0].getsockname()[1]
+                log.info("AMQP over TLS listening on %s:%d", self.config.bind, self.tls_port)
             await self.http.start()
         except BaseException:
             await self._abandon_start()
@@ -194,8 +217,9 @@ class Broker:
     async def _abandon_start(self) -> None:
         """Close what a failed start opened, writing nothing: the next start recovers."""
         await self.http.stop()
-        if self.server is not None:
-            self.server.close()
+        for server in (self.server, self.tls_server):
+            if server is not None:
+                server.close()
         for vhost in self.vhosts.values():
             for queue in vhost.queues.values():
                 queue.engine.close()
@@ -337,8 +361,9 @@ class Broker:
         if self._metadata_follower is not None:
             self._metadata_follower.cancel()
         await self.http.stop()
-        if self.server is not None:
-            self.server.close()
+        for server in (self.server, self.tls_server):
+            if server is not None:
+                server.close()
         await self.redrives.shutdown()
         for connection in list(self.connections):
             connection.close()
@@ -357,8 +382,9 @@ class Broker:
             await vhost.shutdown()
         if self.store is not None:
             await self.store.close()
-        if self.server is not None:
-            await self.server.wait_closed()
+        for server in (self.server, self.tls_server):
+            if server is not None:
+                await server.wait_closed()
 
     # -- connections ----------------------------------------------------------------------
 
@@ -381,6 +407,9 @@ class Broker:
         self.descriptor_alarm.released(len(self.connections))
 
     async def authenticate(self, username: str, password: str, address: str, mechanism: str) -> Any:
+        """The user, or None (logged) when the login is refused. With EXTERNAL, `username` is
+        the one a verified client certificate names and no password is checked, as
+        rabbitmq_auth_mechanism_ssl: the user only has to exist."""
         store = self.store
         assert store is not None
         try:
@@ -389,7 +418,10 @@ class Broker:
             log.error("reading metadata changes made by other processes failed: %r", error)
         self.sync_vhosts()
         self.apply_policies()
-        user = await store.authenticate(username, password)
+        if mechanism == EXTERNAL:
+            user = store.state.users.get(username)
+        else:
+            user = await store.authenticate(username, password, address)
         if user is None:
             log.error("%s login refused: user '%s' - invalid credentials", mechanism, username)
             return None

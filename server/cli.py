@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "warrenmq.server.dlq_cli",
     "warrenmq.server.broker_cli",
     "warrenmq.server.streams_cli",
+    "warrenmq.server.tls_cli",
 )
 # Modules that add `warren bench TARGET` scenarios: `register(targets)` likewise.
 BENCH_MODULES: tuple[str, ...] = (

@@ -10,6 +10,16 @@ Besides AMQP the broker serves two HTTP listeners on the same address, as Rabbit
 do: the management API (``management_port``, 15672) and Prometheus metrics (``metrics_port``,
 15692). As for ``port``, 0 picks a free port; ``management_enabled = false`` and
 ``metrics_enabled = false`` turn a listener off.
+
+TLS takes RabbitMQ's names: ``ssl_options.certfile``, ``ssl_options.keyfile``,
+``ssl_options.cacertfile``, ``ssl_options.verify`` (``verify_none`` or ``verify_peer``) and
+``ssl_options.fail_if_no_peer_cert``, written exactly so in the TOML file (a TOML table's keys
+join its name with ``_``: the fields are ``ssl_options_certfile``...), and
+``WARREN_SSL_OPTIONS_CERTFILE``... in the environment. With a certificate and its key set, the
+broker also listens for AMQP over TLS on ``tls_port`` (5671, RabbitMQ's ``listeners.ssl``), and
+``http_tls = true`` serves the management API and the metrics over HTTPS with the same
+settings. ``ssl_cert_login_from`` names the certificate field a SASL EXTERNAL login takes its
+user name from, as RabbitMQ's rabbitmq_auth_mechanism_ssl does.
 """
 
 from __future__ import annotations
@@ -23,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+SSL_VERIFY_MODES = ("verify_none", "verify_peer")
+# rabbitmq_auth_mechanism_ssl's choices (subject_alternative_name: the first DNS name).
+SSL_CERT_LOGIN_FROM = ("distinguished_name", "common_name", "subject_alternative_name")
 ENV_PREFIX = "WARREN_"
 
 
@@ -93,9 +106,27 @@ class BrokerConfig:
     http_body_bytes_max: int = 20 << 20
     """The largest HTTP request body accepted (a definitions import included): larger ones
     are refused with 413 before they are read."""
+    tls_port: int = 5671
+    """AMQP over TLS (amqps), listening only when ssl_options_certfile and _keyfile are set."""
+    ssl_options_certfile: str = ""
+    """The server's certificate (PEM), followed by any intermediate certificates."""
+    ssl_options_keyfile: str = ""
+    ssl_options_cacertfile: str = ""
+    """The CA bundle (PEM) client certificates are verified against."""
+    ssl_options_verify: str = "verify_none"
+    """verify_peer asks clients for a certificate and refuses one the CA bundle does not
+    verify (RabbitMQ's default is verify_none: no client certificate is asked for)."""
+    ssl_options_fail_if_no_peer_cert: bool = False
+    """With verify_peer, refuse clients that send no certificate at all."""
+    ssl_cert_login_from: str = "distinguished_name"
+    """Where SASL EXTERNAL finds the user name: the subject's distinguished name in RFC 4514
+    form ("CN=client,O=Warren"), its common name, or its first DNS subject alternative name.
+    distinguished_name is RabbitMQ 3.x's default, kept so the same users work."""
+    http_tls: bool = False
+    """Serve the management API and the metrics over HTTPS with the ssl_options settings."""
 
     def __post_init__(self) -> None:
-        for name in ("port", "management_port", "metrics_port"):
+        for name in ("port", "management_port", "metrics_port", "tls_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
         if self.log_level not in LOG_LEVELS:
@@ -148,6 +179,30 @@ class BrokerConfig:
             raise ConfigError(
                 f"shutdown_timeout_s must not be negative, got {self.shutdown_timeout_s}"
             )
+        self._check_tls()
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Whether a certificate is configured: the amqps listener runs."""
+        return bool(self.ssl_options_certfile)
+
+    def _check_tls(self) -> None:
+        if self.ssl_options_verify not in SSL_VERIFY_MODES:
+            raise ConfigError(
+                f"ssl_options.verify must be one of {', '.join(SSL_VERIFY_MODES)}, "
+                f"got {self.ssl_options_verify!r}"
+            )
+        if self.ssl_cert_login_from not in SSL_CERT_LOGIN_FROM:
+            raise ConfigError(
+                f"ssl_cert_login_from must be one of {', '.join(SSL_CERT_LOGIN_FROM)}, "
+                f"got {self.ssl_cert_login_from!r}"
+            )
+        if bool(self.ssl_options_certfile) != bool(self.ssl_options_keyfile):
+            raise ConfigError("ssl_options.certfile and ssl_options.keyfile go together")
+        if self.ssl_options_verify == "verify_peer" and not self.ssl_options_cacertfile:
+            raise ConfigError("ssl_options.verify = verify_peer needs ssl_options.cacertfile")
+        if self.http_tls and not self.tls_enabled:
+            raise ConfigError("http_tls needs ssl_options.certfile and ssl_options.keyfile")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}
@@ -184,10 +239,23 @@ def from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             raw = tomllib.load(handle)
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise ConfigError(f"cannot read config file {path}: {error}") from None
-    unknown = sorted(set(raw) - set(_FIELDS))
+    settings = _flattened(raw)
+    unknown = sorted(set(settings) - set(_FIELDS))
     if unknown:
         raise ConfigError(f"unknown setting(s) in {path}: {', '.join(unknown)}")
-    return {name: _coerce(name, value) for name, value in raw.items()}
+    return {name: _coerce(name, value) for name, value in settings.items()}
+
+
+def _flattened(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A TOML table's settings with nested tables' keys joined by ``_``: RabbitMQ's
+    ``ssl_options.certfile = "..."`` is the field ``ssl_options_certfile``."""
+    settings: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            settings.update(_flattened(value, f"{prefix}{key}_"))
+        else:
+            settings[prefix + key] = value
+    return settings
 
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, Any]:

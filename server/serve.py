@@ -2,7 +2,8 @@
 
 Prints "Warren listening on HOST:PORT" on stdout once every listener accepts connections
 (test harnesses and scripts wait for that line); the HTTP listeners that run follow on the
-same line: "; management on HOST:PORT; metrics on HOST:PORT". SIGTERM and SIGINT shut down
+same line: "; management on HOST:PORT; metrics on HOST:PORT", after "; amqps on HOST:PORT"
+when a TLS certificate is configured. SIGTERM and SIGINT shut down
 cleanly: no new connections, clients closed with 320 CONNECTION_FORCED, queues flushed and
 fsynced.
 
@@ -22,9 +23,19 @@ import sys
 from typing import Any
 
 from .broker import Broker
-from .config import LOG_LEVELS, BrokerConfig, ConfigError, load
+from .config import LOG_LEVELS, SSL_VERIFY_MODES, BrokerConfig, ConfigError, load
 
 log = logging.getLogger("warrenmq.server")
+# The settings `warren serve` takes as flags of the same names.
+TLS_FLAGS = (
+    "tls_port",
+    "ssl_options_certfile",
+    "ssl_options_keyfile",
+    "ssl_options_cacertfile",
+    "ssl_options_verify",
+    "ssl_options_fail_if_no_peer_cert",
+    "http_tls",
+)
 
 
 def register(commands: Any) -> None:
@@ -60,6 +71,39 @@ def register(commands: Any) -> None:
         const=False,
         help="do not serve Prometheus metrics",
     )
+    parser.add_argument(
+        "--tls-port",
+        dest="tls_port",
+        type=int,
+        help="AMQP over TLS port, when a certificate is set (default 5671; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--ssl-certfile", dest="ssl_options_certfile", help="server certificate (PEM)"
+    )
+    parser.add_argument("--ssl-keyfile", dest="ssl_options_keyfile", help="its private key")
+    parser.add_argument(
+        "--ssl-cacertfile", dest="ssl_options_cacertfile", help="CA bundle for client certificates"
+    )
+    parser.add_argument(
+        "--ssl-verify",
+        dest="ssl_options_verify",
+        choices=SSL_VERIFY_MODES,
+        help="verify_peer asks clients for a certificate (default verify_none)",
+    )
+    parser.add_argument(
+        "--ssl-fail-if-no-peer-cert",
+        dest="ssl_options_fail_if_no_peer_cert",
+        action="store_const",
+        const=True,
+        help="with verify_peer, refuse clients without a certificate",
+    )
+    parser.add_argument(
+        "--http-tls",
+        dest="http_tls",
+        action="store_const",
+        const=True,
+        help="serve the management API and metrics over HTTPS",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -76,6 +120,7 @@ def run_command(args: argparse.Namespace) -> int:
                 "management_enabled": args.management_enabled,
                 "metrics_port": args.metrics_port,
                 "metrics_enabled": args.metrics_enabled,
+                **{name: getattr(args, name) for name in TLS_FLAGS},
             },
         )
     except ConfigError as error:
@@ -117,6 +162,8 @@ async def serve(config: BrokerConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     listening = f"Warren listening on {config.bind}:{broker.port}"
+    if config.tls_enabled:
+        listening += f"; amqps on {config.bind}:{broker.tls_port}"
     for name, port in broker.http.ports().items():
         listening += f"; {name} on {config.bind}:{port}"
     print(listening, flush=True)

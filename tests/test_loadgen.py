@@ -192,8 +192,30 @@ def test_parse_url(url, expected):
     assert "guest:guest" not in address.display() and "p:w" not in address.display()
 
 
+def test_parse_amqps_url():
+    address = wire.parse_url(
+        "amqps://host/?cacertfile=%2Ftmp%2Fca.pem&certfile=c.pem&keyfile=k.pem"
+    )
+    assert (address.host, address.port, address.vhost) == ("host", 5671, "/")
+    assert address.tls == (
+        ("cacertfile", "/tmp/ca.pem"),
+        ("certfile", "c.pem"),
+        ("keyfile", "k.pem"),
+    )
+    assert address.display() == "amqps://guest@host:5671/%2F"
+    assert wire.parse_url("amqps://host:5999").tls == ()
+    assert wire.parse_url("amqp://host").tls is None
+
+
 @pytest.mark.parametrize(
-    "url", ["amqps://host/", "http://host/", "amqp://host:99999/", "amqp://host/?heartbeat=5"]
+    "url",
+    [
+        "amqps://host/?heartbeat=5",
+        "http://host/",
+        "amqp://host:99999/",
+        "amqp://host/?heartbeat=5",
+        "amqp://host/?cacertfile=ca.pem",
+    ],
 )
 def test_parse_url_refuses(url):
     with pytest.raises(ValueError):

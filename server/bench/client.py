@@ -14,6 +14,7 @@ hanging.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -74,6 +75,18 @@ class ChannelRole(Protocol):
         """The connection or channel is gone; stop and report ``error``."""
 
 
+def client_context(address: wire.BrokerAddress) -> ssl.SSLContext | None:
+    """The TLS context of an amqps address (None for amqp): the broker verified against the
+    URL's CA bundle, the client certificate presented when the URL names one."""
+    if address.tls is None:
+        return None
+    files = dict(address.tls)
+    context = ssl.create_default_context(cafile=files.get("cacertfile"))
+    if "certfile" in files:
+        context.load_cert_chain(files["certfile"], files.get("keyfile"))
+    return context
+
+
 class ClientConnection(asyncio.Protocol):
     """One AMQP connection: ``await ClientConnection.open(address)``, then channels and roles."""
 
@@ -101,7 +114,7 @@ class ClientConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             _, connection = await loop.create_connection(
-                lambda: cls(address), address.host, address.port
+                lambda: cls(address), address.host, address.port, ssl=client_context(address)
             )
         except OSError as error:
             raise BenchError(f"cannot connect to {address.display()}: {error}") from error

@@ -21,6 +21,9 @@ from warrenmq.amqp import frames
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 AMQP_PORT = 5672
+AMQPS_PORT = 5671
+# The TLS query parameters of an amqps:// URL (RabbitMQ's URI query parameters): PEM files.
+TLS_PARAMETERS = ("cacertfile", "certfile", "keyfile")
 SHORTSTR_BYTES_MAX = 255
 
 BASIC_CLASS = 60
@@ -59,15 +62,22 @@ class BrokerAddress:
     username: str
     password: str
     vhost: str
+    tls: tuple[tuple[str, str], ...] | None = None
+    """amqps: the TLS parameters given ((name, PEM file) pairs, maybe none); None: plain."""
 
     def display(self) -> str:
         """The URL without its password, for reports."""
         vhost = urllib.parse.quote(self.vhost, safe="")
-        return f"amqp://{self.username}@{self.host}:{self.port}/{vhost}"
+        scheme = "amqp" if self.tls is None else "amqps"
+        return f"{scheme}://{self.username}@{self.host}:{self.port}/{vhost}"
 
 
 def parse_url(url: str) -> BrokerAddress:
     """A BrokerAddress from an AMQP URI as RabbitMQ's clients read it.
+
+    ``amqps://...?cacertfile=CA.pem&certfile=CERT.pem&keyfile=KEY.pem`` connects over TLS
+    (port 5671 by default), verifying the broker against the CA bundle (the system's without
+    one) and presenting the client certificate when given.
 
     Missing parts take the usual defaults (guest/guest, localhost, 5672, vhost "/"); the vhost
     is the percent-decoded path without its leading slash, so ".../%2F" is "/". An empty path
@@ -75,12 +85,17 @@ def parse_url(url: str) -> BrokerAddress:
     empty vhost name is not reachable (no broker defines one by default).
     """
     parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme != "amqp":
-        raise ValueError(f"only amqp:// URLs are supported (TLS is not), got {url!r}")
-    if parsed.query or parsed.fragment:
+    if parsed.scheme not in ("amqp", "amqps"):
+        raise ValueError(f"only amqp:// and amqps:// URLs are supported, got {url!r}")
+    query = urllib.parse.parse_qsl(parsed.query, keep_blank_values=True)
+    if parsed.fragment or (parsed.scheme == "amqp" and query):
         raise ValueError(f"URL query parameters are not supported: {url!r}")
+    unknown = [name for name, _ in query if name not in TLS_PARAMETERS]
+    if unknown:
+        raise ValueError(f"only {', '.join(TLS_PARAMETERS)} may follow an amqps URL: {url!r}")
+    tls = tuple(query) if parsed.scheme == "amqps" else None
     try:
-        port = parsed.port or AMQP_PORT
+        port = parsed.port or (AMQP_PORT if tls is None else AMQPS_PORT)
     except ValueError as error:
         raise ValueError(f"bad port in {url!r}: {error}") from error
     vhost = urllib.parse.unquote(parsed.path[1:]) or "/"
@@ -90,6 +105,7 @@ def parse_url(url: str) -> BrokerAddress:
         username=urllib.parse.unquote(parsed.username) if parsed.username is not None else "guest",
         password=urllib.parse.unquote(parsed.password) if parsed.password is not None else "guest",
         vhost=vhost,
+        tls=tls,
     )
 
 

@@ -97,7 +97,7 @@ async def log_in(store, header: str | None, address: str, loopback_users) -> Cal
     if given is None:
         raise no_credentials()
     username, password = given
-    user = await store.authenticate(username, password)
+    user = await store.authenticate(username, password, address)
     if user is None:
         log.warning("HTTP access denied: user '%s' - invalid credentials", username)
         raise login_failed()

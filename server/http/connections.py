@@ -70,7 +70,8 @@ def connection_json(api: ManagementApi, connection: ClientConnection) -> dict[st
         "port": port,
         "peer_host": connection.peer[0],
         "peer_port": connection.peer[1],
-        "ssl": False,
+        "ssl": connection.transport is not None
+        and connection.transport.get_extra_info("ssl_object") is not None,
         "type": "network",
         "timeout": amqp.heartbeat_s,
         "frame_max": amqp.frame_bytes_max,

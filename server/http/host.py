@@ -73,6 +73,8 @@ class Host(Protocol):
     connections: Collection[ClientConnection]
     port: int
     """The AMQP listener's port."""
+    tls_port: int
+    """The AMQP-over-TLS listener's port (0: none)."""
     redrives: Redrives
 
     def sync_vhosts(self) -> None:

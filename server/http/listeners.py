@@ -8,8 +8,11 @@ so an idle console costs the AMQP path nothing.
 from __future__ import annotations
 
 import logging
+import ssl
 
 from aiohttp import web
+
+from warrenmq.server.tls import server_context
 
 from . import management, metrics
 from .api import ManagementApi
@@ -27,6 +30,7 @@ class HttpListeners:
         self.host = host
         self.api = ManagementApi(host)
         self._runners: list[web.AppRunner] = []
+        self._ssl_context: ssl.SSLContext | None = None
 
     def ports(self) -> dict[str, int]:
         """The listeners that run ("management", "metrics") and the ports they listen on."""
@@ -35,6 +39,8 @@ class HttpListeners:
     async def start(self) -> None:
         """Listen, as the config says; raises (with nothing left listening) if a port is taken."""
         config = self.host.config
+        # http_tls: both listeners serve HTTPS with the amqps listener's settings.
+        self._ssl_context = server_context(config) if config.http_tls else None
         try:
             if config.management_enabled:
                 app = management.application(self.api, config.http_body_bytes_max)
@@ -60,6 +66,7 @@ class HttpListeners:
             port,
             backlog=LISTEN_BACKLOG,
             reuse_address=True,
+            ssl_context=self._ssl_context,
         )
         await site.start()
         return runner.addresses[0][1]

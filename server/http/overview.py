@@ -61,8 +61,12 @@ def exchange_types() -> list[dict[str, Any]]:
 def listeners(api: ManagementApi) -> list[dict[str, Any]]:
     bind = api.host.config.bind
     ports = [("amqp", api.host.port)]
+    if api.host.tls_port:
+        ports.append(("amqp/ssl", api.host.tls_port))
+    # RabbitMQ's protocol names, "https" for a listener with TLS.
+    http = "https" if api.host.config.http_tls else "http"
     ports += [
-        ("http" if name == "management" else "http/prometheus", port)
+        (http if name == "management" else f"{http}/prometheus", port)
         for name, port in api.listeners.items()
     ]
     return [

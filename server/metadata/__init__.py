@@ -8,7 +8,7 @@ state machine.
 * `commands` — the commands (DeclareVhost, AddUser, SetPermissions, SetPolicy, DeclareQueue,
   Bind, ...).
 * `store.MetadataStore` — the state plus aiosqlite persistence: `await MetadataStore.open(path)`,
-  `await store.apply(command)`, `await store.authenticate(user, password)`,
+  `await store.apply(command)`, `await store.authenticate(user, password, source)`,
   `await store.sync_external_changes()`.
 * `passwords` — scrypt hashing; `permissions` — regex checks, refusal texts and the
   loopback_users rule; `policies` — policy validation with RabbitMQ's texts; `limits` — vhost

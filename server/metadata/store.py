@@ -42,6 +42,7 @@ import aiosqlite
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import encoding, passwords
+from warrenmq.server.metadata.password_checks import PasswordChecks
 from warrenmq.server.metadata.records import (
     ADMINISTRATOR,
     DEFAULT_PASSWORD,
@@ -59,6 +60,8 @@ SCHEMA_VERSION = 2
 # The store's file in a data directory (the broker and `warren admin` open the same one).
 METADATA_FILE = "metadata.sqlite3"
 BUSY_TIMEOUT_MS = 5_000
+# The database and its journal files: the broker's user only (password hashes).
+FILE_MODE = 0o600
 # At most this many password verifications run at once: each scrypt holds 16 MiB.
 VERIFICATIONS_CONCURRENT_MAX = 2
 # Successful logins remembered (keyed by an HMAC under a per-process key, never the password),
@@ -97,6 +100,18 @@ CREATE INDEX IF NOT EXISTS bindings_by_destination
 """
 
 
+def _owner_only(path: Path) -> None:
+    """Create the database file readable by its owner only (it holds the password hashes),
+    and take group and other access from one made before. SQLite gives the journal files it
+    creates the database file's mode."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE))
+    for name in (path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm"))):
+        try:
+            os.chmod(name, FILE_MODE)
+        except FileNotFoundError:
+            pass
+
+
 class StoreFailed(Exception):
     """A metadata write failed: memory may be ahead of disk, so no further commands apply."""
 
@@ -114,7 +129,7 @@ class MetadataStore:
         self._failure: BaseException | None = None
         self._data_version = 0
         self._syncing = asyncio.Lock()
-        self._verifications = asyncio.Semaphore(VERIFICATIONS_CONCURRENT_MAX)
+        self._password_checks = PasswordChecks(VERIFICATIONS_CONCURRENT_MAX)
         self._verified_key = os.urandom(32)
         self._verified: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
@@ -131,6 +146,7 @@ class MetadataStore:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        _owner_only(path)
         db = await aiosqlite.connect(path, isolation_level=None)
         try:
             await db.execute("PRAGMA journal_mode=WAL")
@@ -149,6 +165,7 @@ class MetadataStore:
     async def close(self) -> None:
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
+        self._password_checks.close()
         await self._db.close()
 
     # --- commands --------------------------------------------------------------------------
@@ -233,29 +250,36 @@ class MetadataStore:
 
     # --- authentication --------------------------------------------------------------------
 
-    async def authenticate(self, username: str, password: str) -> User | None:
+    async def authenticate(self, username: str, password: str, source: str = "") -> User | None:
         """The user if the password is right, else None (RabbitMQ refuses blank passwords).
 
-        The KDF runs in a thread, at most VERIFICATIONS_CONCURRENT_MAX at once. The caller
-        still has to check the peer address against its loopback_users (`loopback_refused`).
+        The KDF runs in a thread, at most VERIFICATIONS_CONCURRENT_MAX at once, fairly between
+        client addresses (`source`), and as long for a user that does not exist
+        (`password_checks`). The caller still has to check the peer address against its
+        loopback_users (`loopback_refused`).
         """
+        if password == "":
+            return None
         user = self.state.users.get(username)
-        if user is None or password == "":
+        if user is not None:
+            key = hmac.new(
+                self._verified_key,
+                b"\0".join(
+                    (
+                        username.encode("utf-8"),
+                        user.password_hash.encode(),
+                        password.encode("utf-8"),
+                    )
+                ),
+                hashlib.sha256,
+            ).digest()
+            if key in self._verified:
+                self._verified.move_to_end(key)
+                return user
+        stored = None if user is None else user.password_hash
+        if not await self._password_checks.check(password, stored, source):
             return None
-        key = hmac.new(
-            self._verified_key,
-            b"\0".join(
-                (username.encode("utf-8"), user.password_hash.encode(), password.encode("utf-8"))
-            ),
-            hashlib.sha256,
-        ).digest()
-        if key in self._verified:
-            self._verified.move_to_end(key)
-            return user
-        async with self._verifications:
-            ok = await asyncio.to_thread(passwords.verify_password, password, user.password_hash)
-        if not ok:
-            return None
+        assert user is not None
         self._verified[key] = None
         if len(self._verified) > VERIFIED_LOGINS_MAX:
             self._verified.popitem(last=False)

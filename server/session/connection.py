@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from pamqp import commands
 
 from warrenmq.amqp import events, frames, replies
+from warrenmq.amqp.auth import EXTERNAL
 from warrenmq.amqp.connection import Connection, ConnectionConfig
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
@@ -40,6 +41,7 @@ from warrenmq.server.queue.consumer import ConsumedQueue
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.stream.cursor import Cursor
+from warrenmq.server.tls import certificate_user, peer_certificate
 from warrenmq.server.vhost import (
     REPLY_TO_PREFIX,
     REPLY_TO_QUEUE,
@@ -77,6 +79,8 @@ class Host(Protocol):
 
     config: BrokerConfig
     amqp_config: ConnectionConfig
+    amqp_tls_config: ConnectionConfig
+    """The machine's config on a TLS connection: EXTERNAL offered too."""
     vhosts: dict[str, VirtualHost]
 
     def accept(self, connection: BrokerConnection) -> bool:
@@ -137,6 +141,8 @@ class BrokerConnection(asyncio.Protocol):
         self.channels: dict[int, BrokerChannel] = {}
         self.vhost: VirtualHost | None = None
         self.username = ""
+        # The user a verified TLS client certificate names (SASL EXTERNAL), if any.
+        self.certificate_user: str | None = None
         self.writable = True
         self.exclusive_queues: dict[str, WorkQueue] = {}
         # The exclusive-owner identity the metadata state records for this connection.
@@ -162,6 +168,16 @@ class BrokerConnection(asyncio.Protocol):
         if not self.broker.accept(self):
             transport.abort()
             return
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:
+            # Nothing is sent before the client's protocol header, so the machine can still
+            # be swapped for one that offers EXTERNAL.
+            self.amqp = Connection(self.broker.amqp_tls_config, now=self.loop.time())
+            certificate = peer_certificate(ssl_object)
+            if certificate is not None:
+                self.certificate_user = certificate_user(
+                    certificate, self.broker.config.ssl_cert_login_from
+                )
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -427,16 +443,22 @@ class BrokerConnection(asyncio.Protocol):
     # -- handshake ---------------------------------------------------------------------------
 
     async def _authenticate(self, event: events.AuthenticationRequested) -> None:
-        user = await self.broker.authenticate(
-            event.username, event.password, self.peer[0], event.mechanism
+        username = event.username
+        if event.mechanism == EXTERNAL:
+            # Without a verified certificate, or one naming nobody, the login is refused.
+            username = self.certificate_user or ""
+        user = (
+            await self.broker.authenticate(username, event.password, self.peer[0], event.mechanism)
+            if username
+            else None
         )
         if self.closed:
             return
         if user is None:
             self.amqp.refuse_login()
             return
-        self.username = event.username
-        self.amqp.accept_login(event.username)
+        self.username = username
+        self.amqp.accept_login(username)
 
     def _open_vhost(self, event: events.VhostAccessRequested) -> None:
         vhost = self.broker.vhosts.get(event.vhost)
