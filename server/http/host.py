@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from warrenmq.log.latency import LatencyHistogram
+from warrenmq.server.alarms import ResourceMonitor
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.metadata import MetadataStore
 from warrenmq.server.queue.consumer import Consumer
@@ -57,6 +58,8 @@ class ClientConnection(Protocol):
     `channel_max`, `heartbeat_s`."""
     transport: asyncio.Transport | None
     writable: bool
+    blocked: bool
+    """Published during a resource alarm: not read until it clears."""
     received_bytes: int
     sent_bytes: int
 
@@ -73,6 +76,8 @@ class Host(Protocol):
     connections: Collection[ClientConnection]
     port: int
     """The AMQP listener's port."""
+    resources: ResourceMonitor
+    """The memory and disk alarms."""
     redrives: Redrives
 
     def sync_vhosts(self) -> None:

@@ -75,6 +75,9 @@ class Host(Protocol):
     config: BrokerConfig
     amqp_config: ConnectionConfig
     vhosts: dict[str, VirtualHost]
+    blocked_reason: str
+    """connection.blocked's reason while a resource alarm is in effect, else empty: a
+    connection that publishes then is blocked until `alarms_cleared`."""
 
     def accept(self, connection: BrokerConnection) -> bool:
         """Admit a new connection (False: refuse it, the broker is full or stopping)."""
@@ -127,6 +130,8 @@ class BrokerConnection(asyncio.Protocol):
         self.vhost: VirtualHost | None = None
         self.username = ""
         self.writable = True
+        self.blocked = False
+        """Published while a resource alarm was in effect: not read until it clears."""
         self.exclusive_queues: dict[str, WorkQueue] = {}
         # The exclusive-owner identity the metadata state records for this connection.
         self.owner = f"connection-{self.id}"
@@ -183,7 +188,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         amqp = self.amqp
-        while self._busy is None:
+        while self._busy is None and not self.blocked:
             event = amqp.next_event()
             if event is None:
                 break
@@ -214,6 +219,7 @@ class BrokerConnection(asyncio.Protocol):
         if (
             self._reading_paused
             and self._busy is None
+            and not self.blocked
             and not self.closed
             and amqp.buffered_bytes <= self.broker.config.read_buffer_bytes_max
         ):
@@ -299,6 +305,8 @@ class BrokerConnection(asyncio.Protocol):
         if self.closed:
             return
         self.amqp.close(reply_code, text)
+        # Read again, if blocked, for the client's close-ok (rabbit_reader does the same).
+        self.blocked = False
         self._process()
 
     def _teardown(self, reason: str | None) -> None:
@@ -331,6 +339,8 @@ class BrokerConnection(asyncio.Protocol):
     def _handle(self, event: Any) -> Awaitable[Any] | None:
         kind = type(event)
         if kind is events.MessagePublished:
+            if self.broker.blocked_reason:
+                self._block(self.broker.blocked_reason)
             return self._on_publish(event)
         # RabbitMQ 4.3 (PR 15387): basic.reject counts a failed delivery, basic.nack does not.
         if kind is events.Acked:
@@ -433,6 +443,29 @@ class BrokerConnection(asyncio.Protocol):
             vhost.name,
             self.username,
         )
+
+    # -- resource alarms ---------------------------------------------------------------------
+
+    def _block(self, reason: str) -> None:
+        """A publish while an alarm is in effect: this one is taken, then nothing more is
+        read until the alarms clear (rabbit_reader blocks a connection as it publishes; a
+        connection that only consumes goes on)."""
+        self.blocked = True
+        self.amqp.block(reason)
+        self.amqp.pause_heartbeat_monitor()
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        log.warning("connection %s blocked: %s", self.name, reason)
+
+    def alarms_cleared(self) -> None:
+        if not self.blocked or self.closed:
+            return
+        self.blocked = False
+        self.amqp.unblock()
+        self.amqp.resume_heartbeat_monitor(self.loop.time())
+        log.info("connection %s unblocked", self.name)
+        self._process()
 
     # -- permissions -------------------------------------------------------------------------
 
