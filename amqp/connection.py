@@ -256,6 +256,11 @@ class Connection:
             self._merge_chunks()
 
     @property
+    def receiving_content(self):
+        """A publish's content header has been read and its body is not complete yet."""
+        return any(channel.content_state != AWAIT_METHOD for channel in self._channels.values())
+
+    @property
     def buffered_bytes(self):
         """Bytes received and not yet parsed: the shell pauses reading above its own bound."""
         return len(self._buffer) - self._offset + self._chunked_bytes

@@ -11,7 +11,10 @@ import urllib.request
 import pika
 import pytest
 from http_api import HttpApi
+from pamqp import body as content_body
+from pamqp import commands, header
 from protocol import connected
+from raw_client import RawClient
 
 from warrenmq.amqp import events
 from warrenmq.server.alarms import (
@@ -244,3 +247,34 @@ def test_a_client_without_the_capability_is_blocked_without_notice(start_broker,
 
 def _blocked(running) -> bool:
     return all(connection.blocked for connection in list(running.broker.connections))
+
+
+def test_a_body_on_its_way_blocks_its_connection(start_broker, tmp_path):
+    running = start_broker(tmp_path, memory_high_watermark_bytes=1, resource_check_interval_ms=10)
+    setup = running.connect()
+    setup.channel().queue_declare("q")
+    body_bytes = 8 << 20
+    chunk = b"x" * (100 << 10)
+    with RawClient("127.0.0.1", running.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Basic.Publish(exchange="", routing_key="q"))
+        raw.send(1, header.ContentHeader(0, body_bytes, commands.Basic.Properties()))
+        raw.send(1, content_body.ContentBody(chunk))
+        port = raw.sock.getsockname()[1]
+        (connection,) = [c for c in list(running.broker.connections) if c.peer[1] == port]
+        _wait(setup, lambda: connection.blocked)
+        sent = len(chunk)
+        # Less than the socket buffers hold, so these sends do not wait for the broker.
+        for _ in range(5):
+            raw.send(1, content_body.ContentBody(chunk))
+            sent += len(chunk)
+        setup.process_data_events(time_limit=0.3)
+        assert connection.received_bytes < 2 * len(chunk) + 4096, "not read while blocked"
+        _set_watermark(running, 1 << 50)
+        while sent < body_bytes:
+            part = chunk[: body_bytes - sent]
+            raw.send(1, content_body.ContentBody(part))
+            sent += len(part)
+        _wait(setup, lambda: _ready(running, "q") == 1)
+    setup.close()

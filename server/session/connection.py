@@ -164,6 +164,11 @@ class BrokerConnection(asyncio.Protocol):
         amqp.receive_data(data, self.loop.time())
         if self._busy is None:
             self._process()
+        # A body on its way counts as publishing, as in rabbit_reader (which blocks on the
+        # content header): half-sent bodies cannot pile up while memory is short.
+        reason = self.broker.blocked_reason
+        if reason and not self.blocked and not self.closed and amqp.receiving_content:
+            self._block(reason)
         if (
             amqp.buffered_bytes > self.broker.config.read_buffer_bytes_max
             and not self._reading_paused
