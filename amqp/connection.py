@@ -225,6 +225,7 @@ class Connection:
         self._created_at = now
         self._last_received_at = now
         self._last_sent_at = now
+        self._heartbeat_monitor_paused = False
         # RabbitMQ's connection timeout_sec: ?NORMAL_TIMEOUT (3 s) from connection.start until
         # tune-ok, then the negotiated heartbeat. It bounds the wait for close-ok
         # (rabbit_reader start_connection and close_connection).
@@ -253,6 +254,11 @@ class Connection:
         self._chunked_bytes += len(data)
         if len(self._buffer) - self._offset + self._chunked_bytes >= self._bytes_needed:
             self._merge_chunks()
+
+    @property
+    def receiving_content(self):
+        """A publish's content header has been read and its body is not complete yet."""
+        return any(channel.content_state != AWAIT_METHOD for channel in self._channels.values())
 
     @property
     def buffered_bytes(self):
@@ -909,6 +915,15 @@ class Connection:
             return True
         return False
 
+    def pause_heartbeat_monitor(self):
+        """Stop expecting the client's heartbeats: the shell is not reading (a blocked
+        publisher), as rabbit_reader pauses its heartbeat monitor. Heartbeats still go out."""
+        self._heartbeat_monitor_paused = True
+
+    def resume_heartbeat_monitor(self, now):
+        self._heartbeat_monitor_paused = False
+        self._last_received_at = now
+
     # -- time ----------------------------------------------------------------------------
 
     def _close_ok_wait_s(self):
@@ -932,9 +947,10 @@ class Connection:
             return self._created_at + self.config.handshake_timeout_s
         if not self.heartbeat_s:
             return None
-        return min(
-            self._last_received_at + 2 * self.heartbeat_s, self._last_sent_at + self.heartbeat_s / 2
-        )
+        send_at = self._last_sent_at + self.heartbeat_s / 2
+        if self._heartbeat_monitor_paused:
+            return send_at
+        return min(self._last_received_at + 2 * self.heartbeat_s, send_at)
 
     def tick(self, now):
         """Run the timers: heartbeats, heartbeat timeout, handshake and close-ok timeouts.
@@ -957,7 +973,7 @@ class Connection:
         heartbeat_s = self.heartbeat_s
         if not heartbeat_s:
             return None
-        if now - self._last_received_at >= 2 * heartbeat_s:
+        if not self._heartbeat_monitor_paused and now - self._last_received_at >= 2 * heartbeat_s:
             self._abort(0, f"missed heartbeats from client, timeout: {heartbeat_s}s")
             return self._pending.popleft()
         if now - self._last_sent_at >= heartbeat_s / 2:

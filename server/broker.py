@@ -33,6 +33,15 @@ from warrenmq.log.latency import LatencyHistogram
 from warrenmq.server.metadata import METADATA_FILE, MetadataStore, StoreFailed, loopback_refused
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
+from .alarms import (
+    ResourceMonitor,
+    blocked_reason,
+    disk_free_bytes,
+    disk_free_limit_bytes,
+    memory_limit_bytes,
+    resident_memory_bytes,
+    total_memory_bytes,
+)
 from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
@@ -159,6 +168,16 @@ class Broker:
         self._background: set[asyncio.Future[Any]] = set()
         self._stopping = False
         self._timeout_check: asyncio.TimerHandle | None = None
+        memory_bytes = total_memory_bytes()
+        self.resources = ResourceMonitor(
+            memory_limit_bytes(config, memory_bytes),
+            disk_free_limit_bytes(config, memory_bytes),
+            resident_memory_bytes,
+            lambda: disk_free_bytes(self.data_dir),
+            self._alarms_changed,
+        )
+        self.blocked_reason = ""
+        self._resource_check: asyncio.TimerHandle | None = None
         self._metadata_follower: asyncio.Task[None] | None = None
         # The management API and the metrics: adapters of their own on this event loop.
         self.http = HttpListeners(self)
@@ -174,6 +193,13 @@ class Broker:
         self._loop = asyncio.get_running_loop()
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            log.info(
+                "memory high watermark %d MiB; disk free limit %d MB on %s",
+                self.resources.memory_limit_bytes >> 20,
+                self.resources.disk_free_limit_bytes // 1_000_000,
+                self.data_dir,
+            )
+            self.resources.check()
             self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
             # Recovery creates only objects that live on, millions of them for 100,000
             # queues; the collector's full passes over them were 40% of the time it took.
@@ -210,6 +236,9 @@ class Broker:
             raise
         self._timeout_check = self._loop.call_later(
             CONSUMER_TIMEOUT_CHECK_S, self._check_consumer_timeouts
+        )
+        self._resource_check = self._loop.call_later(
+            self.config.resource_check_interval_ms / 1000, self._check_resources
         )
         self._metadata_follower = asyncio.ensure_future(self._follow_metadata())
         self.redrives.recover()
@@ -358,6 +387,8 @@ class Broker:
         self._stopping = True
         if self._timeout_check is not None:
             self._timeout_check.cancel()
+        if self._resource_check is not None:
+            self._resource_check.cancel()
         if self._metadata_follower is not None:
             self._metadata_follower.cancel()
         await self.http.stop()
@@ -532,6 +563,21 @@ class Broker:
         self._timeout_check = self._loop.call_later(
             CONSUMER_TIMEOUT_CHECK_S, self._check_consumer_timeouts
         )
+
+    def _check_resources(self) -> None:
+        self.resources.check()
+        assert self._loop is not None
+        self._resource_check = self._loop.call_later(
+            self.config.resource_check_interval_ms / 1000, self._check_resources
+        )
+
+    def _alarms_changed(self, alarms: frozenset[str]) -> None:
+        """Publishers are blocked as they next publish while any alarm is in effect, and all
+        unblocked once none is."""
+        self.blocked_reason = blocked_reason(alarms) if alarms else ""
+        if not alarms:
+            for connection in list(self.connections):
+                connection.alarms_cleared()
 
     def _arm(self, queue: WorkQueue, due_ms: int | None) -> None:
         """Have the queue's timers run at `due_ms` (epoch ms; None: never)."""

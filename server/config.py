@@ -124,6 +124,22 @@ class BrokerConfig:
     distinguished_name is RabbitMQ 3.x's default, kept so the same users work."""
     http_tls: bool = False
     """Serve the management API and the metrics over HTTPS with the ssl_options settings."""
+    memory_high_watermark_relative: float = 0.6
+    """Resident memory above this fraction of the machine's memory raises the memory alarm,
+    which blocks publishing connections (RabbitMQ's vm_memory_high_watermark.relative and its
+    default since 3.13; 0.4 before). 0 blocks every publisher, as in RabbitMQ."""
+    memory_high_watermark_bytes: int = 0
+    """The watermark in bytes instead (vm_memory_high_watermark.absolute); 0: the relative one."""
+    disk_free_limit_bytes: int = 50_000_000
+    """Free space on the data dir's disk below this raises the disk alarm, which blocks
+    publishing connections (RabbitMQ's disk_free_limit.absolute and its default, 50 MB)."""
+    disk_free_limit_relative: float = 0.0
+    """The limit as a multiple of the machine's memory instead (disk_free_limit.relative, e.g.
+    1.0); 0: the absolute one."""
+    resource_check_interval_ms: int = 100
+    """How often memory and free disk space are sampled. RabbitMQ checks memory every second
+    and disk space up to ten times a second near the limit; both samples cost microseconds
+    here, so Warren takes them at the faster rate always."""
 
     def __post_init__(self) -> None:
         for name in ("port", "management_port", "metrics_port", "tls_port"):
@@ -149,6 +165,7 @@ class BrokerConfig:
             "queue_batch_records_max",
             "segment_bytes_max",
             "http_body_bytes_max",
+            "resource_check_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -161,6 +178,14 @@ class BrokerConfig:
             raise ConfigError(
                 f"frame_bytes_max must be at most {FRAME_BYTES_LIMIT}, got {self.frame_bytes_max}"
             )
+        for name in (
+            "memory_high_watermark_relative",
+            "memory_high_watermark_bytes",
+            "disk_free_limit_bytes",
+            "disk_free_limit_relative",
+        ):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.log_open_files_max < 0:
             raise ConfigError(
                 "log_open_files_max must not be negative (0 is "

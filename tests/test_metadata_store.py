@@ -5,9 +5,11 @@ dropped), authentication, changes from another process, group commit, failure, a
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords
+from warrenmq.server.metadata import store as store_module
 from warrenmq.server.metadata.state import MetadataState
 from warrenmq.server.metadata.store import MetadataStore, StoreFailed
 
@@ -258,6 +261,57 @@ def test_failed_write_stops_the_store(tmp_path):
         with pytest.raises(StoreFailed):
             await store.sync_external_changes()
         await store.close()
+
+    run(scenario())
+
+
+def test_a_write_refused_for_a_full_disk_is_written_once_space_returns(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "DISK_FULL_RETRY_S", 0.01)
+    path = tmp_path / "m.sqlite3"
+
+    async def scenario():
+        store = await MetadataStore.open(path)
+        original = store._write
+        refusals = [
+            OSError(errno.ENOSPC, "No space left on device"),
+            sqlite3.OperationalError("database or disk is full"),
+        ]
+        refusals[1].sqlite_errorcode = sqlite3.SQLITE_FULL
+
+        async def full_then_space(batch):
+            if refusals:
+                raise refusals.pop(0)
+            await original(batch)
+
+        store._write = full_then_space
+        await asyncio.gather(
+            store.apply(c.DeclareQueue("/", "a", durable=True)),
+            store.apply(c.DeclareQueue("/", "b", durable=True)),
+        )
+        assert refusals == []
+        await store.apply(c.DeclareQueue("/", "c", durable=True))
+        await store.close()
+        assert set((await reopened(path)).queues("/")) == {"a", "b", "c"}
+
+    run(scenario())
+
+
+def test_closing_gives_up_a_write_waiting_for_space(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "DISK_FULL_RETRY_S", 0.01)
+
+    async def scenario():
+        store = await MetadataStore.open(tmp_path / "m.sqlite3")
+
+        async def full(batch):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        store._write = full
+        declare = asyncio.ensure_future(store.apply(c.DeclareQueue("/", "q", durable=True)))
+        await asyncio.sleep(0.05)
+        assert not declare.done(), "waiting for space"
+        await store.close()
+        with pytest.raises(StoreFailed):
+            await declare
 
     run(scenario())
 

@@ -53,6 +53,16 @@ def visible_to(caller: Caller, connection: ClientConnection) -> bool:
     return caller.is_monitor or connection.username == caller.name
 
 
+def connection_state(api: ManagementApi, connection: ClientConnection) -> str:
+    """rabbit_reader's: "blocked" once it published during an alarm, "blocking" while an
+    alarm is in effect and it has not published, "flow" while its output is paused."""
+    if connection.blocked:
+        return "blocked"
+    if api.host.resources.alarms:
+        return "blocking"
+    return "running" if connection.writable else "flow"
+
+
 def connection_json(api: ManagementApi, connection: ClientConnection) -> dict[str, Any]:
     amqp = connection.amqp
     host, port = local_address(connection)
@@ -62,7 +72,7 @@ def connection_json(api: ManagementApi, connection: ClientConnection) -> dict[st
         "vhost": connection.vhost.name if connection.vhost is not None else None,
         "user": connection.username,
         "user_who_performed_action": connection.username,
-        "state": "running" if connection.writable else "flow",
+        "state": connection_state(api, connection),
         "channels": len(connection.channels),
         "protocol": "AMQP 0-9-1",
         "auth_mechanism": amqp.mechanism,

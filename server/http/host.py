@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from warrenmq.log.latency import LatencyHistogram
+from warrenmq.server.alarms import ResourceMonitor
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.metadata import MetadataStore
 from warrenmq.server.queue.consumer import Consumer
@@ -57,6 +58,8 @@ class ClientConnection(Protocol):
     `channel_max`, `heartbeat_s`."""
     transport: asyncio.Transport | None
     writable: bool
+    blocked: bool
+    """Published during a resource alarm: not read until it clears."""
     received_bytes: int
     sent_bytes: int
 
@@ -75,6 +78,8 @@ class Host(Protocol):
     """The AMQP listener's port."""
     tls_port: int
     """The AMQP-over-TLS listener's port (0: none)."""
+    resources: ResourceMonitor
+    """The memory and disk alarms."""
     redrives: Redrives
 
     def sync_vhosts(self) -> None:

@@ -263,8 +263,8 @@ ROUTES: tuple[Route, ...] = (
     route("/consumer/commit", VHOST, vhost_in_query=True, POST=topics.commit),
     route("/consumer/offsets", VHOST, vhost_in_query=True, GET=topics.offsets),
     route("/api/aliveness-test/{vhost}", VHOST, GET=overview.aliveness),
-    route("/api/health/checks/alarms", ANY, GET=overview.no_alarms),
-    route("/api/health/checks/local-alarms", ANY, GET=overview.no_alarms),
+    route("/api/health/checks/alarms", ANY, GET=overview.alarms),
+    route("/api/health/checks/local-alarms", ANY, GET=overview.local_alarms),
     route("/api/health/checks/virtual-hosts", ANY, GET=overview.no_alarms),
     route("/api/health/checks/port-listener/{port}", ANY, GET=overview.port_listener),
 )

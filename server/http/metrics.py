@@ -39,6 +39,7 @@ from prometheus_client.utils import floatToGoString
 import warrenmq
 from warrenmq.dlq.dead_letter import DELIVERY_LIMIT, EXPIRED, MAXLEN, REASONS, REJECTED
 from warrenmq.log.partition import FSYNC_LATENCY
+from warrenmq.server.alarms import DISK, MEMORY, disk_free_bytes, resident_memory_bytes
 from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 from warrenmq.server.stream.groups import GROUP_TAG_PREFIX
 from warrenmq.server.stream.stream import Stream
@@ -272,6 +273,7 @@ def collect(api: ManagementApi, per_object: bool) -> list[Metric]:
             sum(queue.consumer_count for _, queue in queues),
         ),
         ("rabbitmq_queues", "Queues available", len(queues)),
+        *_resources(api),
     ):
         families.append(GaugeMetricFamily(name, help_text, value=value))
     build = GaugeMetricFamily(
@@ -294,6 +296,39 @@ def collect(api: ManagementApi, per_object: bool) -> list[Metric]:
         *_latencies(api),
         build,
         identity,
+    ]
+
+
+def _resources(api: ManagementApi) -> list[tuple[str, str, int]]:
+    """The alarms and what they watch, with rabbitmq_prometheus's names and help texts."""
+    resources = api.host.resources
+    return [
+        (
+            "rabbitmq_alarms_memory_used_watermark",
+            "is 1 if VM memory watermark alarm is in effect",
+            int(MEMORY in resources.alarms),
+        ),
+        (
+            "rabbitmq_alarms_free_disk_space_watermark",
+            "is 1 if free disk space watermark alarm is in effect",
+            int(DISK in resources.alarms),
+        ),
+        ("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", resident_memory_bytes()),
+        (
+            "rabbitmq_resident_memory_limit_bytes",
+            "Memory high watermark in bytes",
+            resources.memory_limit_bytes,
+        ),
+        (
+            "rabbitmq_disk_space_available_bytes",
+            "Disk space available in bytes",
+            disk_free_bytes(api.host.data_dir),
+        ),
+        (
+            "rabbitmq_disk_space_available_limit_bytes",
+            "Free disk space low watermark in bytes",
+            resources.disk_free_limit_bytes,
+        ),
     ]
 
 

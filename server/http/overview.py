@@ -1,7 +1,8 @@
 """/api/overview, /api/nodes, the health checks and the aliveness test.
 
-Warren is one node with no resource alarms (it has no memory or disk watermark), so the
-alarm checks pass; a port check looks at the listeners this process runs.
+Warren is one node: its memory and disk alarms (``server/alarms.py``) are the cluster's, so
+/api/health/checks/alarms and local-alarms report the same ones; a port check looks at the listeners
+this process runs.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import os
 import platform
 import resource
-import shutil
 import time
 from typing import Any
 
@@ -21,6 +21,13 @@ from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
 from warrenmq.exchanges.delayed import DELAYED_MESSAGE
 from warrenmq.exchanges.router import EXCHANGE_TYPE_NAMES
+from warrenmq.server.alarms import (
+    DISK,
+    MEMORY,
+    RESOURCE_NAMES,
+    disk_free_bytes,
+    resident_memory_bytes,
+)
 from warrenmq.server.vhost import Published
 
 from .api import RABBITMQ_VERSION, Call, ManagementApi, core, reply, sync
@@ -132,15 +139,6 @@ async def overview(call: Call) -> web.Response:
     return reply(item)
 
 
-def _memory_bytes() -> int:
-    """The process's resident memory (peak, where /proc is missing)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _open_files() -> int:
     try:
         return len(os.listdir("/proc/self/fd"))
@@ -149,7 +147,7 @@ def _open_files() -> int:
 
 
 def node_json(api: ManagementApi) -> dict[str, Any]:
-    disk = shutil.disk_usage(api.host.data_dir) if api.host.data_dir.exists() else None
+    resources = api.host.resources
     files_max = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return {
         "name": api.node,
@@ -158,10 +156,12 @@ def node_json(api: ManagementApi) -> dict[str, Any]:
         "os_pid": str(os.getpid()),
         "uptime": int((time.monotonic() - api.started_at_s) * 1000),
         "processors": os.cpu_count() or 1,
-        "mem_used": _memory_bytes(),
-        "mem_alarm": False,
-        "disk_free": disk.free if disk is not None else 0,
-        "disk_free_alarm": False,
+        "mem_used": resident_memory_bytes(),
+        "mem_limit": resources.memory_limit_bytes,
+        "mem_alarm": MEMORY in resources.alarms,
+        "disk_free": disk_free_bytes(api.host.data_dir),
+        "disk_free_limit": resources.disk_free_limit_bytes,
+        "disk_free_alarm": DISK in resources.alarms,
         "fd_used": _open_files(),
         "fd_total": files_max,
         "sockets_used": len(api.host.connections),
@@ -191,6 +191,31 @@ async def node(call: Call) -> web.Response:
 
 async def no_alarms(call: Call) -> web.Response:
     return reply({"status": "ok"})
+
+
+async def alarms(call: Call) -> web.Response:
+    """rabbit_mgmt_wm_health_check_alarms: 503 and the resources in alarm, if any."""
+    return _alarms_reply(call, "There are alarms in effect in the cluster")
+
+
+async def local_alarms(call: Call) -> web.Response:
+    return _alarms_reply(call, "There are alarms in effect on the node")
+
+
+def _alarms_reply(call: Call, reason: str) -> web.Response:
+    in_effect = call.api.host.resources.alarms
+    if not in_effect:
+        return reply({"status": "ok"})
+    body = {
+        "status": "failed",
+        "reason": reason,
+        "alarms": [
+            {"node": call.api.node, "resource": RESOURCE_NAMES[name]}
+            for name in (MEMORY, DISK)
+            if name in in_effect
+        ],
+    }
+    return reply(body, HEALTH_CHECK_FAILURE_STATUS)
 
 
 async def port_listener(call: Call) -> web.Response:

@@ -10,7 +10,10 @@ Durability: WAL journal with `synchronous=FULL`, so each commit fsyncs the WAL b
 returns; an `apply` that returned survives a process crash and a power loss. (NORMAL would
 survive a process crash only; metadata changes are rare enough that the extra fsync is free.)
 A failed write leaves memory ahead of disk, so the store stops accepting commands
-(`StoreFailed`) instead of serving state it may not have kept; the broker should stop.
+(`StoreFailed`) instead of serving state it may not have kept; the broker should stop. A
+full disk is the exception: the transaction is tried again every `DISK_FULL_RETRY_S` until
+it is written, its callers (and those of the commands queued behind it) waiting meanwhile,
+so the store carries on by itself once space returns, with nothing lost and no restart.
 
 Changes made by another process (`warren users|vhosts|policies ...` against the same data dir
 while a broker runs) are picked up by `sync_external_changes()`: SQLite's `PRAGMA data_version`
@@ -28,11 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import hashlib
 import hmac
 import json
 import logging
 import os
+import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -69,6 +74,8 @@ VERIFICATIONS_CONCURRENT_MAX = 2
 VERIFIED_LOGINS_MAX = 1024
 # Commands whose rows go into one transaction at most.
 BATCH_WRITES_MAX = 10_000
+# How often a transaction refused for a full disk is tried again.
+DISK_FULL_RETRY_S = 0.5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -112,6 +119,12 @@ def _owner_only(path: Path) -> None:
             pass
 
 
+def _disk_full(error: BaseException) -> bool:
+    if isinstance(error, sqlite3.Error):
+        return getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+    return isinstance(error, OSError) and error.errno == errno.ENOSPC
+
+
 class StoreFailed(Exception):
     """A metadata write failed: memory may be ahead of disk, so no further commands apply."""
 
@@ -127,6 +140,7 @@ class MetadataStore:
         self._queued_waiters: list[asyncio.Future[None]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._closing = False
         self._data_version = 0
         self._syncing = asyncio.Lock()
         self._password_checks = PasswordChecks(VERIFICATIONS_CONCURRENT_MAX)
@@ -163,6 +177,8 @@ class MetadataStore:
         return store
 
     async def close(self) -> None:
+        # A transaction waiting for disk space gives up: what it held was never acknowledged.
+        self._closing = True
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
         self._password_checks.close()
@@ -219,7 +235,7 @@ class MetadataStore:
                     waiters, self._queued_waiters = self._queued_waiters, []
                 del self._queued_writes[: len(writes)]
                 try:
-                    await self._write(writes)
+                    await self._write_when_space(writes)
                 except BaseException as error:
                     self._failure = error
                     logger.error("metadata write failed; refusing further changes: %r", error)
@@ -236,6 +252,28 @@ class MetadataStore:
         finally:
             self._flusher = None
 
+    async def _write_when_space(self, writes: list[Write]) -> None:
+        """Write the transaction, trying again while the disk is full."""
+        waited = False
+        while True:
+            try:
+                await self._write(writes)
+            except Exception as error:
+                if not _disk_full(error) or self._closing:
+                    raise
+                if not waited:
+                    logger.error(
+                        "metadata write failed, the disk is full; trying again every %.1f s: %r",
+                        DISK_FULL_RETRY_S,
+                        error,
+                    )
+                    waited = True
+                await asyncio.sleep(DISK_FULL_RETRY_S)
+                continue
+            if waited:
+                logger.warning("metadata written again: disk space is back")
+            return
+
     async def _write(self, writes: list[Write]) -> None:
         db = self._db
         await db.execute("BEGIN IMMEDIATE")
@@ -245,7 +283,9 @@ class MetadataStore:
                     await db.execute(sql, parameters)
             await db.execute("COMMIT")
         except BaseException:
-            await db.execute("ROLLBACK")
+            # SQLite has already rolled back after some errors (a full disk among them).
+            if db.in_transaction:
+                await db.execute("ROLLBACK")
             raise
 
     # --- authentication --------------------------------------------------------------------

@@ -82,6 +82,9 @@ class Host(Protocol):
     amqp_tls_config: ConnectionConfig
     """The machine's config on a TLS connection: EXTERNAL offered too."""
     vhosts: dict[str, VirtualHost]
+    blocked_reason: str
+    """connection.blocked's reason while a resource alarm is in effect, else empty: a
+    connection that publishes then is blocked until `alarms_cleared`."""
 
     def accept(self, connection: BrokerConnection) -> bool:
         """Admit a new connection (False: refuse it, the broker is full or stopping)."""
@@ -144,6 +147,8 @@ class BrokerConnection(asyncio.Protocol):
         # The user a verified TLS client certificate names (SASL EXTERNAL), if any.
         self.certificate_user: str | None = None
         self.writable = True
+        self.blocked = False
+        """Published while a resource alarm was in effect: not read until it clears."""
         self.exclusive_queues: dict[str, WorkQueue] = {}
         # The exclusive-owner identity the metadata state records for this connection.
         self.owner = f"connection-{self.id}"
@@ -188,6 +193,11 @@ class BrokerConnection(asyncio.Protocol):
         amqp.receive_data(data, self.loop.time())
         if self._busy is None:
             self._process()
+        # A body on its way counts as publishing, as in rabbit_reader (which blocks on the
+        # content header): half-sent bodies cannot pile up while memory is short.
+        reason = self.broker.blocked_reason
+        if reason and not self.blocked and not self.closed and amqp.receiving_content:
+            self._block(reason)
         if (
             amqp.buffered_bytes > self.broker.config.read_buffer_bytes_max
             and not self._reading_paused
@@ -212,7 +222,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         amqp = self.amqp
-        while self._busy is None:
+        while self._busy is None and not self.blocked:
             event = amqp.next_event()
             if event is None:
                 break
@@ -243,6 +253,7 @@ class BrokerConnection(asyncio.Protocol):
         if (
             self._reading_paused
             and self._busy is None
+            and not self.blocked
             and not self.closed
             and amqp.buffered_bytes <= self.broker.config.read_buffer_bytes_max
         ):
@@ -343,6 +354,8 @@ class BrokerConnection(asyncio.Protocol):
         if self.closed:
             return
         self.amqp.close(reply_code, text)
+        # Read again, if blocked, for the client's close-ok (rabbit_reader does the same).
+        self.blocked = False
         self._process()
 
     def _teardown(self, reason: str | None) -> None:
@@ -375,6 +388,8 @@ class BrokerConnection(asyncio.Protocol):
     def _handle(self, event: Any) -> Awaitable[Any] | None:
         kind = type(event)
         if kind is events.MessagePublished:
+            if self.broker.blocked_reason:
+                self._block(self.broker.blocked_reason)
             return self._on_publish(event)
         # RabbitMQ 4.3 (PR 15387): basic.reject counts a failed delivery, basic.nack does not.
         if kind is events.Acked:
@@ -501,6 +516,29 @@ class BrokerConnection(asyncio.Protocol):
     @property
     def channel_count(self) -> int:
         return len(self.channels)
+
+    # -- resource alarms ---------------------------------------------------------------------
+
+    def _block(self, reason: str) -> None:
+        """A publish while an alarm is in effect: this one is taken, then nothing more is
+        read until the alarms clear (rabbit_reader blocks a connection as it publishes; a
+        connection that only consumes goes on)."""
+        self.blocked = True
+        self.amqp.block(reason)
+        self.amqp.pause_heartbeat_monitor()
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        log.warning("connection %s blocked: %s", self.name, reason)
+
+    def alarms_cleared(self) -> None:
+        if not self.blocked or self.closed:
+            return
+        self.blocked = False
+        self.amqp.unblock()
+        self.amqp.resume_heartbeat_monitor(self.loop.time())
+        log.info("connection %s unblocked", self.name)
+        self._process()
 
     # -- permissions -------------------------------------------------------------------------
 
