@@ -43,7 +43,7 @@ from .options import Offsets, Range, SourceOptions, ranges
 _PROPERTY_TYPES = {"s": StringType(), "i": IntegerType()}
 
 
-def schema(include_headers: bool) -> StructType:
+def source_schema(include_headers: bool) -> StructType:
     fields = [
         StructField("key", BinaryType()),
         StructField("value", BinaryType()),
@@ -105,20 +105,20 @@ class WarrenDataSource(DataSource):
         return "warren"
 
     def schema(self) -> StructType:
-        return schema(self.options.get("includeHeaders", "false").lower() == "true")
+        return source_schema(self.options.get("includeHeaders", "false").lower() == "true")
 
-    def reader(self, spark_schema: StructType) -> DataSourceReader:
-        return WarrenBatchReader(SourceOptions.parse(self.options, streaming=False), spark_schema)
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return WarrenBatchReader(SourceOptions.parse(self.options, streaming=False), schema)
 
-    def streamReader(self, spark_schema: StructType) -> DataSourceStreamReader:
-        return WarrenStreamReader(SourceOptions.parse(self.options, streaming=True), spark_schema)
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return WarrenStreamReader(SourceOptions.parse(self.options, streaming=True), schema)
 
-    def writer(self, spark_schema: StructType, overwrite: bool):
+    def writer(self, schema: StructType, overwrite: bool):
         from .sink import WarrenWriter
 
         return WarrenWriter(self.options)
 
-    def streamWriter(self, spark_schema: StructType, overwrite: bool):
+    def streamWriter(self, schema: StructType, overwrite: bool):
         from .sink import WarrenStreamWriter
 
         return WarrenStreamWriter(self.options)

@@ -1,0 +1,266 @@
+"""The `warren` PySpark data source (`spark/`) on a local[2] Spark against a broker in this
+process: batch reads equal what was published, offsets and timestamps choose the range,
+minPartitions splits, a streaming query restarted from its checkpoint reads each row once,
+deleted records are detected, and the sink appends each row once when a task is retried.
+
+One SparkSession serves every test (a JVM start takes ~10 s on this machine); each test uses
+streams of its own."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+import urllib.request
+
+import pika
+import pytest
+from http_api import HttpApi, eventually, name, path
+
+pyspark = pytest.importorskip("pyspark")
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+import warrenmq.spark  # noqa: E402
+from warrenmq.spark.client import Client, nodes_of  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spark():
+    # The workers must be this interpreter (the one warrenmq is installed in), and must not
+    # put the working directory first on sys.path: at the repository's root, `warrenmq/` is
+    # only the package's top folder.
+    saved = {key: os.environ.get(key) for key in ("PYSPARK_PYTHON", "PYTHONSAFEPATH")}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONSAFEPATH"] = "1"
+    session = (
+        SparkSession.builder.master("local[2, 4]")  # 4 attempts a task: the retry test
+        .appName("warren-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    warrenmq.spark.register(session)
+    yield session
+    session.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def api(module_broker) -> HttpApi:
+    return HttpApi(module_broker.management_url)
+
+
+@pytest.fixture
+def client(module_broker) -> Client:
+    return Client(nodes_of(module_broker.management_url, None, None))
+
+
+def reader(spark, broker, **options):
+    read = spark.read.format("warren").option("url", broker.management_url)
+    for key, value in options.items():
+        read = read.option(key, value)
+    return read.load()
+
+
+def declare_stream(broker, stream: str, **arguments) -> None:
+    connection = broker.connect()
+    connection.channel().queue_declare(
+        stream, durable=True, arguments={"x-queue-type": "stream", **arguments}
+    )
+    connection.close()
+
+
+def publish_values(client: Client, topic: str, values: list[int]) -> None:
+    client.publish(topic, {"records": [{"key": f"k{v % 17}", "value": v} for v in values]})
+
+
+def test_batch_read_of_a_super_stream_equals_what_was_published(spark, module_broker, api):
+    events = name("events")
+    assert api.put(path("api", "super-streams", "/", events), {"partitions": 3}).status == 201
+    connection = module_broker.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    published = {}
+    for i in range(600):
+        key = f"user-{i % 23}"
+        properties = pika.BasicProperties(
+            content_type="application/json",
+            message_id=f"m{i}",
+            correlation_id=f"c{i % 5}",
+            headers={"n": i, "source": "test"},
+        )
+        body = json.dumps({"i": i}).encode()
+        channel.basic_publish(events, key, body, properties)
+        published[f"m{i}"] = (key.encode(), body)
+    connection.close()
+
+    frame = reader(spark, module_broker, superStream=events, includeHeaders="true")
+    rows = frame.collect()
+    assert len(rows) == 600
+    assert {row.message_id: (bytes(row.key), bytes(row.value)) for row in rows} == published
+    by_partition: dict[int, list[int]] = {}
+    for row in rows:
+        assert row.stream == f"{events}-{row.partition}"
+        assert row.exchange == events
+        assert row.content_type == "application/json" and row.delivery_mode is None
+        assert row.correlation_id == f"c{int(row.message_id[1:]) % 5}"
+        headers = {header.key: bytes(header.value) for header in row.headers}
+        assert headers == {"n": row.message_id[1:].encode(), "source": b"test"}
+        assert row.timestamp is not None
+        by_partition.setdefault(row.partition, []).append(row.offset)
+    # Every offset of every partition once.
+    assert sorted(by_partition) == [0, 1, 2]
+    for offsets in by_partition.values():
+        assert sorted(offsets) == list(range(len(offsets)))
+
+    # minPartitions splits the partitions' ranges by offset; the rows are the same.
+    split = reader(spark, module_broker, superStream=events, minPartitions="8")
+    assert split.rdd.getNumPartitions() >= 8
+    assert sorted(
+        (r.partition, r.offset) for r in split.select("partition", "offset").collect()
+    ) == (sorted((r.partition, r.offset) for r in rows))
+    assert "headers" not in split.columns
+
+
+def test_offsets_json_and_starting_timestamp_choose_the_range(spark, module_broker, client):
+    stream = name("ledger")
+    declare_stream(module_broker, stream)
+    publish_values(client, stream, list(range(20)))
+    time.sleep(0.05)  # the next POST's batch is stamped later
+    publish_values(client, stream, list(range(20, 30)))
+
+    window = reader(
+        spark,
+        module_broker,
+        streams=stream,
+        startingOffsets=json.dumps({stream: {"0": 5}}),
+        endingOffsets=json.dumps({stream: {"0": 12}}),
+    )
+    assert [row.offset for row in window.orderBy("offset").collect()] == list(range(5, 12))
+
+    second = reader(spark, module_broker, streams=stream).where("offset = 20").first()
+    since_ms = int(second.timestamp.timestamp() * 1000)
+    later = reader(spark, module_broker, streams=stream, startingTimestamp=str(since_ms))
+    assert [json.loads(bytes(row.value)) for row in later.orderBy("offset").collect()] == list(
+        range(20, 30)
+    )
+
+
+def test_streaming_read_restarted_from_its_checkpoint_reads_each_row_once(
+    spark, module_broker, api, client, tmp_path
+):
+    events = name("clicks")
+    assert api.put(path("api", "super-streams", "/", events), {"partitions": 2}).status == 201
+    publish_values(client, events, list(range(1000)))
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def start(trigger: dict):
+        stream = (
+            spark.readStream.format("warren")
+            .option("url", module_broker.management_url)
+            .option("superStream", events)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "150")
+            .load()
+            .select("partition", "offset", "value")
+        )
+        return (
+            stream.writeStream.format("parquet")
+            .option("path", output)
+            .option("checkpointLocation", checkpoint)
+            .trigger(**trigger)
+            .start()
+        )
+
+    # Stopped mid-stream: after its first micro-batch, with most rows still to read.
+    first = start({"processingTime": "1 second"})
+    deadline = time.monotonic() + 120
+    while not first.recentProgress and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first.stop()
+    progress = [p for p in first.recentProgress if p["numInputRows"]]
+    assert progress and all(p["numInputRows"] <= 150 for p in progress)
+    assert sum(p["numInputRows"] for p in progress) < 1000
+
+    publish_values(client, events, list(range(1000, 1300)))
+    second = start({"availableNow": True})
+    second.awaitTermination(180)
+    assert all(p["numInputRows"] <= 150 for p in second.recentProgress)
+
+    rows = spark.read.parquet(output).collect()
+    assert sorted(json.loads(bytes(row.value)) for row in rows) == list(range(1300))
+    assert len({(row.partition, row.offset) for row in rows}) == 1300
+
+
+def test_records_deleted_by_retention_are_detected(spark, module_broker, client):
+    stream = name("short")
+    declare_stream(
+        module_broker,
+        stream,
+        **{"x-stream-max-segment-size-bytes": 2_000, "x-max-length-bytes": 6_000},
+    )
+    for start in range(0, 400, 20):
+        publish_values(client, stream, list(range(start, start + 20)))
+    first_offset = client.partitions(stream)[0].first_offset
+    assert first_offset > 0
+
+    from_zero = json.dumps({stream: {"0": 0}})
+    with pytest.raises(Exception, match="deleted by retention"):
+        reader(spark, module_broker, streams=stream, startingOffsets=from_zero).count()
+    kept = reader(
+        spark, module_broker, streams=stream, startingOffsets=from_zero, failOnDataLoss="false"
+    )
+    assert sorted(row.offset for row in kept.select("offset").collect()) == list(
+        range(first_offset, 400)
+    )
+
+
+def test_the_sink_appends_each_row_once_when_a_task_is_retried(spark, module_broker, api):
+    stream = name("sink")
+    declare_stream(module_broker, stream)
+    url = module_broker.management_url
+    target = path("api", "streams", "/", stream)
+
+    def messages() -> int:
+        request = urllib.request.Request(url + target)
+        request.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+        with urllib.request.urlopen(request) as reply:
+            return json.loads(reply.read())["messages"]
+
+    @F.udf("binary")
+    def value_failing_once(i):
+        # The first attempt dies at row 9,000, once the writer's first request (5,000 rows)
+        # has landed: its retry sends them again.
+        from pyspark import TaskContext
+
+        if i == 9_000 and TaskContext.get().attemptNumber() == 0:
+            deadline = time.monotonic() + 60
+            while messages() < 5_000 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            raise RuntimeError("the writer dies mid-batch")
+        return str(i).encode()
+
+    rows = spark.range(0, 10_000, numPartitions=1).select(
+        value_failing_once("id").alias("value"), F.col("id").cast("string").alias("key")
+    )
+    rows.write.format("warren").option("url", url).option("stream", stream).mode("append").save()
+
+    info = eventually(lambda: api.get(target).json["messages"], 10_000)
+    assert info == 10_000
+    assert api.get(target).json["duplicates_dropped"] == 5_000
+    read = reader(spark, module_broker, streams=stream)
+    assert sorted(int(bytes(row.value)) for row in read.select("value").collect()) == list(
+        range(10_000)
+    )
