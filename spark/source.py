@@ -172,7 +172,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for topic, partitions in latest.items()
         }
         if isinstance(limit, ReadMaxRows):
-            end = _admitted(start, end, limit.maxRows)
+            end = _admitted(start, end, limit.max_rows)
         return end
 
     def reportLatestOffset(self) -> Offsets | None:

@@ -211,8 +211,8 @@ def test_records_deleted_by_retention_are_detected(spark, module_broker, client)
         stream,
         **{"x-stream-max-segment-size-bytes": 2_000, "x-max-length-bytes": 6_000},
     )
-    for start in range(0, 400, 20):
-        publish_values(client, stream, list(range(start, start + 20)))
+    for start in range(0, 1000, 50):
+        publish_values(client, stream, list(range(start, start + 50)))
     first_offset = client.partitions(stream)[0].first_offset
     assert first_offset > 0
 
@@ -223,7 +223,7 @@ def test_records_deleted_by_retention_are_detected(spark, module_broker, client)
         spark, module_broker, streams=stream, startingOffsets=from_zero, failOnDataLoss="false"
     )
     assert sorted(row.offset for row in kept.select("offset").collect()) == list(
-        range(first_offset, 400)
+        range(first_offset, 1000)
     )
 
 
