@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--amqp", default="amqp://guest:guest@localhost:5672/%2F")
     parser.add_argument("--messages", type=int, default=10_000_000)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--min-partitions",
+        default="2",
+        help="the reads' minPartitions: the one partition split so that every core reads",
+    )
     parser.add_argument("--declare", action="store_true", help="declare the stream over AMQP")
     parser.add_argument("--fill-threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -113,7 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     register(spark)
 
     def source():
-        return spark.read.format("warren").option("url", args.url).option("streams", stream).load()
+        return (
+            spark.read.format("warren")
+            .option("url", args.url)
+            .option("streams", stream)
+            .option("minPartitions", args.min_partitions)
+            .load()
+        )
 
     every_column(source().limit(1000)).collect()  # the workers and the JIT warm up
     seconds, (row,) = timed(lambda: every_column(source()).collect())
@@ -139,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             .option("url", args.url)
             .option("streams", stream)
             .option("startingOffsets", "earliest")
+            .option("minPartitions", args.min_partitions)
             .load()
             .writeStream.format("noop")
             .option("checkpointLocation", checkpoint)
