@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -100,22 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     client = Client(nodes_of(args.url, None, None))
     fill(client, stream, args.messages, args.fill_threads)
 
-    # The workers run this interpreter, without the working directory first on sys.path
-    # (a checkout's root holds a folder named `warrenmq` that is not the whole package).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYTHONSAFEPATH", "1")
-    from pyspark.sql import SparkSession
+    from . import local_session
 
-    from . import register
-
-    spark = (
-        SparkSession.builder.master(args.master)
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    spark = local_session("warren-bench", args.master, **{"spark.driver.memory": "2g"})
 
     def source():
         return (

@@ -7,11 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from brokers import declare_stream
 from http_api import HttpApi, add_user, name, path
 
 from warrenmq.log.errors import CorruptBatchError
 from warrenmq.spark import decode
-from warrenmq.spark.client import Client, OffsetOutOfRange, nodes_of
+from warrenmq.spark.client import Client, OffsetOutOfRange
 
 
 @pytest.fixture
@@ -19,38 +20,25 @@ def api(module_broker) -> HttpApi:
     return HttpApi(module_broker.management_url)
 
 
-@pytest.fixture
-def client(module_broker) -> Client:
-    return Client(nodes_of(module_broker.management_url, None, None))
-
-
-def declare_stream(broker, stream: str, **arguments) -> None:
-    connection = broker.connect()
-    connection.channel().queue_declare(
-        stream, durable=True, arguments={"x-queue-type": "stream", **arguments}
-    )
-    connection.close()
-
-
 def publish(client: Client, topic: str, values) -> None:
     client.publish(topic, {"records": [{"key": "k", "value": value} for value in values]})
 
 
-def test_batches_are_the_stored_records_from_the_offset_asked(module_broker, client):
+def test_batches_are_the_stored_records_from_the_offset_asked(module_broker, topic_client):
     stream = name("fetch")
     declare_stream(module_broker, stream)
     for start in range(0, 30, 10):
-        publish(client, stream, range(start, start + 10))
-    data = client.batches(stream, 0, 15)
+        publish(topic_client, stream, range(start, start + 10))
+    data = topic_client.batches(stream, 0, 15)
     located = decode.locate(data)
     # Whole batches: from the one holding offset 15, to the end.
     assert located.offsets.tolist() == list(range(10, 30))
     assert located.next_offset == 30
-    assert client.batches(stream, 0, 30) == b""
-    assert client.batches(stream, 0, 1_000) == b""
+    assert topic_client.batches(stream, 0, 30) == b""
+    assert topic_client.batches(stream, 0, 1_000) == b""
 
     # One batch at least, whatever max_bytes says; whole batches only.
-    one = decode.locate(client.batches(stream, 0, 0, max_bytes=1))
+    one = decode.locate(topic_client.batches(stream, 0, 0, max_bytes=1))
     assert one.offsets.tolist() == list(range(10))
 
     flipped = bytearray(data)
@@ -59,26 +47,26 @@ def test_batches_are_the_stored_records_from_the_offset_asked(module_broker, cli
         decode.locate(bytes(flipped))
 
 
-def test_partitions_give_offsets_and_the_offset_for_a_timestamp(module_broker, api, client):
+def test_partitions_give_offsets_and_the_offset_for_a_timestamp(module_broker, api, topic_client):
     events = name("parts")
     assert api.put(path("api", "super-streams", "/", events), {"partitions": 2}).status == 201
-    client.publish(events, {"records": [{"value": i, "partition": i % 2} for i in range(6)]})
+    topic_client.publish(events, {"records": [{"value": i, "partition": i % 2} for i in range(6)]})
     time.sleep(0.05)
-    client.publish(events, {"records": [{"value": i, "partition": 0} for i in range(6, 8)]})
-    partitions = client.partitions(events)
+    topic_client.publish(events, {"records": [{"value": i, "partition": 0} for i in range(6, 8)]})
+    partitions = topic_client.partitions(events)
     assert [(p.stream, p.first_offset, p.next_offset) for p in partitions] == [
         (f"{events}-0", 0, 5),
         (f"{events}-1", 0, 3),
     ]
     assert partitions[0].offset_for_timestamp is None
-    stamped = decode.locate(client.batches(events, 0, 3)).timestamps_ms.tolist()
-    later = client.partitions(events, stamped[-1])
+    stamped = decode.locate(topic_client.batches(events, 0, 3)).timestamps_ms.tolist()
+    later = topic_client.partitions(events, stamped[-1])
     assert later[0].offset_for_timestamp == 3
-    assert client.partitions(events, 0)[1].offset_for_timestamp == 0
-    assert client.partitions(events, stamped[-1] + 60_000)[0].offset_for_timestamp is None
+    assert topic_client.partitions(events, 0)[1].offset_for_timestamp == 0
+    assert topic_client.partitions(events, stamped[-1] + 60_000)[0].offset_for_timestamp is None
 
 
-def test_an_offset_retention_deleted_is_416_with_the_first_offset(module_broker, client):
+def test_an_offset_retention_deleted_is_416_with_the_first_offset(module_broker, topic_client):
     stream = name("gone")
     declare_stream(
         module_broker,
@@ -86,13 +74,13 @@ def test_an_offset_retention_deleted_is_416_with_the_first_offset(module_broker,
         **{"x-stream-max-segment-size-bytes": 2_000, "x-max-length-bytes": 6_000},
     )
     for start in range(0, 1000, 50):
-        publish(client, stream, range(start, start + 50))
-    first = client.partitions(stream)[0].first_offset
+        publish(topic_client, stream, range(start, start + 50))
+    first = topic_client.partitions(stream)[0].first_offset
     assert first > 0
     with pytest.raises(OffsetOutOfRange) as refused:
-        client.batches(stream, 0, 0)
+        topic_client.batches(stream, 0, 0)
     assert refused.value.first_offset == first
-    assert decode.locate(client.batches(stream, 0, first)).offsets[0] == first
+    assert decode.locate(topic_client.batches(stream, 0, first)).offsets[0] == first
 
 
 def test_reading_batches_needs_read_permission(module_broker, api):

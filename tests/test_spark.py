@@ -12,21 +12,20 @@ import base64
 import json
 import os
 import shutil
-import sys
 import time
 import urllib.request
 
 import pika
 import pytest
+from brokers import declare_stream
 from http_api import HttpApi, eventually, name, path
 
 pyspark = pytest.importorskip("pyspark")
 
-from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import warrenmq.spark  # noqa: E402
-from warrenmq.spark.client import Client, nodes_of  # noqa: E402
+from warrenmq.spark.client import Client  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -38,22 +37,15 @@ def spark():
         if os.environ.get("CI") == "true":
             pytest.fail("Spark needs Java (17) on PATH")
         pytest.skip("Spark needs Java (17) on PATH")
-    # The workers must be this interpreter (the one warrenmq is installed in), and must not
-    # put the working directory first on sys.path: at the repository's root, `warrenmq/` is
-    # only the package's top folder.
     saved = {key: os.environ.get(key) for key in ("PYSPARK_PYTHON", "PYTHONSAFEPATH")}
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYTHONSAFEPATH"] = "1"
-    session = (
-        SparkSession.builder.master("local[2, 4]")  # 4 attempts a task: the retry test
-        .appName("warren-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
-        .getOrCreate()
+    session = warrenmq.spark.local_session(
+        "warren-tests",
+        "local[2, 4]",  # 4 attempts a task: the sink's retry test
+        **{
+            "spark.sql.shuffle.partitions": "2",
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "1000",
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
-    warrenmq.spark.register(session)
     yield session
     session.stop()
     for key, value in saved.items():
@@ -68,24 +60,16 @@ def api(module_broker) -> HttpApi:
     return HttpApi(module_broker.management_url)
 
 
-@pytest.fixture
-def client(module_broker) -> Client:
-    return Client(nodes_of(module_broker.management_url, None, None))
-
-
 def reader(spark, broker, **options):
-    read = spark.read.format("warren").option("url", broker.management_url)
-    for key, value in options.items():
-        read = read.option(key, value)
-    return read.load()
-
-
-def declare_stream(broker, stream: str, **arguments) -> None:
-    connection = broker.connect()
-    connection.channel().queue_declare(
-        stream, durable=True, arguments={"x-queue-type": "stream", **arguments}
+    return (
+        spark.read.format("warren").option("url", broker.management_url).options(**options).load()
     )
-    connection.close()
+
+
+def stream_reader(spark, broker, **options):
+    """A streaming read from the first retained offset."""
+    read = spark.readStream.format("warren").option("url", broker.management_url)
+    return read.option("startingOffsets", "earliest").options(**options).load()
 
 
 def publish_values(client: Client, topic: str, values: list[int]) -> None:
@@ -140,12 +124,12 @@ def test_batch_read_of_a_super_stream_equals_what_was_published(spark, module_br
     assert "headers" not in split.columns
 
 
-def test_offsets_json_and_starting_timestamp_choose_the_range(spark, module_broker, client):
+def test_offsets_json_and_starting_timestamp_choose_the_range(spark, module_broker, topic_client):
     stream = name("ledger")
     declare_stream(module_broker, stream)
-    publish_values(client, stream, list(range(20)))
+    publish_values(topic_client, stream, list(range(20)))
     time.sleep(0.05)  # the next POST's batch is stamped later
-    publish_values(client, stream, list(range(20, 30)))
+    publish_values(topic_client, stream, list(range(20, 30)))
 
     window = reader(
         spark,
@@ -165,23 +149,17 @@ def test_offsets_json_and_starting_timestamp_choose_the_range(spark, module_brok
 
 
 def test_streaming_read_restarted_from_its_checkpoint_reads_each_row_once(
-    spark, module_broker, api, client, tmp_path
+    spark, module_broker, api, topic_client, tmp_path
 ):
     events = name("clicks")
     assert api.put(path("api", "super-streams", "/", events), {"partitions": 2}).status == 201
-    publish_values(client, events, list(range(1000)))
+    publish_values(topic_client, events, list(range(1000)))
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
 
     def start(trigger: dict):
-        stream = (
-            spark.readStream.format("warren")
-            .option("url", module_broker.management_url)
-            .option("superStream", events)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", "150")
-            .load()
-            .select("partition", "offset", "value")
-        )
+        stream = stream_reader(
+            spark, module_broker, superStream=events, maxOffsetsPerTrigger="150"
+        ).select("partition", "offset", "value")
         return (
             stream.writeStream.format("parquet")
             .option("path", output)
@@ -200,7 +178,7 @@ def test_streaming_read_restarted_from_its_checkpoint_reads_each_row_once(
     assert progress and all(p["numInputRows"] <= 150 for p in progress)
     assert sum(p["numInputRows"] for p in progress) < 1000
 
-    publish_values(client, events, list(range(1000, 1300)))
+    publish_values(topic_client, events, list(range(1000, 1300)))
     second = start({"availableNow": True})
     second.awaitTermination(180)
     assert all(p["numInputRows"] <= 150 for p in second.recentProgress)
@@ -210,7 +188,7 @@ def test_streaming_read_restarted_from_its_checkpoint_reads_each_row_once(
     assert len({(row.partition, row.offset) for row in rows}) == 1300
 
 
-def test_records_deleted_by_retention_are_detected(spark, module_broker, client):
+def test_records_deleted_by_retention_are_detected(spark, module_broker, topic_client):
     stream = name("short")
     declare_stream(
         module_broker,
@@ -218,8 +196,8 @@ def test_records_deleted_by_retention_are_detected(spark, module_broker, client)
         **{"x-stream-max-segment-size-bytes": 2_000, "x-max-length-bytes": 6_000},
     )
     for start in range(0, 1000, 50):
-        publish_values(client, stream, list(range(start, start + 50)))
-    first_offset = client.partitions(stream)[0].first_offset
+        publish_values(topic_client, stream, list(range(start, start + 50)))
+    first_offset = topic_client.partitions(stream)[0].first_offset
     assert first_offset > 0
 
     from_zero = json.dumps({stream: {"0": 0}})
@@ -273,22 +251,17 @@ def test_the_sink_appends_each_row_once_when_a_task_is_retried(spark, module_bro
 
 
 def test_the_stream_sink_appends_a_replayed_micro_batch_once(
-    spark, module_broker, api, client, tmp_path
+    spark, module_broker, api, topic_client, tmp_path
 ):
     source, target = name("orders"), name("copies")
     declare_stream(module_broker, source)
     declare_stream(module_broker, target)
-    publish_values(client, source, list(range(300)))
+    publish_values(topic_client, source, list(range(300)))
     checkpoint = tmp_path / "checkpoint"
 
     def run() -> None:
         query = (
-            spark.readStream.format("warren")
-            .option("url", module_broker.management_url)
-            .option("streams", source)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", "100")
-            .load()
+            stream_reader(spark, module_broker, streams=source, maxOffsetsPerTrigger="100")
             .select("key", "value")
             .writeStream.format("warren")
             .option("url", module_broker.management_url)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 DEFAULT_URL = "http://guest:guest@localhost:15672"
 DEFAULT_AMQP = "amqp://guest:guest@localhost:5672/%2F"
@@ -18,21 +16,6 @@ def arguments(description: str) -> argparse.ArgumentParser:
 
 
 def spark_session(name: str):
-    # The Python workers run this interpreter (where warrenmq is installed), without the
-    # working directory first on sys.path (a checkout's root has a `warrenmq/` folder).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYTHONSAFEPATH", "1")
-    from pyspark.sql import SparkSession
-
     import warrenmq.spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName(name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    warrenmq.spark.register(spark)
-    return spark
+    return warrenmq.spark.local_session(name, **{"spark.sql.shuffle.partitions": "2"})
