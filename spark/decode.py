@@ -231,6 +231,8 @@ def record_batches(
         if not data:
             return
         located = locate(data)
+        if located.next_offset <= offset:
+            raise CorruptBatchError(f"a fetch from offset {offset} ended at {located.next_offset}")
         low = int(np.searchsorted(located.offsets, offset))
         high = int(np.searchsorted(located.offsets, end))
         if high > low:

@@ -161,9 +161,13 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = self.options.resolve("latest", None)
 
-    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+    def latestOffset(self, start: Offsets | None = None, limit: ReadLimit | None = None) -> Offsets:
+        """The end of the next micro-batch. PySpark 4.0 and 4.1 call this without arguments
+        (no admission control there): everything available."""
         latest = self._available_now or self.options.resolve("latest", None)
         self._latest = latest
+        if start is None:
+            return latest
         end = {
             topic: {
                 key: max(offset, start.get(topic, {}).get(key, offset))
