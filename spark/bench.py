@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import tempfile
 import time
@@ -103,16 +104,18 @@ def main(argv: list[str] | None = None) -> None:
 
     spark = local_session("warren-bench", args.master, **{"spark.driver.memory": "2g"})
 
-    def source():
+    def source(ending: str = "latest"):
         return (
             spark.read.format("warren")
             .option("url", args.url)
             .option("streams", stream)
             .option("minPartitions", args.min_partitions)
+            .option("endingOffsets", ending)
             .load()
         )
 
-    every_column(source().limit(1000)).collect()  # the workers and the JIT warm up
+    # The workers and the JIT warm up on the first 100,000 rows.
+    every_column(source(json.dumps({stream: {"0": 100_000}}))).collect()
     seconds, (row,) = timed(lambda: every_column(source()).collect())
     rows = row["rows"]
     print(f"warren batch read:   {rows:,} rows in {seconds:.1f} s = {rows / seconds:,.0f} rows/s")
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as directory:
         parquet = os.path.join(directory, "rows.parquet")
         source().write.parquet(parquet)
-        every_column(spark.read.parquet(parquet).limit(1000)).collect()
+        every_column(spark.read.parquet(parquet).where("offset < 100000")).collect()
         parquet_s, (parquet_row,) = timed(
             lambda: every_column(spark.read.parquet(parquet)).collect()
         )

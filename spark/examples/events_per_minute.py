@@ -1,5 +1,7 @@
-"""Count events and sum their amounts per user and minute, from the super stream `events` to
-the stream `events-per-minute`, exactly once (a streaming query with a checkpoint)."""
+"""Count events and sum their amounts per user and minute of their event time, from the super
+stream `events` to the stream `events-per-minute`, exactly once (a streaming query with a
+checkpoint). A minute's results are written once the watermark (the latest event time seen,
+less a minute) has passed it: the sink appends, it does not update."""
 
 from __future__ import annotations
 
@@ -27,19 +29,21 @@ def main() -> None:
         .option("url", args.url)
         .option("superStream", SOURCE)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "50000")
+        .option("maxOffsetsPerTrigger", "1000")
         .load()
         .select(
             F.col("key").cast("string").alias("user"),
-            "timestamp",
-            F.get_json_object(F.col("value").cast("string"), "$.amount")
-            .cast("long")
-            .alias("amount"),
+            F.col("value").cast("string").alias("json"),
+        )
+        .select(
+            "user",
+            F.timestamp_millis(F.get_json_object("json", "$.time").cast("long")).alias("time"),
+            F.get_json_object("json", "$.amount").cast("long").alias("amount"),
         )
     )
     per_minute = (
-        events.withWatermark("timestamp", "1 minute")
-        .groupBy(F.window("timestamp", "1 minute"), "user")
+        events.withWatermark("time", "1 minute")
+        .groupBy(F.window("time", "1 minute"), "user")
         .agg(F.count(F.lit(1)).alias("events"), F.sum("amount").alias("amount"))
         .select(
             F.col("user").alias("key"),
@@ -54,13 +58,12 @@ def main() -> None:
         .option("url", args.url)
         .option("stream", TARGET)
         .option("checkpointLocation", CHECKPOINT)
-        .outputMode("update")
         .trigger(**trigger)
         .start()
     )
     query.awaitTermination()
-    written = sum(progress["numInputRows"] for progress in query.recentProgress)
-    print(f"read {written:,} events; results are in the stream {TARGET}")
+    read = sum(progress["numInputRows"] for progress in query.recentProgress)
+    print(f"read {read:,} events; the closed minutes' results are in the stream {TARGET}")
     spark.stop()
 
 

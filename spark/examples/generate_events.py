@@ -1,9 +1,11 @@
-"""Fill the super stream `events` (3 partitions) with JSON events keyed by user."""
+"""Fill the super stream `events` (3 partitions) with JSON events keyed by user, each with an
+event time (`time`, ms) in the last ten minutes."""
 
 from __future__ import annotations
 
 import json
 import random
+import time
 
 import pika
 from common import arguments
@@ -26,9 +28,16 @@ def main() -> None:
     )
     channel.confirm_delivery()
     rng = random.Random(7)
+    now_ms = int(time.time() * 1000)
     for i in range(args.events):
         user = f"user-{rng.randrange(50)}"
-        event = {"user": user, "action": rng.choice(["view", "cart", "buy"]), "amount": i % 97}
+        event = {
+            "user": user,
+            "action": rng.choice(["view", "cart", "buy"]),
+            "amount": i % 97,
+            # In order, as events arrive: the last ten minutes, oldest first.
+            "time": now_ms - 600_000 + 600_000 * i // args.events,
+        }
         channel.basic_publish(
             SUPER_STREAM,
             user,
