@@ -521,6 +521,31 @@ class PartitionLog:
                 budget -= size
         return records
 
+    def read_batches(self, offset: int, end_offset: int, max_bytes: int) -> bytes:
+        """The stored batches (`batch.py`'s format, verbatim) from the one holding `offset`
+        up to `end_offset`, a batch boundary such as `durable_offset`: about `max_bytes`, at
+        least one batch when `offset` is below `end_offset`. The first batch may start before
+        `offset`; the reader skips what it did not ask for and checks the CRCs."""
+        self._check_usable()
+        if offset < self.start_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is below the log start {self.start_offset}"
+            )
+        end_offset = min(end_offset, self._end_offset)
+        parts: list[bytes] = []
+        budget = max_bytes
+        for segment in self._segments[bisect_right(self._bases, offset) - 1 :]:
+            if offset >= end_offset or budget <= 0:
+                break
+            data, offset = segment.read_batches(offset, end_offset, budget)
+            if not data:
+                break
+            parts.append(data)
+            budget -= len(data)
+            if offset < segment.end_offset:
+                break
+        return b"".join(parts)
+
     def records_from(self, offset: int, batch_records: int = 1000) -> Iterator[Record]:
         """Every record from `offset` (or the log start, if later) to the end, read
         `batch_records` at a time."""

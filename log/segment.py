@@ -488,6 +488,35 @@ class Segment:
                 break
         return records
 
+    def read_batches(self, offset: int, end_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """The stored bytes of the whole batches from the one holding `offset` up to
+        `end_offset` (a batch boundary), about `max_bytes` of them and at least one batch when
+        any is there: verbatim, the CRCs left for the reader to check (a Kafka fetch's shape);
+        and the offset after the last of them.
+        """
+        start: int | None = None
+        stop = 0
+        next_offset = offset
+        for position, header, _, _ in self._batches(
+            self._floor_position(offset), self.size, verify=False
+        ):
+            if header.next_offset <= offset:
+                continue
+            if header.next_offset > end_offset:
+                break
+            if start is None:
+                start = position
+            elif position + header.total_bytes - start > max_bytes:
+                break
+            stop = position + header.total_bytes
+            next_offset = header.next_offset
+        if start is None:
+            return b"", offset
+        data = os.pread(self._log_file.fileno(), stop - start, start)
+        if len(data) != stop - start:
+            raise CorruptBatchError(f"{self.log_path} ended inside a batch at position {start}")
+        return data, next_offset
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset in this segment whose timestamp is >= timestamp_ms, if any."""
         if self.max_timestamp_ms is None or self.max_timestamp_ms < timestamp_ms:

@@ -29,6 +29,15 @@ def connect(port: int, **kwargs) -> pika.BlockingConnection:
     )
 
 
+def declare_stream(broker, name: str, **arguments) -> None:
+    """Declare the stream `name` on `broker` (a ThreadBroker or WarrenProcess) over AMQP."""
+    connection = broker.connect()
+    connection.channel().queue_declare(
+        name, durable=True, arguments={"x-queue-type": "stream", **arguments}
+    )
+    connection.close()
+
+
 class ThreadBroker(LoopThread):
     """Warren's Broker in this process, on its own uvloop thread, 127.0.0.1 and a free port.
 

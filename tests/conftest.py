@@ -57,6 +57,14 @@ def module_broker(tmp_path_factory):
 
 
 @pytest.fixture
+def topic_client(module_broker):
+    """The Spark data source's HTTP client (spark/client.py) to `module_broker`, as guest."""
+    from warrenmq.spark.client import Client, nodes_of
+
+    return Client(nodes_of(module_broker.management_url, None, None))
+
+
+@pytest.fixture
 def warren_process(tmp_path):
     """A WarrenProcess on a fresh data dir, not started yet; killed after the test."""
     from brokers import WarrenProcess

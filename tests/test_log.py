@@ -89,6 +89,41 @@ def test_read_budgets_bound_the_result_but_always_make_progress(tmp_path):
             log.read(log.start_offset - 1)
 
 
+def stored_batches(data):
+    """(header, records) of each batch in `read_batches` bytes, CRC-checked."""
+    found = []
+    position = 0
+    while position < len(data):
+        header = batch_codec.read_header(data, position)
+        batch_codec.verify_crc(data, position, header)
+        found.append(batch_codec.decode_records(data, position, header, header.base_offset))
+        position += header.total_bytes
+    return found
+
+
+def test_read_batches_returns_stored_batches_across_segments_within_the_budget(tmp_path):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(60):
+            log.append(records(5, i * 5), timestamp_ms=i)
+        assert log.segment_count > 2
+        offset, seen = 7, []
+        while data := log.read_batches(offset, log.end_offset, 1000):
+            batches = stored_batches(data)
+            assert len(batches) == 1 or len(data) <= 1000
+            seen += [r for batch in batches for r in batch if r.offset >= offset]
+            offset = batches[-1][-1].offset + 1
+        assert raw(seen) == records(300)[7:]
+        # The batch holding the offset, whole; at least one batch whatever the budget.
+        (first,) = stored_batches(log.read_batches(7, log.end_offset, 1))
+        assert [r.offset for r in first] == [5, 6, 7, 8, 9]
+        # Nothing at or past `end_offset`, a batch boundary such as the durable offset.
+        assert log.read_batches(7, 10, 1 << 20) == log.read_batches(7, 10, 1)
+        assert log.read_batches(10, 10, 1 << 20) == b""
+        assert log.delete_before(150) > 0
+        with pytest.raises(OffsetOutOfRangeError):
+            log.read_batches(log.start_offset - 1, log.end_offset, 1000)
+
+
 def test_reads_of_fresh_data_come_from_the_tail_cache(tmp_path, monkeypatch):
     with PartitionLog.open(tmp_path, LogConfig(tail_cache_bytes_max=1 << 20)) as log:
         log.append(records(10))

@@ -40,6 +40,7 @@ from . import (
     policies,
     queues,
     streams,
+    topic_batches,
     topics,
     users,
     vhosts,
@@ -260,6 +261,10 @@ ROUTES: tuple[Route, ...] = (
         GET=topics.get_messages,
         POST=topics.post_messages,
     ),
+    route(
+        "/topics/{topic}/partitions", VHOST, vhost_in_query=True, GET=topic_batches.get_partitions
+    ),
+    route("/topics/{topic}/batches", VHOST, vhost_in_query=True, GET=topic_batches.get_batches),
     route("/consumer/commit", VHOST, vhost_in_query=True, POST=topics.commit),
     route("/consumer/offsets", VHOST, vhost_in_query=True, GET=topics.offsets),
     route("/api/aliveness-test/{vhost}", VHOST, GET=overview.aliveness),

@@ -341,7 +341,7 @@ async def post_messages(call: Call) -> web.Response:
     )
 
 
-def _query_integer(call: Call, key: str, default: int, low: int, high: int) -> int:
+def query_integer(call: Call, key: str, default: int, low: int, high: int) -> int:
     value = integer(call.query, key, default)
     if not low <= value <= high:
         raise bad_request(f"{key} must be from {low} to {high}")
@@ -377,11 +377,11 @@ def _record_json(partition: int, record: Record, formats: tuple[str, str]) -> di
 async def get_messages(call: Call) -> web.Response:
     vhost = call.vhost()
     topic = topic_of(vhost, call.params["topic"])
-    partition = _query_integer(call, "partition", 0, 0, len(topic.partitions) - 1)
+    partition = query_integer(call, "partition", 0, 0, len(topic.partitions) - 1)
     stream = topic.partitions[partition]
-    offset = _query_integer(call, "offset", stream.log.start_offset, 0, 2**63 - 1)
-    limit = _query_integer(call, "limit", LIMIT_DEFAULT, 1, LIMIT_MAX)
-    timeout_ms = _query_integer(call, "timeout_ms", 0, 0, TIMEOUT_MS_MAX)
+    offset = query_integer(call, "offset", stream.log.start_offset, 0, 2**63 - 1)
+    limit = query_integer(call, "limit", LIMIT_DEFAULT, 1, LIMIT_MAX)
+    timeout_ms = query_integer(call, "timeout_ms", 0, 0, TIMEOUT_MS_MAX)
     formats = (_format(call.query, "key_format"), _format(call.query, "value_format"))
     call.check("read", QUEUE, stream.name)
     records = stream.read(offset, limit, READ_BYTES_MAX)
