@@ -111,22 +111,23 @@ def test_garbage_before_the_handshake_ends_is_dropped_silently(clients):
 
 
 @pytest.mark.parametrize(
-    "rounds", [pytest.param(1, id="40"), pytest.param(25, id="1000", marks=pytest.mark.slow)]
+    "addresses", [pytest.param(1, id="40"), pytest.param(25, id="1000", marks=pytest.mark.slow)]
 )
-def test_a_flood_of_logins_with_a_wrong_password_is_refused(warren, rounds):
-    """From one address (127.0.0.2, not the good client's): its checks take turns and, after
-    FAILURES_FREE failures, wait longer and longer (password_checks.py), so a flood ends
-    in 403s first, then in handshake timeouts (closed without a close frame, as RabbitMQ's
-    timeout closes); a connection never hangs, and the good client logs in meanwhile."""
+def test_a_flood_of_logins_with_a_wrong_password_is_refused(warren, addresses):
+    """40 pipelined logins from each of `addresses` addresses (127.0.0.2 on, never the good
+    client's): an address's checks take turns and, after FAILURES_FREE failures, wait longer
+    and longer (password_checks.py), so its flood ends in 403s first, then in handshake
+    timeouts (closed without a close frame, as RabbitMQ's timeout closes); a connection
+    never hangs, and the good client logs in meanwhile."""
     from warrenmq.server.metadata.password_checks import FAILURES_FREE
 
-    refused = 0
-    for _ in range(rounds):
-        # Pipelined: 40 connections send their whole handshake before reading any answer.
-        socks = []
+    socks = []
+    for address in range(addresses):
         for _ in range(40):
             sock = socket.create_connection(
-                ("127.0.0.1", warren.port), timeout=TIMEOUT_S, source_address=("127.0.0.2", 0)
+                ("127.0.0.1", warren.port),
+                timeout=TIMEOUT_S,
+                source_address=(f"127.0.0.{2 + address}", 0),
             )
             sock.sendall(
                 PROTOCOL_HEADER
@@ -140,16 +141,17 @@ def test_a_flood_of_logins_with_a_wrong_password_is_refused(warren, rounds):
                 )
             )
             socks.append(sock)
-        serves_a_good_client(warren)
-        for sock in socks:
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-            # connection.start, then a connection.close of 403 ACCESS_REFUSED or none.
-            if struct.pack(">HH", 10, 50) in data:
-                assert struct.pack(">HHH", 10, 50, 403) in data
-                refused += 1
-            sock.close()
+    serves_a_good_client(warren)
+    refused = 0
+    for sock in socks:
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        # connection.start, then a connection.close of 403 ACCESS_REFUSED or none.
+        if struct.pack(">HH", 10, 50) in data:
+            assert struct.pack(">HHH", 10, 50, 403) in data
+            refused += 1
+        sock.close()
     assert refused >= FAILURES_FREE
 
 
