@@ -215,7 +215,10 @@ def _fill(path, leave_bytes):
             size -= filler.write(chunk[: min(size, len(chunk))])
 
 
-def test_a_full_disk_nacks_publishes_and_loses_no_confirmed_message(small_disk):
+def test_a_full_disk_nacks_publishes_and_loses_no_confirmed_message(small_disk, monkeypatch):
+    # The disk alarm off (its limit 0): a disk that fills anyway (test_disk_full.py has the
+    # alarm blocking publishers before it does).
+    monkeypatch.setenv("WARREN_DISK_FREE_LIMIT_BYTES", "0")
     process = WarrenProcess(small_disk / "data")
     try:
         process.start()
