@@ -102,17 +102,23 @@ def test_redrive_returns_each_dead_letter_to_its_source_as_it_was_delivered(brok
     connection = broker.connect()
     channel = connection.channel()
     dlq, a, b = setup_dead_letters(channel, names, 3, 2)
+    # Each source gets its dead letters back in the dead-letter queue's order.
+    status, out, _ = warren(broker, capsys, "peek", dlq, "--json")
+    assert status == 0
+    order = [json.loads(line)["body_preview"].encode() for line in out.splitlines()]
+    assert sorted(order) == [b"a0", b"a1", b"a2", b"b0", b"b1"]
     status, out, err = warren(broker, capsys, "redrive", dlq)
     assert status == 0, err
     assert "done; moved 5" in out
     assert count(channel, dlq) == 0
+    from_a = [body for body in order if body.startswith(b"a")]
     method, properties, body = channel.basic_get(a, auto_ack=True)
     # Delivered as it was published (the default exchange, its own key), x-death kept.
-    assert (method.exchange, method.routing_key, body) == ("", a, b"a0")
+    assert (method.exchange, method.routing_key, body) == ("", a, from_a[0])
     assert properties.delivery_mode == 2
     assert properties.headers["x-death"][0]["reason"] == "rejected"
-    assert bodies_in(channel, a) == [b"a1", b"a2"]
-    assert bodies_in(channel, b) == [b"b0", b"b1"]
+    assert bodies_in(channel, a) == from_a[1:]
+    assert bodies_in(channel, b) == [body for body in order if body.startswith(b"b")]
     connection.close()
 
 
