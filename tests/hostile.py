@@ -7,14 +7,6 @@ from __future__ import annotations
 RSS_BYTES_MAX = 400 << 20
 
 
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def serves_a_good_client(warren) -> None:
     """A pika client (to a WarrenProcess) declares a queue, publishes a confirmed message to it
     and gets it back."""

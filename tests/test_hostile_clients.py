@@ -21,9 +21,11 @@ import time
 import uuid
 
 import pytest
-from hostile import RSS_BYTES_MAX, rss_bytes, serves_a_good_client
+from hostile import RSS_BYTES_MAX, serves_a_good_client
 from pamqp import commands, frame, header
 from raw_amqp import PROTOCOL_HEADER, Closed, RawClient, raw_frame
+
+from warrenmq.server.bench.loadgen import read_rss_bytes
 
 TIMEOUT_S = 30.0
 
@@ -43,7 +45,7 @@ def still_serving(warren):
     yield
     assert warren.process.poll() is None, warren.log_since_start()[-3000:]
     serves_a_good_client(warren)
-    assert rss_bytes(warren.process.pid) < RSS_BYTES_MAX
+    assert read_rss_bytes(warren.process.pid) < RSS_BYTES_MAX
 
 
 @pytest.fixture
@@ -176,7 +178,7 @@ def test_thousands_of_idle_connections(warren):
             sock.sendall(PROTOCOL_HEADER)
             socks.append(sock)
         serves_a_good_client(warren)
-        assert rss_bytes(warren.process.pid) < RSS_BYTES_MAX
+        assert read_rss_bytes(warren.process.pid) < RSS_BYTES_MAX
     finally:
         for sock in socks:
             sock.close()

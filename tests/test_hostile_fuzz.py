@@ -21,9 +21,11 @@ import struct
 import threading
 
 import pytest
-from hostile import RSS_BYTES_MAX, rss_bytes, serves_a_good_client
+from hostile import RSS_BYTES_MAX, serves_a_good_client
 from pamqp import commands, frame, header
 from raw_amqp import PROTOCOL_HEADER
+
+from warrenmq.server.bench.loadgen import read_rss_bytes
 
 FRAMES = int(os.environ.get("WARREN_FUZZ_FRAMES", "20000"))
 FRAMES_PER_CONNECTION = 1000
@@ -202,6 +204,6 @@ def test_mutated_frames_never_crash_the_broker(warren):
     assert sum(sent) >= FRAMES
     assert warren.process.poll() is None, warren.log_since_start()[-3000:]
     serves_a_good_client(warren)
-    assert rss_bytes(warren.process.pid) < RSS_BYTES_MAX
+    assert read_rss_bytes(warren.process.pid) < RSS_BYTES_MAX
     log = warren.log_since_start()
     assert "internal error" not in log, log[log.index("internal error") - 2000 :][:6000]

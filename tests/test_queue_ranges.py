@@ -104,6 +104,28 @@ def test_records_fit_the_ack_log_segments():
     assert ack_log.ranges_per_record(LogConfig()) == ack_log.RANGES_PER_RECORD_MAX
 
 
+@pytest.mark.parametrize("kind", [ack_log.RETURNED, ack_log.HELD])
+def test_count_records_fit_the_ack_log_segments_and_round_trip(kind):
+    """A HELD entry (24 bytes, with its due time) is larger than the 16 bytes per entry that
+    `ranges_per_record` counts in: its records hold fewer entries, none over the bound."""
+    config = LogConfig(segment_bytes_max=400)
+    per_record = ack_log.ranges_per_record(config)
+    counts = [
+        (offset, 2, 1, 1_000 + offset)[: 4 if kind == ack_log.HELD else 3] for offset in range(100)
+    ]
+    records = ack_log.encode_counts(kind, counts, per_record)
+    assert (
+        max(len(record[3]) for record in records)
+        <= per_record * ack_log.RANGE_BYTES + ack_log.HEAD.size
+    )
+    state = ack_log.AckState()
+    for record in records:
+        state.apply(record[3])
+    assert state.returned == set(range(100))
+    assert state.failures == dict.fromkeys(range(100), 1)
+    assert state.held == ({o: 1_000 + o for o in range(100)} if kind == ack_log.HELD else {})
+
+
 def test_clip_forgets_everything_at_or_above_the_limit():
     state = ack_log.AckState()
     state.apply(ack_log.encode_delta(20, 90, [(30, 40), (50, 60)])[0][3])
