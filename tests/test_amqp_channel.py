@@ -1,11 +1,13 @@
 """Channels: lifecycle, publish assembly, confirms, flow, acks, broker-raised channel errors."""
 
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import body as pamqp_body
 from pamqp import commands
 from pamqp import header as pamqp_header
-from protocol import connected, feed
+from protocol import connected, feed, raw_frame
 
 from warrenmq.amqp import ChannelError, events, replies, testing
 
@@ -278,3 +280,27 @@ def test_get_ok_and_return_are_sent_with_content():
     assert (get_ok.delivery_tag, get_ok.message_count, parsed[2][1].value) == (7, 3, b"payload")
     assert (returned.reply_code, returned.reply_text) == (312, "NO_ROUTE")
     assert returned.routing_key == "nowhere"
+
+
+def test_empty_body_frames_are_not_held():
+    """A client can send zero-length body frames without end while a body is due: they add
+    nothing, so the assembler must keep nothing for them (tracemalloc sees no growth)."""
+    conn = connected()
+    feed(
+        conn,
+        testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q")),
+        testing.marshal(1, pamqp_header.ContentHeader(0, 5, commands.Basic.Properties())),
+    )
+    empties = raw_frame(3, 1, b"") * 100_000
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in range(2):
+            assert feed(conn, empties) == []
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # A reference kept per frame would be 1.6 MB.
+    assert after - before < 256 << 10
+    [event] = feed(conn, raw_frame(3, 1, b"hello"))
+    assert event.body == b"hello"
