@@ -51,7 +51,9 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
   0. A method id pamqp does not know: 540 NOT_IMPLEMENTED "unknown method {C,M}" (RabbitMQ's
   reader crashes on it, which drops the socket).
 * Channels: a frame for a new channel when channel_max channels are open is 530 NOT_ALLOWED
-  "number of channels opened (N) has reached the negotiated channel_max (M)". channel_max
+  "number of channels opened (N) has reached the negotiated channel_max (M)"; one the
+  broker's limits refuse (``ConnectionConfig.channel_refusal``) is 530 with their text. Both
+  have ids 0 and come instead of channel.open-ok. channel_max
   bounds how many channels are open, not their numbers: any number from 1 to 65535 may be
   opened below the count (``rabbit_reader:create_channel/2``), and clients' own test suites
   rely on that. A method other than channel.open on a channel that is not open is 504
@@ -69,6 +71,7 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
 
 import collections
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pamqp import commands
@@ -118,6 +121,10 @@ class ConnectionConfig:
     handshake_timeout_s: float = 10.0
     closing_timeout_s: float = 30.0
     mechanisms: tuple = auth.PASSWORD_MECHANISMS
+    channel_refusal: Callable[[str], str | None] | None = None
+    """Asked with the user's name before a channel is created: why the broker's limits
+    refuse it (a text), or None. A refusal is 530 NOT_ALLOWED with ids 0 and no open-ok, as
+    rabbit_reader:create_channel refuses before the channel exists."""
     server_properties: dict = field(
         default_factory=lambda: {"product": "Warren", "platform": "Python"}
     )
@@ -579,6 +586,9 @@ class Connection:
                 f"number of channels opened ({len(self._channels)}) has reached the "
                 f"negotiated channel_max ({self.channel_max})",
             )
+        refusal = self.config.channel_refusal
+        if refusal is not None and (text := refusal(self.username)) is not None:
+            raise replies.AMQPConnectionError(replies.NOT_ALLOWED, text)
         if key is None:
             raise replies.AMQPConnectionError(
                 replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"

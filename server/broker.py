@@ -120,6 +120,7 @@ class Broker:
             channel_max=config.channel_max,
             heartbeat_s=config.heartbeat_s,
             message_bytes_max=config.message_bytes_max,
+            channel_refusal=self.channel_refusal,
         )
         # A TLS connection is offered EXTERNAL too, as rabbitmq_auth_mechanism_ssl offers it
         # on every TLS socket (since 3.x: a client without a certificate then gets a refusal
@@ -480,6 +481,8 @@ class Broker:
         )
 
     def channel_refusal(self, username: str) -> str | None:
+        """Why the user's channel limit refuses one more channel (the AMQP machines ask
+        before channel.open-ok), or None."""
         assert self.store is not None
         limits = self.store.state.user_limits.get(username)
         return admission.channel_refusal(limits, self.connections, username)

@@ -304,3 +304,22 @@ def test_empty_body_frames_are_not_held():
     assert after - before < 256 << 10
     [event] = feed(conn, raw_frame(3, 1, b"hello"))
     assert event.body == b"hello"
+
+
+def test_a_channel_the_broker_refuses_gets_no_open_ok():
+    asked = []
+
+    def refusal(username):
+        asked.append(username)
+        return "limit reached" if len(asked) > 1 else None
+
+    conn = connected(channels=(), channel_refusal=refusal)
+    assert feed(conn, testing.marshal(1, commands.Channel.Open())) == [events.ChannelOpened(1)]
+    conn.data_to_send()
+    assert feed(conn, testing.marshal(2, commands.Channel.Open()))[-1] == events.ConnectionClosed(
+        530, "NOT_ALLOWED - limit reached", False
+    )
+    [(channel, close)] = sent(conn)
+    assert channel == 0 and isinstance(close, commands.Connection.Close)
+    assert (close.reply_code, close.class_id, close.method_id) == (530, 0, 0)
+    assert asked == ["guest", "guest"]

@@ -102,10 +102,6 @@ class Host(Protocol):
         """Why the vhost's or the user's connection limit refuses one more (530), or None."""
         ...
 
-    def channel_refusal(self, username: str) -> str | None:
-        """Why the user's channel limit refuses one more channel (530), or None."""
-        ...
-
     def check_access(self, username: str, vhost: str, access: str, kind: str, name: str) -> None:
         """Raise 403 with RabbitMQ's text unless the user may do `access` on the resource."""
         ...
@@ -413,9 +409,6 @@ class BrokerConnection(asyncio.Protocol):
                 raise not_implemented(f"{type(event.method).__name__}")
             return handler(self, self.channels[event.channel], event.method)
         if kind is events.ChannelOpened:
-            refusal = self.broker.channel_refusal(self.username)
-            if refusal is not None:
-                raise not_allowed(refusal)
             config = self.broker.config
             self.channels[event.channel] = BrokerChannel(
                 self,
