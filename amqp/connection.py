@@ -244,6 +244,10 @@ class Connection:
         self._chunked_bytes = 0
         self._bytes_needed = frames.PROTOCOL_HEADER_BYTES
         self._last_method0_ids = (0, 0)
+        self._stop_at_content = False
+        self.stopped_at_content = False
+        """A content frame was parsed while `stop_at_content` was on: no frame is parsed
+        until it is turned off (the shell blocks the connection meanwhile)."""
 
     # -- input ---------------------------------------------------------------------------
 
@@ -262,10 +266,14 @@ class Connection:
         if len(self._buffer) - self._offset + self._chunked_bytes >= self._bytes_needed:
             self._merge_chunks()
 
-    @property
-    def receiving_content(self):
-        """A publish's content header has been read and its body is not complete yet."""
-        return any(channel.content_state != AWAIT_METHOD for channel in self._channels.values())
+    def stop_at_content(self, on):
+        """While on (a resource alarm is in effect), parsing stops after each content header
+        or body frame: rabbit_reader blocks a publishing connection there, before the rest
+        of the message is read, so a body does not pile up while memory is short. Turning it
+        off lets parsing go on."""
+        self._stop_at_content = on
+        if not on:
+            self.stopped_at_content = False
 
     @property
     def buffered_bytes(self):
@@ -284,6 +292,8 @@ class Connection:
         if pending:
             return pending.popleft()
         while True:
+            if self.stopped_at_content:
+                return None
             state = self.state
             if state is not _OPEN:
                 if state is S.AUTHENTICATING or state is S.VHOST_CHECK or state is S.CLOSED:
@@ -347,8 +357,10 @@ class Connection:
                     if channel is not None and channel.state is _CHANNEL_OPEN:
                         if frame_type == _BODY:
                             event = channel.handle_body(payload)
+                            self.stopped_at_content = self._stop_at_content
                         elif frame_type == _HEADER and len(payload) >= _CONTENT_PREFIX_BYTES:
                             event = channel.handle_header(payload)
+                            self.stopped_at_content = self._stop_at_content
                         elif frame_type == _METHOD and len(payload) >= 4:
                             class_id, method_id = _UNPACK_IDS(payload)
                             key = (class_id << 16) | method_id
@@ -764,6 +776,8 @@ class Connection:
     def close(self, reply_code=replies.CONNECTION_FORCED, text="broker forced connection closure"):
         """Close the connection from the broker's side (320 CONNECTION_FORCED by default)."""
         self._fail(replies.AMQPConnectionError(reply_code, text), 0)
+        # Parsed again, if stopped at content, for the client's close-ok.
+        self.stopped_at_content = False
 
     # -- output --------------------------------------------------------------------------
 

@@ -578,9 +578,8 @@ class Broker:
         """Publishers are blocked as they next publish while any alarm is in effect, and all
         unblocked once none is."""
         self.blocked_reason = blocked_reason(alarms) if alarms else ""
-        if not alarms:
-            for connection in list(self.connections):
-                connection.alarms_cleared()
+        for connection in list(self.connections):
+            connection.alarms_changed(self.blocked_reason)
 
     def _arm(self, queue: WorkQueue, due_ms: int | None) -> None:
         """Have the queue's timers run at `due_ms` (epoch ms; None: never)."""

@@ -323,3 +323,27 @@ def test_a_channel_the_broker_refuses_gets_no_open_ok():
     assert channel == 0 and isinstance(close, commands.Connection.Close)
     assert (close.reply_code, close.class_id, close.method_id) == (530, 0, 0)
     assert asked == ["guest", "guest"]
+
+
+def test_parsing_stops_after_each_content_frame_while_asked():
+    conn = connected()
+    conn.stop_at_content(True)
+    publish = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"))
+    header = testing.marshal(1, pamqp_header.ContentHeader(0, 4, commands.Basic.Properties()))
+    qos = testing.marshal(1, commands.Basic.Qos(prefetch_count=1))
+    body = raw_frame(3, 1, b"ab") + raw_frame(3, 1, b"cd")
+    assert feed(conn, publish + header + body + qos) == []
+    assert conn.stopped_at_content, "stopped after the header, the body unread"
+    assert testing.drain(conn) == []
+    conn.stop_at_content(False)
+    conn.stop_at_content(True)
+    assert testing.drain(conn) == [] and conn.stopped_at_content, "and after a body frame"
+    conn.stop_at_content(False)
+    published, qos_received = testing.drain(conn)
+    assert published.body == b"abcd" and isinstance(qos_received.method, commands.Basic.Qos)
+
+    conn.stop_at_content(True)
+    empty = testing.marshal(1, pamqp_header.ContentHeader(0, 0, commands.Basic.Properties()))
+    [published] = feed(conn, publish + empty + qos)
+    assert published.body == b"" and conn.stopped_at_content, "a header is a whole empty message"
+    assert testing.drain(conn) == []

@@ -84,7 +84,7 @@ class Host(Protocol):
     vhosts: dict[str, VirtualHost]
     blocked_reason: str
     """connection.blocked's reason while a resource alarm is in effect, else empty: a
-    connection that publishes then is blocked until `alarms_cleared`."""
+    connection that publishes then is blocked until `alarms_changed` clears it."""
 
     def accept(self, connection: BrokerConnection) -> bool:
         """Admit a new connection (False: refuse it, the broker is full or stopping)."""
@@ -179,6 +179,7 @@ class BrokerConnection(asyncio.Protocol):
                 self.certificate_user = certificate_user(
                     certificate, self.broker.config.ssl_cert_login_from
                 )
+        self.amqp.stop_at_content(bool(self.broker.blocked_reason))
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -189,11 +190,6 @@ class BrokerConnection(asyncio.Protocol):
         amqp.receive_data(data, self.loop.time())
         if self._busy is None:
             self._process()
-        # A body on its way counts as publishing, as in rabbit_reader (which blocks on the
-        # content header): half-sent bodies cannot pile up while memory is short.
-        reason = self.broker.blocked_reason
-        if reason and not self.blocked and not self.closed and amqp.receiving_content:
-            self._block(reason)
         if (
             amqp.buffered_bytes > self.broker.config.read_buffer_bytes_max
             and not self._reading_paused
@@ -221,6 +217,10 @@ class BrokerConnection(asyncio.Protocol):
         while self._busy is None and not self.blocked:
             event = amqp.next_event()
             if event is None:
+                if amqp.stopped_at_content:
+                    # A content frame while an alarm is in effect: publishing, as
+                    # rabbit_reader counts it, so blocked before the rest is read.
+                    self._block(self.broker.blocked_reason)
                 break
             try:
                 pending = self._handle(event)
@@ -513,9 +513,9 @@ class BrokerConnection(asyncio.Protocol):
     # -- resource alarms ---------------------------------------------------------------------
 
     def _block(self, reason: str) -> None:
-        """A publish while an alarm is in effect: this one is taken, then nothing more is
-        read until the alarms clear (rabbit_reader blocks a connection as it publishes; a
-        connection that only consumes goes on)."""
+        """A content frame while an alarm is in effect: nothing more is read until the
+        alarms clear (rabbit_reader blocks a connection as it publishes, after the content
+        header; a connection that only consumes goes on)."""
         self.blocked = True
         self.amqp.block(reason)
         self.amqp.pause_heartbeat_monitor()
@@ -524,8 +524,12 @@ class BrokerConnection(asyncio.Protocol):
             self.transport.pause_reading()
         log.warning("connection %s blocked: %s", self.name, reason)
 
-    def alarms_cleared(self) -> None:
-        if not self.blocked or self.closed:
+    def alarms_changed(self, reason: str) -> None:
+        """A resource alarm is in effect (`reason`, connection.blocked's) or none is (""):
+        while one is, the machine stops after each content frame, where this connection is
+        blocked; once none is, a blocked connection is read again."""
+        self.amqp.stop_at_content(bool(reason))
+        if reason or not self.blocked or self.closed:
             return
         self.blocked = False
         self.amqp.unblock()
