@@ -631,6 +631,12 @@ class Connection:
             del self._channels[channel.number]
         return None
 
+    def transport_lost(self):
+        """The socket is gone: drop the channels, half-received content with them, and the
+        unparsed input now, not when the collector finds the cycles they are in."""
+        self._drop_channels()
+        self._discard_input()
+
     def _drop_channels(self):
         for channel in self._channels.values():
             channel.state = ChannelState.CLOSED

@@ -39,6 +39,7 @@ from .alarms import (
     disk_free_bytes,
     disk_free_limit_bytes,
     memory_limit_bytes,
+    release_free_memory,
     resident_memory_bytes,
     total_memory_bytes,
 )
@@ -568,6 +569,12 @@ class Broker:
         )
 
     def _check_resources(self) -> None:
+        if self.resources.alarms:
+            # Blocked connections are not read, so a client that left one goes unseen and
+            # what it held (half-sent bodies, a transaction) would keep the alarm up.
+            for connection in list(self.connections):
+                connection.drop_if_peer_gone()
+            release_free_memory()
         self.resources.check()
         assert self._loop is not None
         self._resource_check = self._loop.call_later(

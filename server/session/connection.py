@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import select
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
@@ -143,6 +144,11 @@ class BrokerConnection(asyncio.Protocol):
         # The user a verified TLS client certificate names (SASL EXTERNAL), if any.
         self.certificate_user: str | None = None
         self.writable = True
+        """Deliveries may go to this connection: what waits to be written, in the transport
+        and handed to the machine since the last write, is under write_buffer_bytes_high."""
+        self._transport_paused = False
+        self._delivered_bytes = 0
+        """Message bodies handed to the machine since the last write."""
         self.blocked = False
         """Published while a resource alarm was in effect: not read until it clears."""
         self.exclusive_queues: dict[str, WorkQueue] = {}
@@ -199,9 +205,14 @@ class BrokerConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def pause_writing(self) -> None:
+        self._transport_paused = True
         self.writable = False
 
     def resume_writing(self) -> None:
+        self._transport_paused = False
+        self._writable_again()
+
+    def _writable_again(self) -> None:
         self.writable = True
         for channel in self.channels.values():
             for queue in channel.unblock_consumers():
@@ -296,6 +307,10 @@ class BrokerConnection(asyncio.Protocol):
         if data:
             self.sent_bytes += len(data)
             transport.write(data)
+            if self._delivered_bytes:
+                self._delivered_bytes = 0
+                if not self.writable and not self._transport_paused:
+                    self._writable_again()
         if self.amqp.finished:
             self._teardown(None)
             self._linger(transport)
@@ -363,6 +378,7 @@ class BrokerConnection(asyncio.Protocol):
             self._timer = None
         if self._busy is not None:
             self._busy.cancel()
+        self.amqp.transport_lost()
         for number in list(self.channels):
             self._drop_channel(number)
         for queue in list(self.exclusive_queues.values()):
@@ -537,6 +553,20 @@ class BrokerConnection(asyncio.Protocol):
         log.info("connection %s unblocked", self.name)
         self._process()
 
+    def drop_if_peer_gone(self) -> None:
+        """Abort a blocked connection whose client closed its end or reset it: unread, its
+        socket tells nothing, so it is polled (without reading) for the hang-up."""
+        if not self.blocked or self.closed or self.transport is None:
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        if poller.poll(0):
+            log.warning("connection %s: its blocked client went away", self.name)
+            self.transport.abort()
+
     # -- permissions -------------------------------------------------------------------------
 
     def check(self, access: str, kind: str, name: str) -> None:
@@ -664,6 +694,14 @@ class BrokerConnection(asyncio.Protocol):
         """basic.deliver each message, delivery tags counting up from `first_tag`."""
         self.amqp.deliver_many(channel, consumer_tag, first_tag, messages)
         self.broker.want_flush(self)
+        # Counted before the tick writes them, so one dispatch cannot hand out more than
+        # the bound (a consumer without prefetch, on a backlog of large messages).
+        self._delivered_bytes += sum(len(message.body) for message in messages)
+        if (
+            self._delivered_bytes + self.transport.get_write_buffer_size()
+            >= self.broker.config.write_buffer_bytes_high
+        ):
+            self.writable = False
 
     def output_ready(self) -> None:
         self.broker.want_flush(self)
