@@ -77,7 +77,9 @@ class BrokerConfig:
     0 is no limit, RabbitMQ's default (infinity)."""
     channel_tx_message_max: int = 10_000
     """Publishes one open transaction holds until tx.commit; the next is refused with 406
-    (RabbitMQ 4.3.6's channel_tx_message_max and its default)."""
+    (RabbitMQ 4.3.6's channel_tx_message_max and its default). Their bytes have no limit of
+    their own, as in RabbitMQ: the memory alarm blocks a transaction's publisher at the
+    content header once memory runs short (tests/test_floods.py)."""
     queue_batch_records_max: int = 128
     """Records appended to one queue in one write. Kept small because the log's tail cache
     trims its list of evicted batches only once more than 1024 have gone, so it holds up to
