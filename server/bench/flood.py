@@ -276,6 +276,35 @@ def _sampled(pid: int) -> Iterator[RssSampler]:
         sampler.stop()
 
 
+def _flooded(
+    scenario: str,
+    client: FloodClient,
+    runs: Iterator[bytes],
+    pid: int,
+    watermark_bytes: int,
+    sizes: FloodSizes,
+    detail: dict[str, Any],
+) -> FloodReport:
+    """Send the flood with the broker's RSS sampled, hold the connection for `hold_s`, reset
+    it, and sample `hold_s` more (what the broker frees once the client is gone)."""
+    with _sampled(pid) as sampler:
+        sent, stalled = client.flood(runs, sizes.stall_s)
+        time.sleep(sizes.hold_s)
+        client.note_blocked()
+        client.close()
+        time.sleep(sizes.hold_s)
+    return FloodReport(
+        scenario,
+        watermark_bytes,
+        sampler.before_bytes,
+        sampler.peak_bytes,
+        sent,
+        stalled,
+        client.blocked,
+        detail,
+    )
+
+
 def partial_bodies(
     address: wire.BrokerAddress, pid: int, watermark_bytes: int, sizes: FloodSizes
 ) -> FloodReport:
@@ -295,22 +324,8 @@ def partial_bodies(
                 yield frames
                 left -= size
 
-        with _sampled(pid) as sampler:
-            sent, stalled = client.flood(runs(), sizes.stall_s)
-            time.sleep(sizes.hold_s)
-            client.note_blocked()
-            client.close()
-            time.sleep(sizes.hold_s)
-        return FloodReport(
-            "partial-bodies",
-            watermark_bytes,
-            sampler.before_bytes,
-            sampler.peak_bytes,
-            sent,
-            stalled,
-            client.blocked,
-            {"channels": sizes.channels, "body_bytes": sizes.body_bytes},
-        )
+        detail = {"channels": sizes.channels, "body_bytes": sizes.body_bytes}
+        return _flooded("partial-bodies", client, runs(), pid, watermark_bytes, sizes, detail)
     finally:
         client.close()
 
@@ -336,22 +351,8 @@ def transaction(
                 yield one * count
                 left -= count
 
-        with _sampled(pid) as sampler:
-            sent, stalled = client.flood(runs(), sizes.stall_s)
-            time.sleep(sizes.hold_s)
-            client.note_blocked()
-            client.close()
-            time.sleep(sizes.hold_s)
-        return FloodReport(
-            "transaction",
-            watermark_bytes,
-            sampler.before_bytes,
-            sampler.peak_bytes,
-            sent,
-            stalled,
-            client.blocked,
-            {"message_bytes": sizes.message_bytes, "messages": sizes.messages},
-        )
+        detail = {"message_bytes": sizes.message_bytes, "messages": sizes.messages}
+        return _flooded("transaction", client, runs(), pid, watermark_bytes, sizes, detail)
     finally:
         client.close()
 
