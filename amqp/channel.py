@@ -324,6 +324,10 @@ class Channel:
             raise replies.AMQPConnectionError(
                 replies.FRAME_ERROR, "content body frame exceeds remaining content size", 60, 40
             )
+        if not payload:
+            # Nothing to keep: a client sending empty body frames without end must not grow
+            # the list (RabbitMQ's assembler keeps each one).
+            return None
         self._parts.append(payload)
         self._remaining = remaining
         if remaining:

@@ -51,7 +51,9 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
   0. A method id pamqp does not know: 540 NOT_IMPLEMENTED "unknown method {C,M}" (RabbitMQ's
   reader crashes on it, which drops the socket).
 * Channels: a frame for a new channel when channel_max channels are open is 530 NOT_ALLOWED
-  "number of channels opened (N) has reached the negotiated channel_max (M)". channel_max
+  "number of channels opened (N) has reached the negotiated channel_max (M)"; one the
+  broker's limits refuse (``ConnectionConfig.channel_refusal``) is 530 with their text. Both
+  have ids 0 and come instead of channel.open-ok. channel_max
   bounds how many channels are open, not their numbers: any number from 1 to 65535 may be
   opened below the count (``rabbit_reader:create_channel/2``), and clients' own test suites
   rely on that. A method other than channel.open on a channel that is not open is 504
@@ -69,6 +71,7 @@ What is matched against RabbitMQ (``rabbit_reader.erl``, ``rabbit_command_assemb
 
 import collections
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pamqp import commands
@@ -118,6 +121,10 @@ class ConnectionConfig:
     handshake_timeout_s: float = 10.0
     closing_timeout_s: float = 30.0
     mechanisms: tuple = auth.PASSWORD_MECHANISMS
+    channel_refusal: Callable[[str], str | None] | None = None
+    """Asked with the user's name before a channel is created: why the broker's limits
+    refuse it (a text), or None. A refusal is 530 NOT_ALLOWED with ids 0 and no open-ok, as
+    rabbit_reader:create_channel refuses before the channel exists."""
     server_properties: dict = field(
         default_factory=lambda: {"product": "Warren", "platform": "Python"}
     )
@@ -237,6 +244,10 @@ class Connection:
         self._chunked_bytes = 0
         self._bytes_needed = frames.PROTOCOL_HEADER_BYTES
         self._last_method0_ids = (0, 0)
+        self._stop_at_content = False
+        self.stopped_at_content = False
+        """A content frame was parsed while `stop_at_content` was on: no frame is parsed
+        until it is turned off (the shell blocks the connection meanwhile)."""
 
     # -- input ---------------------------------------------------------------------------
 
@@ -255,10 +266,14 @@ class Connection:
         if len(self._buffer) - self._offset + self._chunked_bytes >= self._bytes_needed:
             self._merge_chunks()
 
-    @property
-    def receiving_content(self):
-        """A publish's content header has been read and its body is not complete yet."""
-        return any(channel.content_state != AWAIT_METHOD for channel in self._channels.values())
+    def stop_at_content(self, on):
+        """While on (a resource alarm is in effect), parsing stops after each content header
+        or body frame: rabbit_reader blocks a publishing connection there, before the rest
+        of the message is read, so a body does not pile up while memory is short. Turning it
+        off lets parsing go on."""
+        self._stop_at_content = on
+        if not on:
+            self.stopped_at_content = False
 
     @property
     def buffered_bytes(self):
@@ -277,6 +292,8 @@ class Connection:
         if pending:
             return pending.popleft()
         while True:
+            if self.stopped_at_content:
+                return None
             state = self.state
             if state is not _OPEN:
                 if state is S.AUTHENTICATING or state is S.VHOST_CHECK or state is S.CLOSED:
@@ -340,8 +357,10 @@ class Connection:
                     if channel is not None and channel.state is _CHANNEL_OPEN:
                         if frame_type == _BODY:
                             event = channel.handle_body(payload)
+                            self.stopped_at_content = self._stop_at_content
                         elif frame_type == _HEADER and len(payload) >= _CONTENT_PREFIX_BYTES:
                             event = channel.handle_header(payload)
+                            self.stopped_at_content = self._stop_at_content
                         elif frame_type == _METHOD and len(payload) >= 4:
                             class_id, method_id = _UNPACK_IDS(payload)
                             key = (class_id << 16) | method_id
@@ -579,6 +598,9 @@ class Connection:
                 f"number of channels opened ({len(self._channels)}) has reached the "
                 f"negotiated channel_max ({self.channel_max})",
             )
+        refusal = self.config.channel_refusal
+        if refusal is not None and (text := refusal(self.username)) is not None:
+            raise replies.AMQPConnectionError(replies.NOT_ALLOWED, text)
         if key is None:
             raise replies.AMQPConnectionError(
                 replies.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
@@ -608,6 +630,12 @@ class Connection:
             channel.transition("close-ok-received")
             del self._channels[channel.number]
         return None
+
+    def transport_lost(self):
+        """The socket is gone: drop the channels, half-received content with them, and the
+        unparsed input now, not when the collector finds the cycles they are in."""
+        self._drop_channels()
+        self._discard_input()
 
     def _drop_channels(self):
         for channel in self._channels.values():
@@ -754,6 +782,8 @@ class Connection:
     def close(self, reply_code=replies.CONNECTION_FORCED, text="broker forced connection closure"):
         """Close the connection from the broker's side (320 CONNECTION_FORCED by default)."""
         self._fail(replies.AMQPConnectionError(reply_code, text), 0)
+        # Parsed again, if stopped at content, for the client's close-ok.
+        self.stopped_at_content = False
 
     # -- output --------------------------------------------------------------------------
 

@@ -85,9 +85,11 @@ def test_user_connection_and_channel_limits(broker, management, limited_user):
         )
         first.open_channel(1)
         first.send(2, commands.Channel.Open())
-        close = first.expect_connection_close()
+        # Refused before the channel exists: no open-ok first, and ids 0.
+        _, close = first.expect(commands.Connection.Close)
         assert close.reply_code == 530
         assert close.reply_text == (
             f"NOT_ALLOWED - number of channels opened for user '{limited_user}' has reached the "
             "maximum allowed user limit of (1)"
         )
+        assert (close.class_id, close.method_id) == (0, 0)

@@ -1,13 +1,16 @@
 """What every `warren` command that acts on a running broker shares: the connection options
 (`--url`, default $WARREN_MANAGEMENT_URL or http://127.0.0.1:15672; `--user`/`--password`,
-default guest/guest; `--vhost`) and one request through the management API, whose errors
-become a one-line message and exit status 1 (as rabbitmqadmin reports them)."""
+default guest/guest; `--vhost`; `--cacertfile`, the CA bundle an https:// URL's certificate
+is verified against, default $WARREN_MANAGEMENT_CACERTFILE or the system's) and one request
+through the management API, whose errors become a one-line message and exit status 1 (as
+rabbitmqadmin reports them)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -48,6 +51,12 @@ def add_login_arguments(parser: Any, url_parser: Any = None) -> None:
     )
     parser.add_argument("--user", default="guest", help="the API user (default guest)")
     parser.add_argument("--password", default="guest", help="its password (default guest)")
+    parser.add_argument(
+        "--cacertfile",
+        default=os.environ.get("WARREN_MANAGEMENT_CACERTFILE"),
+        help="with an https:// URL: the CA bundle (PEM) its certificate is verified against "
+        "(default: $WARREN_MANAGEMENT_CACERTFILE or the system's CAs)",
+    )
 
 
 def handler(action: Callable[[Any], None]) -> Callable[[Any], int]:
@@ -83,8 +92,13 @@ def request(
         sent.add_header("Content-Type", content_type)
     for name, value in (headers or {}).items():
         sent.add_header(name, value)
+    cacertfile = getattr(args, "cacertfile", None)
     try:
-        return urllib.request.urlopen(sent, timeout=TIMEOUT_S)
+        context = ssl.create_default_context(cafile=cacertfile) if cacertfile else None
+    except OSError as error:
+        raise CliError(f"cannot read the CA bundle {cacertfile}: {error}") from None
+    try:
+        return urllib.request.urlopen(sent, timeout=TIMEOUT_S, context=context)
     except urllib.error.HTTPError as error:
         try:
             reason = json.loads(error.read()).get("reason", error.reason)

@@ -39,6 +39,7 @@ from .alarms import (
     disk_free_bytes,
     disk_free_limit_bytes,
     memory_limit_bytes,
+    release_free_memory,
     resident_memory_bytes,
     total_memory_bytes,
 )
@@ -120,6 +121,7 @@ class Broker:
             channel_max=config.channel_max,
             heartbeat_s=config.heartbeat_s,
             message_bytes_max=config.message_bytes_max,
+            channel_refusal=self.channel_refusal,
         )
         # A TLS connection is offered EXTERNAL too, as rabbitmq_auth_mechanism_ssl offers it
         # on every TLS socket (since 3.x: a client without a certificate then gets a refusal
@@ -480,6 +482,8 @@ class Broker:
         )
 
     def channel_refusal(self, username: str) -> str | None:
+        """Why the user's channel limit refuses one more channel (the AMQP machines ask
+        before channel.open-ok), or None."""
         assert self.store is not None
         limits = self.store.state.user_limits.get(username)
         return admission.channel_refusal(limits, self.connections, username)
@@ -565,6 +569,12 @@ class Broker:
         )
 
     def _check_resources(self) -> None:
+        if self.resources.alarms:
+            # Blocked connections are not read, so a client that left one goes unseen and
+            # what it held (half-sent bodies, a transaction) would keep the alarm up.
+            for connection in list(self.connections):
+                connection.drop_if_peer_gone()
+            release_free_memory()
         self.resources.check()
         assert self._loop is not None
         self._resource_check = self._loop.call_later(
@@ -575,9 +585,8 @@ class Broker:
         """Publishers are blocked as they next publish while any alarm is in effect, and all
         unblocked once none is."""
         self.blocked_reason = blocked_reason(alarms) if alarms else ""
-        if not alarms:
-            for connection in list(self.connections):
-                connection.alarms_cleared()
+        for connection in list(self.connections):
+            connection.alarms_changed(self.blocked_reason)
 
     def _arm(self, queue: WorkQueue, due_ms: int | None) -> None:
         """Have the queue's timers run at `due_ms` (epoch ms; None: never)."""

@@ -44,6 +44,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "warrenmq.server.bench.delayed",
     "warrenmq.server.bench.redrive",
     "warrenmq.server.bench.topic",
+    "warrenmq.server.bench.flood",
 )
 
 

@@ -9,7 +9,7 @@ environment uses the same names upper-cased with a ``WARREN_`` prefix (``WARREN_
 Besides AMQP the broker serves two HTTP listeners on the same address, as RabbitMQ's plugins
 do: the management API (``management_port``, 15672) and Prometheus metrics (``metrics_port``,
 15692). As for ``port``, 0 picks a free port; ``management_enabled = false`` and
-``metrics_enabled = false`` turn a listener off.
+``metrics_enabled = false`` turn a listener off (its HTTPS one too).
 
 TLS takes RabbitMQ's names: ``ssl_options.certfile``, ``ssl_options.keyfile``,
 ``ssl_options.cacertfile``, ``ssl_options.verify`` (``verify_none`` or ``verify_peer``) and
@@ -18,7 +18,9 @@ join its name with ``_``: the fields are ``ssl_options_certfile``...), and
 ``WARREN_SSL_OPTIONS_CERTFILE``... in the environment. With a certificate and its key set, the
 broker also listens for AMQP over TLS on ``tls_port`` (5671, RabbitMQ's ``listeners.ssl``), and
 ``http_tls = true`` serves the management API and the metrics over HTTPS with the same
-settings. ``ssl_cert_login_from`` names the certificate field a SASL EXTERNAL login takes its
+settings on listeners of their own beside the plain ones: ``management_ssl_port`` (15671)
+and ``metrics_ssl_port`` (15691), as RabbitMQ's management.ssl and prometheus.ssl listeners.
+``ssl_cert_login_from`` names the certificate field a SASL EXTERNAL login takes its
 user name from, as RabbitMQ's rabbitmq_auth_mechanism_ssl does.
 """
 
@@ -75,7 +77,9 @@ class BrokerConfig:
     0 is no limit, RabbitMQ's default (infinity)."""
     channel_tx_message_max: int = 10_000
     """Publishes one open transaction holds until tx.commit; the next is refused with 406
-    (RabbitMQ 4.3.6's channel_tx_message_max and its default)."""
+    (RabbitMQ 4.3.6's channel_tx_message_max and its default). Their bytes have no limit of
+    their own, as in RabbitMQ: the memory alarm blocks a transaction's publisher at the
+    content header once memory runs short (tests/test_floods.py)."""
     queue_batch_records_max: int = 128
     """Records appended to one queue in one write. Kept small because the log's tail cache
     trims its list of evicted batches only once more than 1024 have gone, so it holds up to
@@ -123,7 +127,13 @@ class BrokerConfig:
     form ("CN=client,O=Warren"), its common name, or its first DNS subject alternative name.
     distinguished_name is RabbitMQ 3.x's default, kept so the same users work."""
     http_tls: bool = False
-    """Serve the management API and the metrics over HTTPS with the ssl_options settings."""
+    """Also serve the management API and the metrics over HTTPS, with the ssl_options
+    settings, each on a listener of its own beside the plain one (RabbitMQ's management.ssl
+    and prometheus.ssl listeners)."""
+    management_ssl_port: int = 15671
+    """The management API over HTTPS, with http_tls (RabbitMQ's management.ssl.port)."""
+    metrics_ssl_port: int = 15691
+    """The metrics over HTTPS, with http_tls (rabbitmq_prometheus's prometheus.ssl.port)."""
     memory_high_watermark_relative: float = 0.6
     """Resident memory above this fraction of the machine's memory raises the memory alarm,
     which blocks publishing connections (RabbitMQ's vm_memory_high_watermark.relative and its
@@ -142,7 +152,14 @@ class BrokerConfig:
     here, so Warren takes them at the faster rate always."""
 
     def __post_init__(self) -> None:
-        for name in ("port", "management_port", "metrics_port", "tls_port"):
+        for name in (
+            "port",
+            "management_port",
+            "metrics_port",
+            "tls_port",
+            "management_ssl_port",
+            "metrics_ssl_port",
+        ):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ConfigError(f"{name} must be 0..65535, got {getattr(self, name)}")
         if self.log_level not in LOG_LEVELS:

@@ -35,6 +35,8 @@ TLS_FLAGS = (
     "ssl_options_verify",
     "ssl_options_fail_if_no_peer_cert",
     "http_tls",
+    "management_ssl_port",
+    "metrics_ssl_port",
 )
 
 
@@ -102,7 +104,19 @@ def register(commands: Any) -> None:
         dest="http_tls",
         action="store_const",
         const=True,
-        help="serve the management API and metrics over HTTPS",
+        help="also serve the management API and metrics over HTTPS, on their ssl ports",
+    )
+    parser.add_argument(
+        "--management-ssl-port",
+        dest="management_ssl_port",
+        type=int,
+        help="the management API over HTTPS (default 15671; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--metrics-ssl-port",
+        dest="metrics_ssl_port",
+        type=int,
+        help="the metrics over HTTPS (default 15691; 0 picks a free one)",
     )
     parser.set_defaults(handler=run_command)
 

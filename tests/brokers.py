@@ -50,6 +50,8 @@ class ThreadBroker(LoopThread):
         super().__init__()
         settings.setdefault("management_port", 0)
         settings.setdefault("metrics_port", 0)
+        settings.setdefault("management_ssl_port", 0)
+        settings.setdefault("metrics_ssl_port", 0)
         self.broker = Broker(BrokerConfig(port=0, bind="127.0.0.1", data_dir=data_dir, **settings))
 
     def start(self):

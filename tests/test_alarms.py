@@ -12,7 +12,7 @@ import pika
 import pytest
 from http_api import HttpApi
 from pamqp import body as content_body
-from pamqp import commands, header
+from pamqp import commands, frame, header
 from protocol import connected
 from raw_client import RawClient
 
@@ -150,7 +150,7 @@ def _ready(running, queue: str) -> int:
 def test_a_publisher_is_blocked_as_it_publishes_and_unblocked_when_the_alarm_clears(
     start_broker, tmp_path
 ):
-    running = start_broker(tmp_path, memory_high_watermark_bytes=1, resource_check_interval_ms=10)
+    running = start_broker(tmp_path, resource_check_interval_ms=10)
     publisher = running.connect()
     notices: list[str] = []
     publisher.add_on_connection_blocked_callback(
@@ -159,12 +159,16 @@ def test_a_publisher_is_blocked_as_it_publishes_and_unblocked_when_the_alarm_cle
     publisher.add_on_connection_unblocked_callback(lambda _conn, _frame: notices.append("go"))
     channel = publisher.channel()
     channel.queue_declare("q")
+    channel.basic_publish("", "q", b"first")
+    _wait(publisher, lambda: _ready(running, "q") == 1)
+    _set_watermark(running, 1)
+    _wait(publisher, lambda: running.broker.blocked_reason)
+    channel.queue_declare("q2")
     publisher.process_data_events(time_limit=0.2)
     assert notices == [], "declaring is not publishing"
-    channel.basic_publish("", "q", b"first")
+    channel.basic_publish("", "q", b"second")
     _wait(publisher, lambda: notices)
     assert notices == ["low on memory"]
-    channel.basic_publish("", "q", b"second")
 
     # Another connection consumes, acks and purges meanwhile; the blocked one is not read.
     consumer = running.connect()
@@ -239,9 +243,8 @@ def test_a_client_without_the_capability_is_blocked_without_notice(start_broker,
     channel.basic_publish("", "q", b"second")
     _wait(publisher, lambda: running.broker.connections and _blocked(running))
     publisher.process_data_events(time_limit=0.3)
-    # Blocked as it published: "first" is taken if its content had all arrived, else it
-    # waits with "second" (a body on its way blocks too); "second" is never read.
-    assert _ready(running, "q") in (0, 1)
+    # Blocked at "first"'s content header: its body waits unread with "second".
+    assert _ready(running, "q") == 0
     _set_watermark(running, 1 << 50)
     _wait(publisher, lambda: _ready(running, "q") == 2)
     publisher.close()
@@ -278,5 +281,31 @@ def test_a_body_on_its_way_blocks_its_connection(start_broker, tmp_path):
             part = chunk[: body_bytes - sent]
             raw.send(1, content_body.ContentBody(part))
             sent += len(part)
+        _wait(setup, lambda: _ready(running, "q") == 1)
+    setup.close()
+
+
+def test_a_publisher_is_blocked_at_the_content_header_before_its_body_is_read(
+    start_broker, tmp_path
+):
+    """rabbit_reader blocks after the content header when an alarm is in effect: a body
+    sent with its header in one write is not taken until the alarm clears."""
+    running = start_broker(tmp_path, memory_high_watermark_bytes=1, resource_check_interval_ms=10)
+    setup = running.connect()
+    setup.channel().queue_declare("q")
+    with RawClient("127.0.0.1", running.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send_bytes(
+            frame.marshal(commands.Basic.Publish(exchange="", routing_key="q"), 1)
+            + frame.marshal(header.ContentHeader(0, 5, commands.Basic.Properties()), 1)
+            + frame.marshal(content_body.ContentBody(b"whole"), 1)
+        )
+        port = raw.sock.getsockname()[1]
+        (connection,) = [c for c in list(running.broker.connections) if c.peer[1] == port]
+        _wait(setup, lambda: connection.blocked)
+        setup.process_data_events(time_limit=0.3)
+        assert _ready(running, "q") == 0
+        _set_watermark(running, 1 << 50)
         _wait(setup, lambda: _ready(running, "q") == 1)
     setup.close()

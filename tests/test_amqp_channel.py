@@ -1,11 +1,13 @@
 """Channels: lifecycle, publish assembly, confirms, flow, acks, broker-raised channel errors."""
 
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import body as pamqp_body
 from pamqp import commands
 from pamqp import header as pamqp_header
-from protocol import connected, feed
+from protocol import connected, feed, raw_frame
 
 from warrenmq.amqp import ChannelError, events, replies, testing
 
@@ -278,3 +280,70 @@ def test_get_ok_and_return_are_sent_with_content():
     assert (get_ok.delivery_tag, get_ok.message_count, parsed[2][1].value) == (7, 3, b"payload")
     assert (returned.reply_code, returned.reply_text) == (312, "NO_ROUTE")
     assert returned.routing_key == "nowhere"
+
+
+def test_empty_body_frames_are_not_held():
+    """A client can send zero-length body frames without end while a body is due: they add
+    nothing, so the assembler must keep nothing for them (tracemalloc sees no growth)."""
+    conn = connected()
+    feed(
+        conn,
+        testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q")),
+        testing.marshal(1, pamqp_header.ContentHeader(0, 5, commands.Basic.Properties())),
+    )
+    empties = raw_frame(3, 1, b"") * 100_000
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in range(2):
+            assert feed(conn, empties) == []
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # A reference kept per frame would be 1.6 MB.
+    assert after - before < 256 << 10
+    [event] = feed(conn, raw_frame(3, 1, b"hello"))
+    assert event.body == b"hello"
+
+
+def test_a_channel_the_broker_refuses_gets_no_open_ok():
+    asked = []
+
+    def refusal(username):
+        asked.append(username)
+        return "limit reached" if len(asked) > 1 else None
+
+    conn = connected(channels=(), channel_refusal=refusal)
+    assert feed(conn, testing.marshal(1, commands.Channel.Open())) == [events.ChannelOpened(1)]
+    conn.data_to_send()
+    assert feed(conn, testing.marshal(2, commands.Channel.Open()))[-1] == events.ConnectionClosed(
+        530, "NOT_ALLOWED - limit reached", False
+    )
+    [(channel, close)] = sent(conn)
+    assert channel == 0 and isinstance(close, commands.Connection.Close)
+    assert (close.reply_code, close.class_id, close.method_id) == (530, 0, 0)
+    assert asked == ["guest", "guest"]
+
+
+def test_parsing_stops_after_each_content_frame_while_asked():
+    conn = connected()
+    conn.stop_at_content(True)
+    publish = testing.marshal(1, commands.Basic.Publish(exchange="", routing_key="q"))
+    header = testing.marshal(1, pamqp_header.ContentHeader(0, 4, commands.Basic.Properties()))
+    qos = testing.marshal(1, commands.Basic.Qos(prefetch_count=1))
+    body = raw_frame(3, 1, b"ab") + raw_frame(3, 1, b"cd")
+    assert feed(conn, publish + header + body + qos) == []
+    assert conn.stopped_at_content, "stopped after the header, the body unread"
+    assert testing.drain(conn) == []
+    conn.stop_at_content(False)
+    conn.stop_at_content(True)
+    assert testing.drain(conn) == [] and conn.stopped_at_content, "and after a body frame"
+    conn.stop_at_content(False)
+    published, qos_received = testing.drain(conn)
+    assert published.body == b"abcd" and isinstance(qos_received.method, commands.Basic.Qos)
+
+    conn.stop_at_content(True)
+    empty = testing.marshal(1, pamqp_header.ContentHeader(0, 0, commands.Basic.Properties()))
+    [published] = feed(conn, publish + empty + qos)
+    assert published.body == b"" and conn.stopped_at_content, "a header is a whole empty message"
+    assert testing.drain(conn) == []

@@ -112,12 +112,14 @@ def test_user_max_channels_count_every_connection_of_the_user(api, clients):
     first.open_channel(1)
     second.open_channel(7)
     first.send(2, commands.Channel.Open())
-    close = first.expect_connection_close()
+    # Refused before the channel exists: no open-ok, and ids 0 (rabbit_reader:create_channel).
+    _, close = first.expect(commands.Connection.Close)
     assert close.reply_code == 530
     assert close.reply_text == (
         f"NOT_ALLOWED - number of channels opened for user '{user}' has reached the maximum "
         "allowed user limit of (2)"
     )
+    assert (close.class_id, close.method_id) == (0, 0)
     # The refused connection's channel is gone: the second connection may open one more.
     second.open_channel(8)
 

@@ -7,8 +7,9 @@ bodies on many channels) and checks that the offending connection got what Rabbi
 it. After every test the broker process is still alive, serves a well-behaved pika client (a
 declare, a publish, a get), and its resident memory is under RSS_BYTES_MAX.
 
-Memory bounds of the floods themselves (partial bodies held, transactions) are the memory
-alarm's business; here the broker must survive them and keep answering.
+Memory bounds of the floods themselves (partial bodies held, transactions, a consumer that
+never reads) are the memory alarm's and the write buffer bound's business, tested in
+test_floods.py; here the broker must survive them and keep answering.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import ssl
 import stat
@@ -24,8 +25,8 @@ from raw_client import Closed, offered_mechanisms
 
 import amqp as py_amqp  # py-amqp, not our folder: the repository root is off sys.path
 from amqp import sasl as py_amqp_sasl
+from warrenmq.server import cli, tls, tls_cli
 from warrenmq.server import config as broker_config
-from warrenmq.server import tls, tls_cli
 from warrenmq.server.config import BrokerConfig, ConfigError
 
 CLIENT_NAME = "guest"
@@ -340,21 +341,47 @@ def test_external_for_a_user_that_does_not_exist_is_access_refused(
     )
 
 
-def test_http_listeners_serve_https_with_http_tls(tmp_path, start_broker, certificates):
+def test_http_tls_adds_https_listeners_beside_the_plain_ones(
+    tmp_path, start_broker, certificates, capsys
+):
     running = start_broker(tmp_path, **tls_settings(certificates, http_tls=True))
-    port = running.broker.http.ports()["management"]
-    request = urllib.request.Request(
-        f"https://localhost:{port}/api/whoami",
-        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
-    )
+    ports = running.broker.http.ports()
+    assert set(ports) == {"management", "management-ssl", "metrics", "metrics-ssl"}
+    whoami = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
     context = client_context(certificates, with_certificate=False)
+    request = urllib.request.Request(
+        f"https://localhost:{ports['management-ssl']}/api/whoami", headers=whoami
+    )
     with urllib.request.urlopen(request, context=context, timeout=10) as response:
         assert response.status == 200
-    metrics_port = running.broker.http.ports()["metrics"]
     with urllib.request.urlopen(
-        f"https://localhost:{metrics_port}/metrics", context=context, timeout=10
+        f"https://localhost:{ports['metrics-ssl']}/metrics", context=context, timeout=10
     ) as response:
         assert response.status == 200
+    # The plain listeners still speak plain HTTP, as RabbitMQ's beside management.ssl.
+    plain = urllib.request.Request(f"http://127.0.0.1:{ports['management']}/api/overview")
+    plain.add_header("Authorization", whoami["Authorization"])
+    with urllib.request.urlopen(plain, timeout=10) as response:
+        listeners = {
+            (entry["protocol"], entry["port"]) for entry in json.load(response)["listeners"]
+        }
+    assert {
+        ("http", ports["management"]),
+        ("https", ports["management-ssl"]),
+        ("http/prometheus", ports["metrics"]),
+        ("https/prometheus", ports["metrics-ssl"]),
+    } <= listeners
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=10):
+        pass
+
+    # The CLI's API client over HTTPS: verified against --cacertfile, refused without it.
+    url = f"https://localhost:{ports['management-ssl']}"
+    ca = str(certificates / tls_cli.CA_CERTIFICATE)
+    capsys.readouterr()
+    assert cli.main(["status", "--url", url, "--cacertfile", ca]) == 0
+    assert "Error" not in capsys.readouterr().err
+    assert cli.main(["status", "--url", url]) == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
 
 
 def test_serve_announces_the_amqps_listener(tmp_path, certificates):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import secrets
 import signal
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,13 @@ _LISTENING = re.compile(r"Warren listening on [^:]+:(\d+)")
 _START_S_MAX = 600.0
 
 
-class _Warren:
-    """`warren serve` on 127.0.0.1, a port it picks and `data_dir`."""
+class LocalWarren:
+    """`warren serve` on 127.0.0.1, a port it picks and `data_dir`; `settings` are WARREN_*
+    variables for its environment."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, settings: Mapping[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.settings = dict(settings or {})
         self.process: subprocess.Popen[str] | None = None
         self.port = 0
 
@@ -74,6 +78,7 @@ class _Warren:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, **self.settings},
         )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
@@ -173,7 +178,7 @@ def _rss_mb(pid: int) -> float:
     return round(read_rss_bytes(pid) / _MB, 1)
 
 
-def run(args: argparse.Namespace, url: str, pid: int, warren: _Warren | None) -> dict[str, Any]:
+def run(args: argparse.Namespace, url: str, pid: int, warren: LocalWarren | None) -> dict[str, Any]:
     suffix = secrets.token_hex(3)
     names = (f"warren-bench-delayed-x-{suffix}", f"warren-bench-delayed-q-{suffix}")
     time.sleep(args.settle)
@@ -214,7 +219,7 @@ def _main(args: argparse.Namespace) -> int:
             report = run(args, args.url, args.pid, None)
         else:
             with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
-                warren = _Warren(Path(scratch) / "data")
+                warren = LocalWarren(Path(scratch) / "data")
                 try:
                     warren.start()
                     assert warren.process is not None

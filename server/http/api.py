@@ -49,6 +49,20 @@ class _UserScope:
     """A key for one user's sampled totals."""
 
 
+# The listeners' names (in `ports()` and the ready line) and RabbitMQ's protocol names for
+# them (/api/overview's listeners).
+MANAGEMENT = "management"
+METRICS = "metrics"
+MANAGEMENT_SSL = "management-ssl"
+METRICS_SSL = "metrics-ssl"
+PROTOCOLS = {
+    MANAGEMENT: "http",
+    METRICS: "http/prometheus",
+    MANAGEMENT_SSL: "https",
+    METRICS_SSL: "https/prometheus",
+}
+
+
 class ManagementApi:
     """The management API's state: the broker, rates, the node's identity."""
 
@@ -58,7 +72,8 @@ class ManagementApi:
         self.started_at_s = time.monotonic()
         self.node = f"warren@{socket.gethostname()}"
         self.listeners: dict[str, int] = {}
-        """The HTTP listeners that run ("management", "metrics") and their ports."""
+        """The HTTP listeners that run (MANAGEMENT, METRICS and their _SSL twins) and
+        their ports."""
         self._scopes: dict[str, object] = {}
 
     def scope_of(self, user: str) -> object:

@@ -15,7 +15,7 @@ from aiohttp import web
 from warrenmq.server.tls import server_context
 
 from . import management, metrics
-from .api import ManagementApi
+from .api import MANAGEMENT, MANAGEMENT_SSL, METRICS, METRICS_SSL, ManagementApi
 from .host import Host
 
 log = logging.getLogger("warrenmq.server.http")
@@ -30,31 +30,39 @@ class HttpListeners:
         self.host = host
         self.api = ManagementApi(host)
         self._runners: list[web.AppRunner] = []
-        self._ssl_context: ssl.SSLContext | None = None
 
     def ports(self) -> dict[str, int]:
-        """The listeners that run ("management", "metrics") and the ports they listen on."""
+        """The listeners that run (MANAGEMENT, METRICS and their _SSL twins) and their ports."""
         return dict(self.api.listeners)
 
     async def start(self) -> None:
         """Listen, as the config says; raises (with nothing left listening) if a port is taken."""
         config = self.host.config
-        # http_tls: both listeners serve HTTPS with the amqps listener's settings.
-        self._ssl_context = server_context(config) if config.http_tls else None
+        # http_tls: each listener gets an HTTPS twin with the amqps listener's settings.
+        context = server_context(config) if config.http_tls else None
+        listeners = self.api.listeners
         try:
             if config.management_enabled:
                 app = management.application(self.api, config.http_body_bytes_max)
-                self.api.listeners["management"] = await self._listen(app, config.management_port)
+                listeners[MANAGEMENT] = await self._listen(app, config.management_port, None)
+                if context is not None:
+                    listeners[MANAGEMENT_SSL] = await self._listen(
+                        app, config.management_ssl_port, context
+                    )
             if config.metrics_enabled:
                 app = metrics.application(self.api)
-                self.api.listeners["metrics"] = await self._listen(app, config.metrics_port)
+                listeners[METRICS] = await self._listen(app, config.metrics_port, None)
+                if context is not None:
+                    listeners[METRICS_SSL] = await self._listen(
+                        app, config.metrics_ssl_port, context
+                    )
         except BaseException:
             await self.stop()
             raise
         for name, port in self.api.listeners.items():
             log.info("%s listening on %s:%d", name, config.bind, port)
 
-    async def _listen(self, app: web.Application, port: int) -> int:
+    async def _listen(self, app: web.Application, port: int, context: ssl.SSLContext | None) -> int:
         runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )
@@ -66,7 +74,7 @@ class HttpListeners:
             port,
             backlog=LISTEN_BACKLOG,
             reuse_address=True,
-            ssl_context=self._ssl_context,
+            ssl_context=context,
         )
         await site.start()
         return runner.addresses[0][1]

@@ -30,7 +30,7 @@ from warrenmq.server.alarms import (
 )
 from warrenmq.server.vhost import Published
 
-from .api import RABBITMQ_VERSION, Call, ManagementApi, core, reply, sync
+from .api import PROTOCOLS, RABBITMQ_VERSION, Call, ManagementApi, core, reply, sync
 from .connections import open_connections, visible_to
 from .errors import bad_request, object_not_found
 from .stats import (
@@ -70,12 +70,7 @@ def listeners(api: ManagementApi) -> list[dict[str, Any]]:
     ports = [("amqp", api.host.port)]
     if api.host.tls_port:
         ports.append(("amqp/ssl", api.host.tls_port))
-    # RabbitMQ's protocol names, "https" for a listener with TLS.
-    http = "https" if api.host.config.http_tls else "http"
-    ports += [
-        (http if name == "management" else f"{http}/prometheus", port)
-        for name, port in api.listeners.items()
-    ]
+    ports += [(PROTOCOLS[name], port) for name, port in api.listeners.items()]
     return [
         {"node": api.node, "protocol": protocol, "ip_address": bind, "port": port}
         for protocol, port in ports

@@ -65,6 +65,7 @@ log = logging.getLogger("warrenmq.server")
 # A dispatch pass stops after this many deliveries and is rescheduled, so one busy queue
 # cannot hold the event loop for long.
 DISPATCH_DELIVERIES_MAX = 1024
+DISPATCH_TAKE_BYTES = 256 << 10
 
 
 def _int_argument(arguments: Mapping[str, Any], key: str) -> int | None:
@@ -566,15 +567,20 @@ class WorkQueue:
         engine = self.engine
         alone = len(self.consumers) == 1
         budget = DISPATCH_DELIVERIES_MAX
+        # A lone consumer's takes hold about DISPATCH_TAKE_BYTES each, sized by the last
+        # message taken, one message first: its credit (a connection's write buffer bound
+        # too) is checked between takes, so large messages do not pile up past it.
+        step = 1
         while engine.ready_count:
             consumer = self._next_consumer()
             if consumer is None:
                 break
             messages = self._take_many(
-                consumer.credit(budget) if alone else 1, now_ms, arriving=True
+                min(step, consumer.credit(budget)) if alone else 1, now_ms, arriving=True
             )
             if not messages:
                 break
+            step = DISPATCH_TAKE_BYTES // max(1, len(messages[-1].body)) or 1
             consumer.channel.deliver(consumer, messages)
             self.counts.handed_out(messages, consumer.no_ack)
             budget -= len(messages)

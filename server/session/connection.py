@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import select
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
@@ -84,7 +85,7 @@ class Host(Protocol):
     vhosts: dict[str, VirtualHost]
     blocked_reason: str
     """connection.blocked's reason while a resource alarm is in effect, else empty: a
-    connection that publishes then is blocked until `alarms_cleared`."""
+    connection that publishes then is blocked until `alarms_changed` clears it."""
 
     def accept(self, connection: BrokerConnection) -> bool:
         """Admit a new connection (False: refuse it, the broker is full or stopping)."""
@@ -100,10 +101,6 @@ class Host(Protocol):
 
     def connection_refusal(self, username: str, vhost: str) -> str | None:
         """Why the vhost's or the user's connection limit refuses one more (530), or None."""
-        ...
-
-    def channel_refusal(self, username: str) -> str | None:
-        """Why the user's channel limit refuses one more channel (530), or None."""
         ...
 
     def check_access(self, username: str, vhost: str, access: str, kind: str, name: str) -> None:
@@ -147,6 +144,11 @@ class BrokerConnection(asyncio.Protocol):
         # The user a verified TLS client certificate names (SASL EXTERNAL), if any.
         self.certificate_user: str | None = None
         self.writable = True
+        """Deliveries may go to this connection: what waits to be written, in the transport
+        and handed to the machine since the last write, is under write_buffer_bytes_high."""
+        self._transport_paused = False
+        self._delivered_bytes = 0
+        """Message bodies handed to the machine since the last write."""
         self.blocked = False
         """Published while a resource alarm was in effect: not read until it clears."""
         self.exclusive_queues: dict[str, WorkQueue] = {}
@@ -183,6 +185,7 @@ class BrokerConnection(asyncio.Protocol):
                 self.certificate_user = certificate_user(
                     certificate, self.broker.config.ssl_cert_login_from
                 )
+        self.amqp.stop_at_content(bool(self.broker.blocked_reason))
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -193,11 +196,6 @@ class BrokerConnection(asyncio.Protocol):
         amqp.receive_data(data, self.loop.time())
         if self._busy is None:
             self._process()
-        # A body on its way counts as publishing, as in rabbit_reader (which blocks on the
-        # content header): half-sent bodies cannot pile up while memory is short.
-        reason = self.broker.blocked_reason
-        if reason and not self.blocked and not self.closed and amqp.receiving_content:
-            self._block(reason)
         if (
             amqp.buffered_bytes > self.broker.config.read_buffer_bytes_max
             and not self._reading_paused
@@ -207,9 +205,14 @@ class BrokerConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def pause_writing(self) -> None:
+        self._transport_paused = True
         self.writable = False
 
     def resume_writing(self) -> None:
+        self._transport_paused = False
+        self._writable_again()
+
+    def _writable_again(self) -> None:
         self.writable = True
         for channel in self.channels.values():
             for queue in channel.unblock_consumers():
@@ -225,6 +228,10 @@ class BrokerConnection(asyncio.Protocol):
         while self._busy is None and not self.blocked:
             event = amqp.next_event()
             if event is None:
+                if amqp.stopped_at_content:
+                    # A content frame while an alarm is in effect: publishing, as
+                    # rabbit_reader counts it, so blocked before the rest is read.
+                    self._block(self.broker.blocked_reason)
                 break
             try:
                 pending = self._handle(event)
@@ -300,6 +307,10 @@ class BrokerConnection(asyncio.Protocol):
         if data:
             self.sent_bytes += len(data)
             transport.write(data)
+            if self._delivered_bytes:
+                self._delivered_bytes = 0
+                if not self.writable and not self._transport_paused:
+                    self._writable_again()
         if self.amqp.finished:
             self._teardown(None)
             self._linger(transport)
@@ -367,6 +378,7 @@ class BrokerConnection(asyncio.Protocol):
             self._timer = None
         if self._busy is not None:
             self._busy.cancel()
+        self.amqp.transport_lost()
         for number in list(self.channels):
             self._drop_channel(number)
         for queue in list(self.exclusive_queues.values()):
@@ -413,9 +425,6 @@ class BrokerConnection(asyncio.Protocol):
                 raise not_implemented(f"{type(event.method).__name__}")
             return handler(self, self.channels[event.channel], event.method)
         if kind is events.ChannelOpened:
-            refusal = self.broker.channel_refusal(self.username)
-            if refusal is not None:
-                raise not_allowed(refusal)
             config = self.broker.config
             self.channels[event.channel] = BrokerChannel(
                 self,
@@ -520,9 +529,9 @@ class BrokerConnection(asyncio.Protocol):
     # -- resource alarms ---------------------------------------------------------------------
 
     def _block(self, reason: str) -> None:
-        """A publish while an alarm is in effect: this one is taken, then nothing more is
-        read until the alarms clear (rabbit_reader blocks a connection as it publishes; a
-        connection that only consumes goes on)."""
+        """A content frame while an alarm is in effect: nothing more is read until the
+        alarms clear (rabbit_reader blocks a connection as it publishes, after the content
+        header; a connection that only consumes goes on)."""
         self.blocked = True
         self.amqp.block(reason)
         self.amqp.pause_heartbeat_monitor()
@@ -531,14 +540,32 @@ class BrokerConnection(asyncio.Protocol):
             self.transport.pause_reading()
         log.warning("connection %s blocked: %s", self.name, reason)
 
-    def alarms_cleared(self) -> None:
-        if not self.blocked or self.closed:
+    def alarms_changed(self, reason: str) -> None:
+        """A resource alarm is in effect (`reason`, connection.blocked's) or none is (""):
+        while one is, the machine stops after each content frame, where this connection is
+        blocked; once none is, a blocked connection is read again."""
+        self.amqp.stop_at_content(bool(reason))
+        if reason or not self.blocked or self.closed:
             return
         self.blocked = False
         self.amqp.unblock()
         self.amqp.resume_heartbeat_monitor(self.loop.time())
         log.info("connection %s unblocked", self.name)
         self._process()
+
+    def drop_if_peer_gone(self) -> None:
+        """Abort a blocked connection whose client closed its end or reset it: unread, its
+        socket tells nothing, so it is polled (without reading) for the hang-up."""
+        if not self.blocked or self.closed or self.transport is None:
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        if poller.poll(0):
+            log.warning("connection %s: its blocked client went away", self.name)
+            self.transport.abort()
 
     # -- permissions -------------------------------------------------------------------------
 
@@ -667,6 +694,14 @@ class BrokerConnection(asyncio.Protocol):
         """basic.deliver each message, delivery tags counting up from `first_tag`."""
         self.amqp.deliver_many(channel, consumer_tag, first_tag, messages)
         self.broker.want_flush(self)
+        # Counted before the tick writes them, so one dispatch cannot hand out more than
+        # the bound (a consumer without prefetch, on a backlog of large messages).
+        self._delivered_bytes += sum(len(message.body) for message in messages)
+        if (
+            self._delivered_bytes + self.transport.get_write_buffer_size()
+            >= self.broker.config.write_buffer_bytes_high
+        ):
+            self.writable = False
 
     def output_ready(self) -> None:
         self.broker.want_flush(self)
