@@ -68,6 +68,9 @@ def _fsync_and_close(fds: list[int]) -> None:
             os.close(fd)
 
 
+# Stored batches handed out whole (`read_batches`) are read here: pread releases the GIL.
+_READ_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warren-read")
+
 # Deleted segments are unlinked here, off the event loop, one at a time: nobody waits for it.
 _UNLINK_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warren-unlink")
 
@@ -521,23 +524,30 @@ class PartitionLog:
                 budget -= size
         return records
 
-    def read_batches(self, offset: int, end_offset: int, max_bytes: int) -> bytes:
+    async def read_batches(self, offset: int, end_offset: int, max_bytes: int) -> bytes:
         """The stored batches (`batch.py`'s format, verbatim) from the one holding `offset`
         up to `end_offset`, a batch boundary such as `durable_offset`: about `max_bytes`, at
         least one batch when `offset` is below `end_offset`. The first batch may start before
-        `offset`; the reader skips what it did not ask for and checks the CRCs."""
+        `offset`; the reader skips what it did not ask for and checks the CRCs.
+
+        Each segment's part is read in a worker thread (`Segment.batches_reader`): a fetch is
+        megabytes, and the event loop serves every other client meanwhile. Retention deleting
+        the segments still to read, or the log closing, ends the read with what it has."""
         self._check_usable()
         if offset < self.start_offset:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is below the log start {self.start_offset}"
             )
-        end_offset = min(end_offset, self._end_offset)
         parts: list[bytes] = []
         budget = max_bytes
-        for segment in self._segments[bisect_right(self._bases, offset) - 1 :]:
-            if offset >= end_offset or budget <= 0:
+        loop = asyncio.get_running_loop()
+        while budget > 0 and not self._closed and offset >= self.start_offset:
+            end = min(end_offset, self._end_offset)
+            if offset >= end:
                 break
-            data, offset = segment.read_batches(offset, end_offset, budget)
+            segment = self._segments[bisect_right(self._bases, offset) - 1]
+            read = segment.batches_reader(offset, end, budget)
+            data, offset = await loop.run_in_executor(_READ_EXECUTOR, read)
             if not data:
                 break
             parts.append(data)

@@ -18,7 +18,7 @@ import os
 import struct
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import batch as batch_codec
@@ -40,6 +40,74 @@ _FLAGS = os.O_RDWR | os.O_APPEND
 
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
+
+
+def _batches(
+    fileno: Callable[[], int], position: int, end: int, *, verify: bool
+) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
+    """(file position, header, buffer, position in buffer) of each whole batch in [position,
+    end) of the file whose descriptor `fileno()` gives (a pooled file's is taken anew for each
+    read).
+
+    Stops silently at a torn tail (a batch that runs past `end`); raises CorruptBatchError
+    on a bad header or, with `verify`, a CRC mismatch.
+    """
+    buf = b""
+    buf_start = position
+    while position < end:
+        at = position - buf_start
+        if len(buf) - at < HEADER_BYTES:
+            buf = os.pread(fileno(), min(READ_CHUNK_BYTES, end - position), position)
+            buf_start, at = position, 0
+        header = batch_codec.read_header(buf, at)
+        if header is None or position + header.total_bytes > end:
+            return
+        if at + header.total_bytes > len(buf):
+            buf = os.pread(
+                fileno(),
+                min(max(READ_CHUNK_BYTES, header.total_bytes), end - position),
+                position,
+            )
+            buf_start, at = position, 0
+            if len(buf) < header.total_bytes:
+                return
+        if verify:
+            batch_codec.verify_crc(buf, at, header)
+        yield position, header, buf, at
+        position += header.total_bytes
+
+
+def _read_batches(
+    fileno: Callable[[], int],
+    path: str,
+    floor: int,
+    size: int,
+    offset: int,
+    end_offset: int,
+    max_bytes: int,
+) -> tuple[bytes, int]:
+    """Segment.batches_reader's read of the file's first `size` bytes, walked from `floor`
+    (the start of a batch at or before the one holding `offset`)."""
+    start: int | None = None
+    stop = 0
+    next_offset = offset
+    for position, header, _, _ in _batches(fileno, floor, size, verify=False):
+        if header.next_offset <= offset:
+            continue
+        if header.next_offset > end_offset:
+            break
+        if start is None:
+            start = position
+        elif position + header.total_bytes - start > max_bytes:
+            break
+        stop = position + header.total_bytes
+        next_offset = header.next_offset
+    if start is None:
+        return b"", offset
+    data = os.pread(fileno(), stop - start, start)
+    if len(data) != stop - start:
+        raise CorruptBatchError(f"{path} ended inside a batch at position {start}")
+    return data, next_offset
 
 
 class Segment:
@@ -424,37 +492,7 @@ class Segment:
     def _batches(
         self, position: int, end: int, *, verify: bool
     ) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
-        """(file position, header, buffer, position in buffer) of each whole batch in [position,
-        end).
-
-        Stops silently at a torn tail (a batch that runs past `end`); raises CorruptBatchError
-        on a bad header or, with `verify`, a CRC mismatch.
-        """
-        buf = b""
-        buf_start = position
-        while position < end:
-            at = position - buf_start
-            if len(buf) - at < HEADER_BYTES:
-                buf = os.pread(
-                    self._log_file.fileno(), min(READ_CHUNK_BYTES, end - position), position
-                )
-                buf_start, at = position, 0
-            header = batch_codec.read_header(buf, at)
-            if header is None or position + header.total_bytes > end:
-                return
-            if at + header.total_bytes > len(buf):
-                buf = os.pread(
-                    self._log_file.fileno(),
-                    min(max(READ_CHUNK_BYTES, header.total_bytes), end - position),
-                    position,
-                )
-                buf_start, at = position, 0
-                if len(buf) < header.total_bytes:
-                    return
-            if verify:
-                batch_codec.verify_crc(buf, at, header)
-            yield position, header, buf, at
-            position += header.total_bytes
+        return _batches(self._log_file.fileno, position, end, verify=verify)
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> list[Record]:
         """Records from `offset` on within this segment, CRC-verified, within the budgets.
@@ -488,34 +526,32 @@ class Segment:
                 break
         return records
 
-    def read_batches(self, offset: int, end_offset: int, max_bytes: int) -> tuple[bytes, int]:
-        """The stored bytes of the whole batches from the one holding `offset` up to
-        `end_offset` (a batch boundary), about `max_bytes` of them and at least one batch when
-        any is there: verbatim, the CRCs left for the reader to check (a Kafka fetch's shape);
-        and the offset after the last of them.
+    def batches_reader(
+        self, offset: int, end_offset: int, max_bytes: int
+    ) -> Callable[[], tuple[bytes, int]]:
+        """A function, for a worker thread, that returns the stored bytes of the whole
+        batches from the one holding `offset` up to `end_offset` (a batch boundary), about
+        `max_bytes` of them and at least one batch when any is there: verbatim, the CRCs left
+        for the reader to check (a Kafka fetch's shape); and the offset after the last of them.
+
+        It reads through a duplicate of the file's descriptor, taken now and closed when it is
+        done, so that the pool may close or reuse its own meanwhile and retention may unlink
+        the file (the duplicate still reads it); and only what the segment holds now.
         """
-        start: int | None = None
-        stop = 0
-        next_offset = offset
-        for position, header, _, _ in self._batches(
-            self._floor_position(offset), self.size, verify=False
-        ):
-            if header.next_offset <= offset:
-                continue
-            if header.next_offset > end_offset:
-                break
-            if start is None:
-                start = position
-            elif position + header.total_bytes - start > max_bytes:
-                break
-            stop = position + header.total_bytes
-            next_offset = header.next_offset
-        if start is None:
-            return b"", offset
-        data = os.pread(self._log_file.fileno(), stop - start, start)
-        if len(data) != stop - start:
-            raise CorruptBatchError(f"{self.log_path} ended inside a batch at position {start}")
-        return data, next_offset
+        fd = os.dup(self._log_file.fileno())
+        path = self._log_file.path
+        position = self._floor_position(offset)
+        size = self.size
+
+        def read() -> tuple[bytes, int]:
+            try:
+                return _read_batches(
+                    lambda: fd, path, position, size, offset, end_offset, max_bytes
+                )
+            finally:
+                os.close(fd)
+
+        return read
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset in this segment whose timestamp is >= timestamp_ms, if any."""

@@ -101,27 +101,65 @@ def stored_batches(data):
     return found
 
 
+def read_batches(log, offset, end_offset, max_bytes):
+    return asyncio.run(log.read_batches(offset, end_offset, max_bytes))
+
+
 def test_read_batches_returns_stored_batches_across_segments_within_the_budget(tmp_path):
     with PartitionLog.open(tmp_path, SMALL) as log:
         for i in range(60):
             log.append(records(5, i * 5), timestamp_ms=i)
         assert log.segment_count > 2
         offset, seen = 7, []
-        while data := log.read_batches(offset, log.end_offset, 1000):
+        while data := read_batches(log, offset, log.end_offset, 1000):
             batches = stored_batches(data)
             assert len(batches) == 1 or len(data) <= 1000
             seen += [r for batch in batches for r in batch if r.offset >= offset]
             offset = batches[-1][-1].offset + 1
         assert raw(seen) == records(300)[7:]
         # The batch holding the offset, whole; at least one batch whatever the budget.
-        (first,) = stored_batches(log.read_batches(7, log.end_offset, 1))
+        (first,) = stored_batches(read_batches(log, 7, log.end_offset, 1))
         assert [r.offset for r in first] == [5, 6, 7, 8, 9]
         # Nothing at or past `end_offset`, a batch boundary such as the durable offset.
-        assert log.read_batches(7, 10, 1 << 20) == log.read_batches(7, 10, 1)
-        assert log.read_batches(10, 10, 1 << 20) == b""
+        assert read_batches(log, 7, 10, 1 << 20) == read_batches(log, 7, 10, 1)
+        assert read_batches(log, 10, 10, 1 << 20) == b""
         assert log.delete_before(150) > 0
         with pytest.raises(OffsetOutOfRangeError):
-            log.read_batches(log.start_offset - 1, log.end_offset, 1000)
+            read_batches(log, log.start_offset - 1, log.end_offset, 1000)
+
+
+def test_read_batches_reads_verbatim_in_a_worker_thread_while_retention_runs(tmp_path, monkeypatch):
+    with PartitionLog.open(tmp_path, SMALL) as log:
+        for i in range(60):
+            log.append(records(5, i * 5), timestamp_ms=i)
+        stored = b"".join(path.read_bytes() for path in sorted(tmp_path.glob("*.log")))
+        assert log.segment_count > 2
+        assert read_batches(log, 0, log.end_offset, 1 << 20) == stored
+
+        reading_threads = []
+        in_read = threading.Event()
+        go_on = threading.Event()
+        real_pread = os.pread
+
+        def pread(fd, length, position):
+            reading_threads.append(threading.current_thread().name)
+            in_read.set()
+            assert go_on.wait(10)
+            return real_pread(fd, length, position)
+
+        async def scenario():
+            reading = asyncio.create_task(log.read_batches(0, log.end_offset, 1 << 20))
+            assert await asyncio.to_thread(in_read.wait, 10)
+            # The loop is free while the read waits on the disk: retention deletes the segment
+            # being read, which the read still reads whole.
+            assert log.delete_before(150) > 0
+            go_on.set()
+            return await reading
+
+        monkeypatch.setattr(os, "pread", pread)
+        data = asyncio.run(scenario())
+        assert data == stored
+        assert reading_threads and all(n.startswith("warren-read") for n in reading_threads)
 
 
 def test_reads_of_fresh_data_come_from_the_tail_cache(tmp_path, monkeypatch):

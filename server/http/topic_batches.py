@@ -36,7 +36,8 @@ from .errors import ApiError
 from .topics import query_integer, topic_of
 
 FETCH_BYTES_DEFAULT = 4 << 20
-# One fetch is read on the event loop (from the page cache, mostly): its size bounds the stall.
+# A fetch is read in a worker thread (log/partition.py's read_batches); this bounds the memory a
+# request holds.
 FETCH_BYTES_MAX = 16 << 20
 FIRST_OFFSET_HEADER = "X-Warren-First-Offset"
 NEXT_OFFSET_HEADER = "X-Warren-Next-Offset"
@@ -99,5 +100,5 @@ async def get_batches(call: Call) -> web.Response:
             f"offset {offset} is below the first retained offset {log.start_offset}",
             _bounds(stream),
         )
-    body = log.read_batches(offset, log.durable_offset, max_bytes)
+    body = await log.read_batches(offset, log.durable_offset, max_bytes)
     return web.Response(body=body, content_type="application/octet-stream", headers=_bounds(stream))
