@@ -228,6 +228,8 @@ class Connection:
         self._channels = {}
         self._pending = collections.deque()
         self._out = []
+        self.delivered_body_bytes = 0
+        """Message bodies of the deliveries queued since the last ``data_to_send``."""
         self._now = now
         self._created_at = now
         self._last_received_at = now
@@ -798,6 +800,7 @@ class Connection:
         if not out:
             return b""
         self._out = []
+        self.delivered_body_bytes = 0
         return out[0] if len(out) == 1 else b"".join(out)
 
     def channel_is_open(self, channel):
@@ -869,7 +872,7 @@ class Connection:
         ch = self._channels.get(channel)
         if ch is None or ch.state is not ChannelState.OPEN:
             return False
-        fastpath.deliver_many_parts(
+        self.delivered_body_bytes += fastpath.deliver_many_parts(
             self._out, channel, consumer_tag, first_tag, messages, self.frame_bytes_max
         )
         self._last_sent_at = self._now

@@ -238,7 +238,7 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
     ``routing_key`` (bytes, as stored: at most 255 bytes, checked here), ``properties``,
     ``body`` and ``redelivered``. The method frame's bytes before and after the delivery tag
     depend only on the consumer tag, exchange and routing key, so they are built once per
-    distinct (exchange, routing key) of the batch.
+    distinct (exchange, routing key) of the batch. Returns the bodies' bytes.
     """
     assert frame_max >= frames.FRAME_MIN_BYTES, frame_max
     tag = _shortstr(consumer_tag)
@@ -250,6 +250,7 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
     body_head = _BODY_HEAD.pack
     framing = {}
     delivery_tag = first_tag
+    body_bytes = 0
     for message in messages:
         exchange = message.exchange
         routing_key = message.routing_key
@@ -270,6 +271,7 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
         property_bytes = message.properties
         body = message.body
         body_size = len(body)
+        body_bytes += body_size
         parts += (
             around[0],
             tag_and_bits(delivery_tag, 1 if message.redelivered else 0),
@@ -288,6 +290,7 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
                 chunk = view[start : start + chunk_bytes_max]
                 parts += (body_head(frames.FRAME_BODY, channel, len(chunk)), chunk, _FRAME_END)
         delivery_tag += 1
+    return body_bytes
 
 
 def encode_deliver(

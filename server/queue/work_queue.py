@@ -184,6 +184,8 @@ class WorkQueue:
         ]
         """(when ready again, offset) of the messages the engine holds: a heap."""
         heapq.heapify(self._backing_off)
+        self._take_step = 1
+        """How many messages a lone consumer's next take asks for (see `dispatch`)."""
         self.dead_letters: list[tuple[Message, str]] = []
         """Messages that died here, in flight until `dead_lettered` settles them (a refused
         publish, never stored here, has a negative offset of its own)."""
@@ -568,9 +570,10 @@ class WorkQueue:
         alone = len(self.consumers) == 1
         budget = DISPATCH_DELIVERIES_MAX
         # A lone consumer's takes hold about DISPATCH_TAKE_BYTES each, sized by the last
-        # message taken, one message first: its credit (a connection's write buffer bound
-        # too) is checked between takes, so large messages do not pile up past it.
-        step = 1
+        # message taken (one message the first time): its credit (a connection's write
+        # buffer bound too) is checked between takes, so large messages do not pile up past
+        # it. The size is kept between passes, so small messages cost one take a pass.
+        step = self._take_step
         while engine.ready_count:
             consumer = self._next_consumer()
             if consumer is None:
@@ -580,7 +583,7 @@ class WorkQueue:
             )
             if not messages:
                 break
-            step = DISPATCH_TAKE_BYTES // max(1, len(messages[-1].body)) or 1
+            step = self._take_step = DISPATCH_TAKE_BYTES // max(1, len(messages[-1].body)) or 1
             consumer.channel.deliver(consumer, messages)
             self.counts.handed_out(messages, consumer.no_ack)
             budget -= len(messages)

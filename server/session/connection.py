@@ -147,8 +147,6 @@ class BrokerConnection(asyncio.Protocol):
         """Deliveries may go to this connection: what waits to be written, in the transport
         and handed to the machine since the last write, is under write_buffer_bytes_high."""
         self._transport_paused = False
-        self._delivered_bytes = 0
-        """Message bodies handed to the machine since the last write."""
         self.blocked = False
         """Published while a resource alarm was in effect: not read until it clears."""
         self.exclusive_queues: dict[str, WorkQueue] = {}
@@ -307,10 +305,8 @@ class BrokerConnection(asyncio.Protocol):
         if data:
             self.sent_bytes += len(data)
             transport.write(data)
-            if self._delivered_bytes:
-                self._delivered_bytes = 0
-                if not self.writable and not self._transport_paused:
-                    self._writable_again()
+            if not self.writable and not self._transport_paused:
+                self._writable_again()
         if self.amqp.finished:
             self._teardown(None)
             self._linger(transport)
@@ -692,13 +688,13 @@ class BrokerConnection(asyncio.Protocol):
         self, channel: int, consumer_tag: str, first_tag: int, messages: list[Any]
     ) -> None:
         """basic.deliver each message, delivery tags counting up from `first_tag`."""
-        self.amqp.deliver_many(channel, consumer_tag, first_tag, messages)
+        amqp = self.amqp
+        amqp.deliver_many(channel, consumer_tag, first_tag, messages)
         self.broker.want_flush(self)
         # Counted before the tick writes them, so one dispatch cannot hand out more than
         # the bound (a consumer without prefetch, on a backlog of large messages).
-        self._delivered_bytes += sum(len(message.body) for message in messages)
         if (
-            self._delivered_bytes + self.transport.get_write_buffer_size()
+            amqp.delivered_body_bytes + self.transport.get_write_buffer_size()
             >= self.broker.config.write_buffer_bytes_high
         ):
             self.writable = False
