@@ -208,6 +208,7 @@ class RaftGroup:
         # index -> (term it was proposed in, its future)
         self._proposals: dict[int, tuple[int, asyncio.Future[Applied]]] = {}
         self._kick_scheduled = False
+        self._driving = False
         self._stalled_ready: Ready | None = None
         self._was_leader = False
         self._leadership: tuple[int, int | None] = (0, None)
@@ -324,7 +325,14 @@ class RaftGroup:
             # Our earlier entry at this index was truncated away: it will never apply.
             _lose(superseded[1], "entry was overwritten")
         self._proposals[index] = (self.raft.term, future)
-        self._kick()
+        if self.raft.voters == (self.config.node_id,) and not self._driving:
+            # Alone, nothing is gained by waiting for more proposals to batch: commit and
+            # apply now (one fsync), so that whatever the proposer's caller does next in this
+            # loop iteration (answer a request read since) already sees the change. Peers'
+            # acks set the pace of a larger group, and its proposals batch per iteration.
+            self._drive()
+        else:
+            self._kick()
         return future
 
     def _fail_proposals(self, error: Exception) -> None:
@@ -379,10 +387,13 @@ class RaftGroup:
         self._kick_scheduled = False
         if self.fatal_error is not None or self._stopped.is_set():
             return
+        self._driving = True
         try:
             self._drive_once()
         except Exception as exc:
             self._fail(exc)
+        finally:
+            self._driving = False
 
     def _before_ready(self) -> None:
         """Subclasses step what they batched during the loop iteration into the core."""

@@ -272,10 +272,10 @@ class MetadataState:
 
     def has_transient(self) -> bool:
         """Whether any exchange or queue is transient (exclusive queues are)."""
-        # Counts leave out the predeclared exchanges, which are durable.
         if any(
-            len(self._durable_exchanges[vhost]) < count
-            for vhost, count in self._exchange_counts.items()
+            not exchange.durable
+            for router in self._routers.values()
+            for exchange in router.exchanges()
         ):
             return True
         return any(
