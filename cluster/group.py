@@ -35,7 +35,11 @@ one append and one fsync for a burst of proposals. Messages of a Ready leave onl
 entries and hard state are durable, except a steady leader's appends (see
 `_may_send_before_persisting`). Applying follows the fsync, so a group of ONE member commits
 an entry after its own fsync and nothing else: a one-node broker runs this same code path,
-with no transport and no waiting on anyone.
+with no transport and no waiting on anyone. A lone member drives its Ready inside `propose`
+rather than in the next loop iteration: batching would save fsyncs only for proposals made in
+the same iteration, and applying at once means that whatever its proposer's caller answers
+next (a request read in this iteration) already sees the change, as it did when the broker's
+metadata was a local store.
 
 Failure: a full disk (ENOSPC, EDQUOT) while persisting a Ready is not fatal: the Ready is kept
 and tried again every `disk_full_retry_s`, the storage having taken back the partial write;

@@ -17,8 +17,8 @@ is the `MetadataState`:
   same way by every replica. `apply_all` proposes its commands as ONE entry: applied in order,
   stopping at the first refused, atomically with respect to a crash.
 * A one-node broker is a one-member group (node id 1, no transport): the same code path a
-  cluster runs, committing after its own fsync. Concurrent commands share a Ready and so an
-  fsync (group commit, as the SQLite store had).
+  cluster runs, committing after its own fsync, at once (see `cluster/group.py`). Commands
+  proposed as one entry (`apply_all`, the seed, the definitions import) share one fsync.
 * Snapshots are `MetadataState.snapshot()` (every entity, transient ones included), taken
   every `SNAPSHOT_ENTRIES` applied entries; the log before them is dropped. A restart
   restores the snapshot and re-applies the log after it: the state is a function of the log.
