@@ -122,13 +122,19 @@ def test_restart_keeps_durable_entities_and_drops_transient_ones_by_a_log_entry(
     asyncio.run(scenario())
 
 
+async def with_queues(data_dir, count: int) -> ReplicatedMetadata:
+    """Open the metadata and declare `count` durable queues q0, q1, ..."""
+    metadata = await ReplicatedMetadata.open(data_dir)
+    for i in range(count):
+        await metadata.apply(c.DeclareQueue("/", f"q{i}", durable=True))
+    return metadata
+
+
 def test_restart_from_a_snapshot_and_the_log_after_it(tmp_path, monkeypatch):
     monkeypatch.setattr(replicated, "SNAPSHOT_ENTRIES", 20)
 
     async def scenario():
-        metadata = await ReplicatedMetadata.open(tmp_path)
-        for i in range(50):
-            await metadata.apply(c.DeclareQueue("/", f"q{i}", durable=True))
+        metadata = await with_queues(tmp_path, 50)
         assert metadata.group.storage.snapshot is not None
         expected = metadata.state.snapshot()
         await metadata.close()
@@ -143,9 +149,7 @@ def test_rows_behind_the_snapshot_are_rewritten_from_the_state(tmp_path, monkeyp
     monkeypatch.setattr(replicated, "SNAPSHOT_ENTRIES", 20)
 
     async def scenario():
-        metadata = await ReplicatedMetadata.open(tmp_path)
-        for i in range(30):
-            await metadata.apply(c.DeclareQueue("/", f"q{i}", durable=True))
+        metadata = await with_queues(tmp_path, 30)
         await metadata.close()
         # The view lost its last transactions (a power loss: it does not fsync).
         with sqlite3.connect(tmp_path / METADATA_FILE) as db:
