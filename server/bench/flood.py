@@ -35,10 +35,8 @@ import select
 import socket
 import struct
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,7 @@ from pamqp.exceptions import UnmarshalingException
 from . import wire
 from .client import BenchError
 from .delayed import LocalWarren
-from .loadgen import read_rss_bytes
+from .loadgen import RssPeak
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_END = b"\xce"
@@ -60,31 +58,6 @@ READ_BYTES = 1 << 20
 # small enough that a stall is seen within one run.
 RUN_BYTES = 1 << 20
 SCENARIOS = ("partial-bodies", "transaction", "slow-consumer")
-
-
-class RssSampler:
-    """The peak resident memory of a process, sampled every SAMPLE_S in a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.before_bytes = read_rss_bytes(pid)
-        self.peak_bytes = self.before_bytes
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            try:
-                self.peak_bytes = max(self.peak_bytes, read_rss_bytes(self.pid))
-            except BenchError:
-                return
-
-    def stop(self) -> int:
-        """Stop sampling; the peak."""
-        self._stop.set()
-        self._thread.join()
-        return self.peak_bytes
 
 
 class FloodClient:
@@ -267,15 +240,6 @@ class FloodSizes:
     timeout_s: float = 120.0
 
 
-@contextmanager
-def _sampled(pid: int) -> Iterator[RssSampler]:
-    sampler = RssSampler(pid)
-    try:
-        yield sampler
-    finally:
-        sampler.stop()
-
-
 def _flooded(
     scenario: str,
     client: FloodClient,
@@ -287,7 +251,7 @@ def _flooded(
 ) -> FloodReport:
     """Send the flood with the broker's RSS sampled, hold the connection for `hold_s`, reset
     it, and sample `hold_s` more (what the broker frees once the client is gone)."""
-    with _sampled(pid) as sampler:
+    with RssPeak(pid, SAMPLE_S) as sampler:
         sent, stalled = client.flood(runs, sizes.stall_s)
         time.sleep(sizes.hold_s)
         client.note_blocked()
@@ -296,8 +260,8 @@ def _flooded(
     return FloodReport(
         scenario,
         watermark_bytes,
-        sampler.before_bytes,
-        sampler.peak_bytes,
+        sampler.before,
+        sampler.peak,
         sent,
         stalled,
         client.blocked,
@@ -379,7 +343,7 @@ def slow_consumer(
         backlog_s = time.monotonic() - backlog_started
         consumer = FloodClient(address, sizes.timeout_s)
         try:
-            with _sampled(pid) as sampler:
+            with RssPeak(pid, SAMPLE_S) as sampler:
                 consumer.call(1, commands.Channel.Open(), commands.Channel.OpenOk)
                 consumer.call(1, commands.Basic.Qos(prefetch_count=0), commands.Basic.QosOk)
                 consumer.send(1, commands.Basic.Consume(queue=queue, consumer_tag="never-reads"))
@@ -394,8 +358,8 @@ def slow_consumer(
         return FloodReport(
             "slow-consumer",
             watermark_bytes,
-            sampler.before_bytes,
-            sampler.peak_bytes,
+            sampler.before,
+            sampler.peak,
             count * len(one),
             False,
             publisher.blocked,

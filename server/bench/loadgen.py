@@ -47,6 +47,7 @@ import math
 import os
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -201,6 +202,45 @@ def read_rss_bytes(pid: int) -> int:
     except OSError as error:
         raise BenchError(f"cannot read the memory of pid {pid}: {error}") from error
     raise BenchError(f"/proc/{pid}/status has no VmRSS (a kernel thread or a zombie?)")
+
+
+class RssPeak:
+    """The highest resident memory of a local process, sampled every `interval_s` in a
+    thread (so also while the caller blocks) until stopped; as a context manager, stopped
+    on exit."""
+
+    def __init__(self, pid: int, interval_s: float = RSS_SAMPLE_S) -> None:
+        self.pid = pid
+        self.before = read_rss_bytes(pid)
+        self.peak = self.before
+        self._interval_s = interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self.peak = max(self.peak, read_rss_bytes(self.pid))
+            except BenchError:
+                return
+
+    def stop(self) -> int:
+        """Stop sampling, after a last sample; the peak."""
+        if not self._stopped.is_set():
+            self._stopped.set()
+            self._thread.join()
+            try:
+                self.peak = max(self.peak, read_rss_bytes(self.pid))
+            except BenchError:
+                pass
+        return self.peak
+
+    def __enter__(self) -> RssPeak:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -430,8 +470,7 @@ async def _run_replay(
         start: Any = datetime.datetime.fromtimestamp(middle_s, datetime.UTC)
     else:
         start = "first"
-    rss_before = read_rss_bytes(pid) if pid is not None else None
-    rss_peak = _RssPeak(pid) if pid is not None else None
+    rss_peak = RssPeak(pid) if pid is not None else None
     start_ns = time.monotonic_ns()
     for connection, channel, _ in readers:
         await connection.call(
@@ -468,33 +507,15 @@ async def _run_replay(
                 (first_stamp_ns - fill_start_ns) / max(fill_ns, 1), 4
             )
         del report["msgs_per_s"]
-    if rss_before is not None and rss_peak is not None:
+    if rss_peak is not None:
         report.update(
             {
-                "rss_mb_before_consumers": round(rss_before / _MB, 1),
+                "rss_mb_before_consumers": round(rss_peak.before / _MB, 1),
                 "rss_mb_peak": round(rss_peak.peak / _MB, 1),
-                "rss_mb_peak_growth": round((rss_peak.peak - rss_before) / _MB, 1),
+                "rss_mb_peak_growth": round((rss_peak.peak - rss_peak.before) / _MB, 1),
             }
         )
     return report
-
-
-class _RssPeak:
-    """The highest resident memory of a process, sampled on the loop until stopped."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak = read_rss_bytes(pid)
-        self._task = asyncio.ensure_future(self._sample())
-
-    async def _sample(self) -> None:
-        while True:
-            await asyncio.sleep(RSS_SAMPLE_S)
-            self.peak = max(self.peak, read_rss_bytes(self.pid))
-
-    def stop(self) -> None:
-        self.peak = max(self.peak, read_rss_bytes(self.pid))
-        self._task.cancel()
 
 
 async def _run_memory(
