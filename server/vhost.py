@@ -704,9 +704,7 @@ class VirtualHost:
             server_named=server_named,
         )
         name = strip_cr_lf(name)
-        # A declare of the same new queue still waiting for its command to apply has the
-        # storage open already: this one is a redeclaration, checked when it applies after it.
-        if self.store.state.queue(self.name, name) is not None or name in self._opening:
+        if self.store.state.queue(self.name, name) is not None:
             outcome = await self._apply(command)
             return self._used(self._hosted(outcome.queue))
         if queue_arguments.queue_type(arguments) == Stream.queue_type:
