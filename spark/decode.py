@@ -11,6 +11,7 @@ then spread by index. `log/batch.py`'s `decode_records` is the tests' oracle.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -334,17 +335,27 @@ def record_batches(
     schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
     """Record batches of every record in [start, end) of one partition, fetched by
-    `fetch(offset)` (stored batches from the one holding `offset`; empty at the end)."""
-    offset = start
-    while offset < end:
-        data = fetch(offset)
-        if not data:
-            return
-        located = locate(data)
-        if located.next_offset <= offset:
-            raise CorruptBatchError(f"a fetch from offset {offset} ended at {located.next_offset}")
-        low = int(np.searchsorted(located.offsets, offset))
-        high = int(np.searchsorted(located.offsets, end))
-        if high > low:
-            yield to_record_batch(data, located, slice(low, high), stream, partition, schema)
-        offset = max(offset, located.next_offset)
+    `fetch(offset)` (stored batches from the one holding `offset`; empty at the end).
+
+    The next fetch runs in a thread while this one is decoded (and while Spark consumes it):
+    the request waits on the broker and the socket with the GIL released, so an executor
+    keeps its core on decoding instead of alternating between the two."""
+    with ThreadPoolExecutor(1, thread_name_prefix="warren-fetch") as fetcher:
+        pending = fetcher.submit(fetch, start)
+        offset = start
+        while offset < end:
+            data = pending.result()
+            if not data:
+                return
+            located = locate(data)
+            if located.next_offset <= offset:
+                raise CorruptBatchError(
+                    f"a fetch from offset {offset} ended at {located.next_offset}"
+                )
+            low = int(np.searchsorted(located.offsets, offset))
+            high = int(np.searchsorted(located.offsets, end))
+            offset = max(offset, located.next_offset)
+            if offset < end:
+                pending = fetcher.submit(fetch, offset)
+            if high > low:
+                yield to_record_batch(data, located, slice(low, high), stream, partition, schema)

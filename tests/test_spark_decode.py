@@ -4,6 +4,7 @@ same rows byte for byte; any corrupted byte or lying record framing refused."""
 
 from __future__ import annotations
 
+import threading
 from unittest import mock
 
 import pytest
@@ -202,3 +203,26 @@ def test_a_batch_header_cut_short_is_refused():
         decode.locate(data[: HEADER_BYTES - 1])
     with pytest.raises(CorruptBatchError):
         decode.locate(data[:-1])
+
+
+def test_the_next_fetch_runs_while_the_current_one_is_consumed():
+    batch_records = [[(b"", b"k1", PROPERTIES[0], b"x" * 64)] * 10 for _ in range(4)]
+    data = stored(batch_records, 0)
+    size = len(data) // 4
+    requested: list[int] = []
+    fetched_ahead = threading.Event()
+
+    def fetch(offset: int) -> bytes:
+        """One stored batch per fetch, as a broker with a small max_bytes answers."""
+        requested.append(offset)
+        if offset == 10:
+            fetched_ahead.set()
+        return data[offset // 10 * size : (offset // 10 + 1) * size]
+
+    reading = decode.record_batches(fetch, 5, 35, "s", 2, schema(False))
+    first = next(reading)
+    assert fetched_ahead.wait(10), "the second fetch did not start while the first was read"
+    rest = list(reading)
+    offsets = [offset for batch in [first, *rest] for offset in batch.column("offset").to_pylist()]
+    assert offsets == list(range(5, 35))
+    assert requested == [5, 10, 20, 30]
