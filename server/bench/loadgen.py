@@ -329,6 +329,11 @@ def fanout_exchange(options: Options) -> str | None:
     return f"{options.queue}.fanout" if options.scenario == "fanout" else None
 
 
+def _scenario_exchanges(options: Options) -> list[str]:
+    exchange = fanout_exchange(options)
+    return [] if exchange is None else [exchange]
+
+
 def _scenario_queues(options: Options) -> list[str]:
     """Every queue the scenario declares, for the cleanup."""
     dead_letters = dead_letter_queue(options)
@@ -824,17 +829,7 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
             await admin.call(channel, commands.Queue.Delete(queue=name), commands.Queue.DeleteOk)
         idle_declared = False
         if not options.keep_queue:
-            for queue in _scenario_queues(options):
-                await admin.call(
-                    channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk
-                )
-            exchange = fanout_exchange(options)
-            if exchange is not None:
-                await admin.call(
-                    channel,
-                    commands.Exchange.Delete(exchange=exchange),
-                    commands.Exchange.DeleteOk,
-                )
+            await _delete(admin, channel, _scenario_queues(options), _scenario_exchanges(options))
             declared = False
         return report
 
@@ -855,7 +850,7 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
             exchanges: list[str] = []
             if declared and not options.keep_queue:
                 left = [*_scenario_queues(options), *left]
-                exchanges = [name for name in [fanout_exchange(options)] if name is not None]
+                exchanges = _scenario_exchanges(options)
             if (left or exchanges) and admin.error is None:
                 await _delete_quietly(admin, left, exchanges)
             await admin.close()
@@ -867,27 +862,14 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
 
 
 # Options that mean something for each scenario (the rest are left out of its report).
+_PUBLISHING = ("scenario", "queue", "queue_type", "size_bytes", "messages", "window", "publishers")
+_CONSUMING = ("consumers", "prefetch", "multi_ack_every")
+_PACED = ("rate_per_s", "lag_ms_max")
 _SCENARIO_OPTIONS = {
-    "publish": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-    ),
+    "publish": _PUBLISHING,
     "e2e": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
+        *_PUBLISHING,
+        *_CONSUMING,
         "reject_every",
         "rate_per_s",
         "warmup",
@@ -896,96 +878,13 @@ _SCENARIO_OPTIONS = {
         "poll_every_s",
         "poll_page_size",
     ),
-    "replay": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
-        "start",
-    ),
-    "memory": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "settle_s",
-        "hold_every",
-    ),
-    "queues": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "queue_count",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
-    ),
-    "fanout": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "queue_count",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
-    ),
-    "connections": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
-        "rate_per_s",
-        "lag_ms_max",
-    ),
-    "steady": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
-        "rate_per_s",
-        "warmup",
-        "lag_ms_max",
-    ),
-    "drain": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "prefetch",
-        "multi_ack_every",
-    ),
+    "replay": (*_PUBLISHING, *_CONSUMING, "start"),
+    "memory": (*_PUBLISHING, "settle_s", "hold_every"),
+    "queues": (*_PUBLISHING, "queue_count", *_CONSUMING),
+    "fanout": (*_PUBLISHING, "queue_count", *_CONSUMING),
+    "connections": (*_PUBLISHING, *_CONSUMING, *_PACED),
+    "steady": (*_PUBLISHING, *_CONSUMING, *_PACED, "warmup"),
+    "drain": (*_PUBLISHING, "prefetch", "multi_ack_every"),
 }
 
 
@@ -998,24 +897,24 @@ def _idle_queue_names(options: Options) -> list[str]:
     return [f"{options.queue}-idle-{index}" for index in range(options.idle_queues)]
 
 
-async def _delete_quietly(
-    admin: ClientConnection, queues: list[str], exchanges: list[str] | None = None
+async def _delete(
+    admin: ClientConnection, channel: int, queues: list[str], exchanges: list[str]
 ) -> None:
+    for queue in queues:
+        await admin.call(channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
+    for exchange in exchanges:
+        await admin.call(
+            channel, commands.Exchange.Delete(exchange=exchange), commands.Exchange.DeleteOk
+        )
+
+
+async def _delete_quietly(admin: ClientConnection, queues: list[str], exchanges: list[str]) -> None:
     """Best-effort cleanup after a failed run: one fresh channel, a bounded wait each."""
     try:
         channel = await admin.open_channel()
-        for queue in queues:
-            await asyncio.wait_for(
-                admin.call(channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk),
-                10,
-            )
-        for exchange in exchanges or []:
-            await asyncio.wait_for(
-                admin.call(
-                    channel, commands.Exchange.Delete(exchange=exchange), commands.Exchange.DeleteOk
-                ),
-                10,
-            )
+        await asyncio.wait_for(
+            _delete(admin, channel, queues, exchanges), 10 * (len(queues) + len(exchanges))
+        )
     except (TimeoutError, BenchError):
         pass
 
