@@ -1,4 +1,5 @@
-"""`warren bench publish|e2e|memory`: a load generator for any AMQP 0-9-1 broker, like PerfTest.
+"""`warren bench publish|e2e|queues|fanout|connections|steady|drain|replay|memory`: a load
+generator for any AMQP 0-9-1 broker, like PerfTest.
 
 Scenarios (each declares its own durable queue, ``x-queue-type`` classic, quorum or stream,
 purges it (a stream is deleted and declared again instead: streams refuse purges), and deletes
@@ -11,6 +12,23 @@ it at the end unless ``--keep-queue``):
   consumers with prefetch ``--prefetch`` that ack with ``multiple`` every
   ``--multi-ack-every`` deliveries; reports msgs/s received and the end-to-end latency from
   the send timestamp carried in each body.
+* ``queues`` — e2e over ``--queues`` N queues at once, each with its own publisher and
+  consumer; reports the total msgs/s received and the end-to-end latency over all of them.
+* ``fanout`` — one publisher to a durable fanout exchange bound to N queues, each with a
+  consumer; reports msgs/s published and msgs/s delivered (N deliveries per message).
+* ``connections`` — ``--connections`` C publisher connections (opened ``OPEN_PARALLEL`` at a
+  time, their schedules staggered) each publishing ``--rate-per-connection`` msgs/s with
+  confirms for ``--seconds``, and a consumer emptying the queue; reports the publish-to-confirm
+  latency (p50/p99/p99.9) and the rate achieved.
+* ``steady`` — e2e at a fixed ``--rate`` for ``--seconds``: the end-to-end latency at that rate.
+* ``drain`` — fills the queue with a backlog of ``--messages`` (``--publishers`` at once),
+  then one consumer (prefetch ``--prefetch``) takes all of it with acks; reports the drain's
+  msgs/s from basic.consume to the last delivery.
+
+A paced run (``--rate``, ``connections``, ``steady``) also reports how late its generator
+sent against the schedule (``generator_lag_ms_*``, see pacing.py), the rate it achieved, and
+``rate_achieved``: false when the p99 lag exceeds ``--lag-ms-max``, so a client that could not
+keep up says so rather than reporting the lower latency of a lighter load.
 * ``replay`` — fills a stream (``--queue-type stream``) with ``--messages`` confirmed
   messages, then ``--consumers`` consumers at once read all of it from ``x-stream-offset:
   first`` (prefetch ``--prefetch``, acks as credit); reports msgs/s received in total and the
@@ -72,12 +90,36 @@ BODY_BYTES_MAX = 128 << 20
 _MB = 1_000_000
 DEAD_LETTER_POLL_S = 0.01
 IDLE_QUEUES_MAX = 100_000
+QUEUES_MAX = CONNECTIONS_MAX
+"""queues and fanout: queues at once, each with a consumer connection of its own at least."""
+PUBLISHERS_MANY_MAX = 10_000
+"""connections: publisher connections (the rest keep CONNECTIONS_MAX)."""
+OPEN_PARALLEL = 16
+"""Publisher connections opened at a time: a thousand at once would overflow the broker's
+accept backlog and time the handshakes of a SYN flood, not of a broker."""
+LAG_MS_MAX = 5.0
+# Scenarios whose consumers time each message from the send stamp at the front of its body.
+STAMPED = ("e2e", "queues", "fanout", "connections", "steady")
+# Scenarios that publish on a schedule and need a rate.
+PACED = ("connections", "steady")
 # The figures `--compare` divides, per scenario.
 HEADLINES = {
     "publish": ("msgs_per_s", "confirm_latency_ms_p50", "confirm_latency_ms_p99"),
     "e2e": ("msgs_per_s", "latency_ms_p50", "latency_ms_p99"),
     "memory": ("rss_mb_growth", "rss_mb_growth_held"),
     "replay": ("msgs_per_s", "first_delivery_ms", "rss_mb_peak_growth"),
+    "queues": ("msgs_per_s", "latency_ms_p50", "latency_ms_p99"),
+    "fanout": ("msgs_per_s", "publish_msgs_per_s", "latency_ms_p50", "latency_ms_p99"),
+    # At a set rate the throughput is the schedule's: the latency is what varies (and the
+    # first headline picks the median run).
+    "connections": (
+        "confirm_latency_ms_p99",
+        "confirm_latency_ms_p50",
+        "confirm_latency_ms_p999",
+        "rate_achieved_msgs_per_s",
+    ),
+    "steady": ("latency_ms_p99", "latency_ms_p50", "latency_ms_p999"),
+    "drain": ("msgs_per_s", "fill_msgs_per_s"),
 }
 
 
@@ -116,10 +158,30 @@ class Options:
     poll_every_s: float = 1.0
     poll_page_size: int = 100
     """The page of /api/queues the poll asks for, as the console pages it (0: every queue)."""
+    queue_count: int = 1
+    """queues and fanout: the queues measured at once (QUEUE-0, QUEUE-1...; QUEUE alone
+    for 1)."""
+    lag_ms_max: float = LAG_MS_MAX
+    """A paced run achieved its rate when its generator's p99 lag stayed within this."""
 
     def __post_init__(self) -> None:
         if self.scenario not in HEADLINES:
             raise ValueError(f"unknown scenario {self.scenario!r}")
+        if not 1 <= self.queue_count <= QUEUES_MAX:
+            raise ValueError(f"queues must be 1..{QUEUES_MAX}")
+        if self.queue_count > 1 and self.scenario not in ("queues", "fanout"):
+            raise ValueError("several queues at once are the queues and fanout scenarios")
+        # Every queue needs a consumer, and in `queues` a publisher, or the run never ends.
+        if self.scenario in ("queues", "fanout") and self.consumers < self.queue_count:
+            raise ValueError("a consumer per queue at least: consumers >= queues")
+        if self.scenario == "queues" and self.publishers < self.queue_count:
+            raise ValueError("a publisher per queue at least: publishers >= queues")
+        if self.scenario in PACED and self.rate_per_s is None:
+            raise ValueError(f"{self.scenario} publishes at a rate: give one")
+        if self.lag_ms_max <= 0:
+            raise ValueError("lag-ms-max must be positive")
+        if self.reject_every and self.scenario != "e2e":
+            raise ValueError("--reject-every rejects in the e2e scenario")
         if self.queue_type not in QUEUE_TYPES:
             raise ValueError(f"queue type must be one of {QUEUE_TYPES}, got {self.queue_type!r}")
         if self.scenario == "replay" and self.queue_type != "stream":
@@ -144,12 +206,15 @@ class Options:
             raise ValueError("a stream consumer needs a prefetch")
         if not 0 <= self.size_bytes <= BODY_BYTES_MAX:
             raise ValueError(f"size must be 0..{BODY_BYTES_MAX} bytes, got {self.size_bytes}")
-        if self.scenario == "e2e" and self.size_bytes < wire.TIMESTAMP_BYTES:
-            raise ValueError(f"e2e needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp")
+        if self.scenario in STAMPED and self.size_bytes < wire.TIMESTAMP_BYTES:
+            raise ValueError(
+                f"{self.scenario} needs --size >= {wire.TIMESTAMP_BYTES} for the timestamp"
+            )
         if self.messages < 1 or not 1 <= self.window <= WINDOW_MAX:
             raise ValueError(f"need messages >= 1 and window 1..{WINDOW_MAX}")
-        if not 1 <= self.publishers <= CONNECTIONS_MAX:
-            raise ValueError(f"publishers must be 1..{CONNECTIONS_MAX}")
+        publishers_max = PUBLISHERS_MANY_MAX if self.scenario == "connections" else CONNECTIONS_MAX
+        if not 1 <= self.publishers <= publishers_max:
+            raise ValueError(f"publishers must be 1..{publishers_max}")
         # A replay's consumers share connections, a channel each.
         consumers_max = CONSUMERS_MAX if self.scenario == "replay" else CONNECTIONS_MAX
         if not 1 <= self.consumers <= consumers_max:
@@ -253,10 +318,46 @@ def dead_letter_queue(options: Options) -> str | None:
     return f"{options.queue}.dlq" if options.reject_every else None
 
 
+def measured_queues(options: Options) -> list[str]:
+    """The queues the scenario publishes to and consumes from."""
+    if options.queue_count == 1:
+        return [options.queue]
+    return [f"{options.queue}-{index}" for index in range(options.queue_count)]
+
+
+def fanout_exchange(options: Options) -> str | None:
+    return f"{options.queue}.fanout" if options.scenario == "fanout" else None
+
+
+def _scenario_exchanges(options: Options) -> list[str]:
+    exchange = fanout_exchange(options)
+    return [] if exchange is None else [exchange]
+
+
+def _scenario_queues(options: Options) -> list[str]:
+    """Every queue the scenario declares, for the cleanup."""
+    dead_letters = dead_letter_queue(options)
+    return [*measured_queues(options), *([dead_letters] if dead_letters else [])]
+
+
+def raise_open_files_limit(needed: int) -> None:
+    """Raise this process's soft limit on open files to the hard one (a thousand connections
+    need a thousand descriptors); a BenchError when even that is below ``needed``."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        raise BenchError(f"{needed} connections need more open files than the limit {hard}")
+
+
 async def _declare(connection: ClientConnection, channel: int, options: Options) -> None:
     arguments: dict[str, Any] = {"x-queue-type": options.queue_type}
     dead_letters = dead_letter_queue(options)
-    queues = [options.queue]
+    queues = measured_queues(options)
     if dead_letters is not None:
         await connection.call(
             channel,
@@ -265,21 +366,34 @@ async def _declare(connection: ClientConnection, channel: int, options: Options)
         )
         arguments["x-dead-letter-exchange"] = ""
         arguments["x-dead-letter-routing-key"] = dead_letters
-        queues.append(dead_letters)
-    if options.queue_type == "stream":
+    for queue in queues:
+        if options.queue_type == "stream":
+            await connection.call(
+                channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk
+            )
         await connection.call(
-            channel, commands.Queue.Delete(queue=options.queue), commands.Queue.DeleteOk
+            channel,
+            commands.Queue.Declare(queue=queue, durable=True, arguments=arguments),
+            commands.Queue.DeclareOk,
         )
-    await connection.call(
-        channel,
-        commands.Queue.Declare(queue=options.queue, durable=True, arguments=arguments),
-        commands.Queue.DeclareOk,
-    )
     # A stream refuses purges: it was deleted and declared again instead.
     if options.queue_type != "stream":
-        for queue in queues:
+        for queue in _scenario_queues(options):
             await connection.call(
                 channel, commands.Queue.Purge(queue=queue), commands.Queue.PurgeOk
+            )
+    exchange = fanout_exchange(options)
+    if exchange is not None:
+        await connection.call(
+            channel,
+            commands.Exchange.Declare(exchange=exchange, exchange_type="fanout", durable=True),
+            commands.Exchange.DeclareOk,
+        )
+        for queue in queues:
+            await connection.call(
+                channel,
+                commands.Queue.Bind(queue=queue, exchange=exchange),
+                commands.Queue.BindOk,
             )
 
 
@@ -293,32 +407,57 @@ async def ready_count(connection: ClientConnection, channel: int, queue: str) ->
 async def _start_publishers(
     address: wire.BrokerAddress, options: Options, stamp: bool, run: _Run
 ) -> list[Publisher]:
-    publishers = run.publishers
-    rates = (
-        [None] * options.publishers
-        if options.rate_per_s is None
-        else [
-            options.rate_per_s * share / options.messages
-            for share in _split(options.messages, options.publishers)
-        ]
-    )
-    for share, rate in zip(_split(options.messages, options.publishers), rates, strict=True):
+    """Open the publishers' connections, ``OPEN_PARALLEL`` at a time; each publishes its
+    share of the messages (at its share of the rate) to its queue, round-robin, or to the
+    fanout exchange."""
+    shares = _split(options.messages, options.publishers)
+    queues = measured_queues(options)
+    exchange = fanout_exchange(options)
+
+    async def open_publisher(index: int) -> Publisher:
         connection = await ClientConnection.open(address)
         run.connections.append(connection)
         channel = await connection.open_channel()
         await connection.call(channel, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        if exchange is None:
+            target, routing_key = "", queues[index % len(queues)]
+        else:
+            target, routing_key = exchange, ""
         template = wire.PublishTemplate(
-            channel, "", options.queue, options.size_bytes, connection.frame_max
+            channel, target, routing_key, options.size_bytes, connection.frame_max
         )
-        publishers.append(
-            Publisher(
-                connection, channel, template, share, options.window, rate_per_s=rate, stamp=stamp
-            )
+        share = shares[index]
+        rate = None if options.rate_per_s is None else options.rate_per_s * share / options.messages
+        return Publisher(
+            connection, channel, template, share, options.window, rate_per_s=rate, stamp=stamp
         )
-    return publishers
+
+    for first in range(0, options.publishers, OPEN_PARALLEL):
+        indexes = range(first, min(first + OPEN_PARALLEL, options.publishers))
+        # Every open of the wave ends before a failure is raised, so each connection made
+        # is in run.connections for the cleanup.
+        opened = await asyncio.gather(
+            *(open_publisher(index) for index in indexes), return_exceptions=True
+        )
+        for result in opened:
+            if isinstance(result, BaseException):
+                raise result
+            run.publishers.append(result)
+    return run.publishers
 
 
-def _publish_report(run: _Run) -> dict:
+def _start_all(publishers: list[Publisher]) -> None:
+    """Start the publishers; paced ones spread evenly over one period of their schedule, so
+    a thousand publishers at 20 msgs/s do not all send in the same millisecond."""
+    loop = asyncio.get_running_loop()
+    for index, publisher in enumerate(publishers):
+        if publisher.rate_per_s is None or index == 0:
+            publisher.start()
+        else:
+            loop.call_later(index / len(publishers) / publisher.rate_per_s, publisher.start)
+
+
+def _publish_report(run: _Run, options: Options) -> dict:
     publishers = run.publishers
     histogram = LatencyHistogram()
     for publisher in publishers:
@@ -339,28 +478,57 @@ def _publish_report(run: _Run) -> dict:
         **confirm,
         "blocked": sum(connection.blocked_count for connection in run.connections),
     }
-    if publishers[0].rate_per_s is not None:
-        report["publisher_behind_ms_max"] = round(
-            max(1000 * publisher.behind_max / publisher.rate_per_s for publisher in publishers), 3
-        )
+    if options.rate_per_s is not None:
+        report.update(_pacing_report(publishers, options))
     return report
+
+
+def _pacing_report(publishers: list[Publisher], options: Options) -> dict[str, Any]:
+    """How well the paced publishers kept their schedules."""
+    assert options.rate_per_s is not None
+    lag = LatencyHistogram()
+    for publisher in publishers:
+        lag.merge(publisher.lag_histogram)
+    lag_ms = {
+        key.replace("latency", "generator_lag"): value
+        for key, value in lag.summary_ms().items()
+        if key in ("latency_ms_p50", "latency_ms_p99", "latency_ms_max")
+    }
+    published = sum(publisher.published for publisher in publishers)
+    # Staggered over one period, the schedules' first and last messages are (published - 1)
+    # periods of the whole rate apart.
+    span_ns = max(publisher.last_write_ns for publisher in publishers) - min(
+        publisher.start_ns for publisher in publishers
+    )
+    achieved = (published - 1) * 1e9 / span_ns if span_ns > 0 else None
+    lag_p99 = lag_ms["generator_lag_ms_p99"]
+    return {
+        "publisher_behind_ms_max": round(
+            max(1000 * publisher.behind_max / publisher.rate_per_s for publisher in publishers), 3
+        ),
+        **lag_ms,
+        "rate_achieved_msgs_per_s": None if achieved is None else round(achieved, 1),
+        "rate_achieved": lag_p99 is not None and lag_p99 <= options.lag_ms_max,
+    }
 
 
 async def _run_publish(address: wire.BrokerAddress, options: Options, run: _Run) -> dict[str, Any]:
     publishers = await _start_publishers(address, options, False, run)
-    for publisher in publishers:
-        publisher.start()
+    _start_all(publishers)
     await asyncio.gather(*(publisher.done for publisher in publishers))
-    report = _publish_report(run)
+    report = _publish_report(run, options)
     report["msgs_per_s"] = report["publish_msgs_per_s"]
     report["mb_per_s"] = round(report["msgs_per_s"] * options.size_bytes / _MB, 3)
     return report
 
 
 async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> dict[str, Any]:
-    tally = run.tally = ConsumerTally(options.messages)
+    queues = measured_queues(options)
+    # A fanout delivers each message to every queue.
+    copies = len(queues) if fanout_exchange(options) is not None else 1
+    tally = run.tally = ConsumerTally(options.messages * copies)
     consumers = []
-    for _ in range(options.consumers):
+    for index in range(options.consumers):
         connection = await ClientConnection.open(address)
         run.connections.append(connection)
         channel = await connection.open_channel()
@@ -377,7 +545,9 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
         )
         consumer.attach()
         await connection.call(
-            channel, commands.Basic.Consume(queue=options.queue), commands.Basic.ConsumeOk
+            channel,
+            commands.Basic.Consume(queue=queues[index % len(queues)]),
+            commands.Basic.ConsumeOk,
         )
         consumers.append(consumer)
     poller = None
@@ -391,8 +561,7 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
         )
         poller.start()
     publishers = await _start_publishers(address, options, True, run)
-    for publisher in publishers:
-        publisher.start()
+    _start_all(publishers)
     await asyncio.gather(tally.done, *(publisher.done for publisher in publishers))
     for consumer in consumers:
         consumer.flush_acks()
@@ -405,7 +574,7 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
         while await ready_count(run.connections[0], channel, dead_letters) < tally.rejected:
             await asyncio.sleep(DEAD_LETTER_POLL_S)
         end_ns = time.monotonic_ns()
-    report = _publish_report(run)
+    report = _publish_report(run, options)
     start_ns = min(publisher.start_ns for publisher in publishers)
     seconds = max((end_ns - start_ns) / 1e9, 1e-9)
     report.update(
@@ -421,6 +590,48 @@ async def _run_e2e(address: wire.BrokerAddress, options: Options, run: _Run) -> 
         }
     )
     return report
+
+
+async def _run_drain(
+    address: wire.BrokerAddress,
+    options: Options,
+    run: _Run,
+    admin: ClientConnection,
+    admin_channel: int,
+) -> dict[str, Any]:
+    """Fill the queue with the whole backlog, confirmed; then time one consumer taking it."""
+    publishers = await _start_publishers(address, options, False, run)
+    _start_all(publishers)
+    await asyncio.gather(*(publisher.done for publisher in publishers))
+    filled = _publish_report(run, options)
+    backlog = await ready_count(admin, admin_channel, options.queue)
+    tally = run.tally = ConsumerTally(options.messages)
+    connection = await ClientConnection.open(address)
+    run.connections.append(connection)
+    channel = await connection.open_channel()
+    await connection.call(
+        channel, commands.Basic.Qos(prefetch_count=options.prefetch), commands.Basic.QosOk
+    )
+    consumer = Consumer(connection, channel, tally, options.multi_ack_every)
+    consumer.attach()
+    start_ns = time.monotonic_ns()
+    await connection.call(
+        channel, commands.Basic.Consume(queue=options.queue), commands.Basic.ConsumeOk
+    )
+    end_ns = await tally.done
+    consumer.flush_acks()
+    seconds = max((end_ns - start_ns) / 1e9, 1e-9)
+    return {
+        "fill_seconds": filled["seconds"],
+        "fill_msgs_per_s": filled["publish_msgs_per_s"],
+        "published": filled["published"],
+        "nacked": filled["nacked"],
+        "backlog": backlog,
+        "seconds": round(seconds, 3),
+        "received": tally.received,
+        "redelivered": tally.redelivered,
+        "msgs_per_s": round(tally.received / seconds, 1),
+    }
 
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -440,11 +651,10 @@ async def _run_replay(
     seek = options.start == "middle"
     fill_start_s = time.time()
     publishers = await _start_publishers(address, options, seek, run)
-    for publisher in publishers:
-        publisher.start()
+    _start_all(publishers)
     await asyncio.gather(*(publisher.done for publisher in publishers))
     fill_end_s = time.time()
-    filled = _publish_report(run)
+    filled = _publish_report(run, options)
     if options.cold:
         await asyncio.to_thread(drop_page_cache)
     run.tally = tally = ConsumerTally(1 if seek else options.messages * options.consumers)
@@ -529,10 +739,9 @@ async def _run_memory(
     await asyncio.sleep(options.settle_s)
     rss_before = read_rss_bytes(pid) if pid is not None else None
     publishers = await _start_publishers(address, options, False, run)
-    for publisher in publishers:
-        publisher.start()
+    _start_all(publishers)
     await asyncio.gather(*(publisher.done for publisher in publishers))
-    report = _publish_report(run)
+    report = _publish_report(run, options)
     await asyncio.sleep(options.settle_s)
     report["ready"] = await ready_count(admin, channel, options.queue)
     if rss_before is not None:
@@ -607,8 +816,10 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
             )
         if options.scenario == "publish":
             report = await _run_publish(address, options, run)
-        elif options.scenario == "e2e":
+        elif options.scenario in STAMPED:
             report = await _run_e2e(address, options, run)
+        elif options.scenario == "drain":
+            report = await _run_drain(address, options, run, admin, channel)
         elif options.scenario == "replay":
             report = await _run_replay(address, options, run, pid)
         else:
@@ -618,14 +829,12 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
             await admin.call(channel, commands.Queue.Delete(queue=name), commands.Queue.DeleteOk)
         idle_declared = False
         if not options.keep_queue:
-            for queue in (options.queue, dead_letter_queue(options)):
-                if queue is not None:
-                    await admin.call(
-                        channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk
-                    )
+            await _delete(admin, channel, _scenario_queues(options), _scenario_exchanges(options))
             declared = False
         return report
 
+    # The admin connection, the publishers and the consumers, and a few for the process.
+    raise_open_files_limit(options.publishers + options.consumers + 16)
     cpu_start_s, wall_start_s = time.process_time(), time.perf_counter()
     try:
         report = await asyncio.wait_for(body(), options.timeout_s)
@@ -638,11 +847,12 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
         await close_all(run.connections)
         if admin is not None:
             left: list[str] = idle_queues if idle_declared else []
+            exchanges: list[str] = []
             if declared and not options.keep_queue:
-                dead_letters = dead_letter_queue(options)
-                left = [options.queue, *([dead_letters] if dead_letters else []), *left]
-            if left and admin.error is None:
-                await _delete_quietly(admin, left)
+                left = [*_scenario_queues(options), *left]
+                exchanges = _scenario_exchanges(options)
+            if (left or exchanges) and admin.error is None:
+                await _delete_quietly(admin, left, exchanges)
             await admin.close()
     # The client's own CPU share over the run: near 100 % means it, not the broker, set the pace.
     report["client_cpu_percent"] = round(
@@ -652,27 +862,14 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
 
 
 # Options that mean something for each scenario (the rest are left out of its report).
+_PUBLISHING = ("scenario", "queue", "queue_type", "size_bytes", "messages", "window", "publishers")
+_CONSUMING = ("consumers", "prefetch", "multi_ack_every")
+_PACED = ("rate_per_s", "lag_ms_max")
 _SCENARIO_OPTIONS = {
-    "publish": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-    ),
+    "publish": _PUBLISHING,
     "e2e": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
+        *_PUBLISHING,
+        *_CONSUMING,
         "reject_every",
         "rate_per_s",
         "warmup",
@@ -681,30 +878,13 @@ _SCENARIO_OPTIONS = {
         "poll_every_s",
         "poll_page_size",
     ),
-    "replay": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "consumers",
-        "prefetch",
-        "multi_ack_every",
-        "start",
-    ),
-    "memory": (
-        "scenario",
-        "queue",
-        "queue_type",
-        "size_bytes",
-        "messages",
-        "window",
-        "publishers",
-        "settle_s",
-        "hold_every",
-    ),
+    "replay": (*_PUBLISHING, *_CONSUMING, "start"),
+    "memory": (*_PUBLISHING, "settle_s", "hold_every"),
+    "queues": (*_PUBLISHING, "queue_count", *_CONSUMING),
+    "fanout": (*_PUBLISHING, "queue_count", *_CONSUMING),
+    "connections": (*_PUBLISHING, *_CONSUMING, *_PACED),
+    "steady": (*_PUBLISHING, *_CONSUMING, *_PACED, "warmup"),
+    "drain": (*_PUBLISHING, "prefetch", "multi_ack_every"),
 }
 
 
@@ -717,15 +897,24 @@ def _idle_queue_names(options: Options) -> list[str]:
     return [f"{options.queue}-idle-{index}" for index in range(options.idle_queues)]
 
 
-async def _delete_quietly(admin: ClientConnection, queues: list[str]) -> None:
+async def _delete(
+    admin: ClientConnection, channel: int, queues: list[str], exchanges: list[str]
+) -> None:
+    for queue in queues:
+        await admin.call(channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk)
+    for exchange in exchanges:
+        await admin.call(
+            channel, commands.Exchange.Delete(exchange=exchange), commands.Exchange.DeleteOk
+        )
+
+
+async def _delete_quietly(admin: ClientConnection, queues: list[str], exchanges: list[str]) -> None:
     """Best-effort cleanup after a failed run: one fresh channel, a bounded wait each."""
     try:
         channel = await admin.open_channel()
-        for queue in queues:
-            await asyncio.wait_for(
-                admin.call(channel, commands.Queue.Delete(queue=queue), commands.Queue.DeleteOk),
-                10,
-            )
+        await asyncio.wait_for(
+            _delete(admin, channel, queues, exchanges), 10 * (len(queues) + len(exchanges))
+        )
     except (TimeoutError, BenchError):
         pass
 
@@ -789,8 +978,9 @@ async def run_bench(
         targets.append(await run_scenario(url, options, pid))
         if compare_url is not None:
             compared.append(await run_scenario(compare_url, options, compare_pid))
-    # At a set rate every run has the same throughput: the latency is what varies.
-    key = "latency_ms_p99" if options.rate_per_s is not None else None
+    # At a set rate every run has the same throughput: the latency is what varies (the paced
+    # scenarios' first headline is a latency already).
+    key = "latency_ms_p99" if options.scenario == "e2e" and options.rate_per_s else None
     target = median_report(options.scenario, targets, key)
     if compare_url is None:
         return target
@@ -818,19 +1008,31 @@ def _options_from_args(args: argparse.Namespace) -> Options:
     if ack_every is None:
         ack_every = max(1, prefetch // 2) if prefetch else 100
     queue = args.queue or f"warren-bench-{args.scenario}-{os.getpid()}-{secrets.token_hex(3)}"
+    queue_count = getattr(args, "queues", 1)
+    # `queues` has a publisher and a consumer per queue, `fanout` a consumer per queue.
+    publishers = getattr(args, "publishers", None) or getattr(args, "connections", queue_count)
+    consumers = getattr(args, "consumers", None) or queue_count
+    rate = getattr(args, "rate", None)
+    if args.scenario == "connections":
+        rate = args.rate_per_connection * args.connections
+    messages = getattr(args, "messages", None)
+    if messages is None:  # paced for a duration
+        if rate is None or rate * args.seconds < 1:
+            raise ValueError("the rate times the seconds must come to at least one message")
+        messages = round(rate * args.seconds)
     return Options(
         scenario=args.scenario,
         queue=queue,
         queue_type=args.queue_type,
         size_bytes=args.size,
-        messages=args.messages,
+        messages=messages,
         window=args.window,
-        publishers=args.publishers,
-        consumers=getattr(args, "consumers", 1),
+        publishers=publishers,
+        consumers=consumers,
         prefetch=prefetch,
         multi_ack_every=ack_every,
         reject_every=getattr(args, "reject_every", 0),
-        rate_per_s=getattr(args, "rate", None),
+        rate_per_s=rate,
         warmup=getattr(args, "warmup", 0),
         settle_s=getattr(args, "settle", 2.0),
         keep_queue=args.keep_queue,
@@ -842,6 +1044,8 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         poll_api=getattr(args, "poll_api", None),
         poll_every_s=getattr(args, "poll_every", 1.0),
         poll_page_size=getattr(args, "poll_page_size", 100),
+        queue_count=queue_count,
+        lag_ms_max=getattr(args, "lag_ms_max", LAG_MS_MAX),
     )
 
 
@@ -867,7 +1071,11 @@ def _handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
+def _common_arguments(
+    parser: argparse.ArgumentParser, messages: int | None, publishers: bool = True
+) -> None:
+    """The options every scenario has; ``messages`` None: it runs for ``--seconds`` instead,
+    ``publishers`` False: it sets its own publisher connections."""
     parser.add_argument(
         "--url",
         default=wire.DEFAULT_URL,
@@ -886,21 +1094,23 @@ def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
         help="x-queue-type of the durable queue (default classic)",
     )
     parser.add_argument("--size", type=int, default=64, help="message body bytes (default 64)")
-    parser.add_argument(
-        "--messages",
-        type=int,
-        default=messages,
-        help=f"messages to publish in total (default {messages})",
-    )
+    if messages is not None:
+        parser.add_argument(
+            "--messages",
+            type=int,
+            default=messages,
+            help=f"messages to publish in total (default {messages})",
+        )
     parser.add_argument(
         "--window",
         type=int,
         default=1000,
         help="unconfirmed messages allowed per publisher (default 1000)",
     )
-    parser.add_argument(
-        "--publishers", type=int, default=1, help="publisher connections (default 1)"
-    )
+    if publishers:
+        parser.add_argument(
+            "--publishers", type=int, default=1, help="publisher connections (default 1)"
+        )
     parser.add_argument(
         "--runs",
         type=int,
@@ -919,13 +1129,44 @@ def _common_arguments(parser: argparse.ArgumentParser, messages: int) -> None:
     )
 
 
+def _consumer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=1000,
+        help="basic.qos prefetch-count per consumer (default 1000, 0: unlimited)",
+    )
+    parser.add_argument(
+        "--multi-ack-every",
+        type=int,
+        help="ack (multiple) every K deliveries (default: prefetch / 2)",
+    )
+
+
+def _paced_arguments(parser: argparse.ArgumentParser, seconds: float) -> None:
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=seconds,
+        help=f"how long to publish at the rate (default {seconds:g})",
+    )
+    parser.add_argument(
+        "--lag-ms-max",
+        type=float,
+        default=LAG_MS_MAX,
+        help="the rate counts as achieved while the generator's p99 lag behind its schedule "
+        f"stays within this (default {LAG_MS_MAX:g} ms)",
+    )
+
+
 def _pid_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pid", type=int, help="the broker's process id (on this machine)")
     parser.add_argument("--compare-pid", type=int, help="the compared broker's process id")
 
 
 def register(targets: Any) -> None:
-    """Add `publish`, `e2e`, `replay` and `memory` to `warren bench`."""
+    """Add `publish`, `e2e`, `replay`, `memory`, `queues`, `fanout`, `connections`, `steady`
+    and `drain` to `warren bench`."""
     publish = targets.add_parser(
         "publish", help="confirmed publish throughput of persistent messages to a durable queue"
     )
@@ -937,17 +1178,7 @@ def register(targets: Any) -> None:
     )
     _common_arguments(e2e, 100_000)
     e2e.add_argument("--consumers", type=int, default=1, help="consumer connections (default 1)")
-    e2e.add_argument(
-        "--prefetch",
-        type=int,
-        default=1000,
-        help="basic.qos prefetch-count per consumer (default 1000, 0: unlimited)",
-    )
-    e2e.add_argument(
-        "--multi-ack-every",
-        type=int,
-        help="ack (multiple) every K deliveries (default: prefetch / 2)",
-    )
+    _consumer_arguments(e2e)
     e2e.add_argument(
         "--reject-every",
         type=int,
@@ -1046,6 +1277,77 @@ def register(targets: Any) -> None:
         "acks the rest; reports the RSS with those held (N >= 2)",
     )
     memory.set_defaults(handler=_handle, scenario="memory")
+
+    queues = targets.add_parser(
+        "queues",
+        help="N queues at once, each with a confirmed publisher and an acking consumer: "
+        "total msgs/s and end-to-end latency",
+    )
+    _common_arguments(queues, 100_000, publishers=False)
+    queues.add_argument("--queues", type=int, default=10, help="queues (default 10)")
+    _consumer_arguments(queues)
+    queues.set_defaults(handler=_handle, scenario="queues")
+
+    fanout = targets.add_parser(
+        "fanout",
+        help="a confirmed publisher to a fanout exchange bound to N queues, a consumer each: "
+        "msgs/s published and delivered",
+    )
+    _common_arguments(fanout, 100_000)
+    fanout.add_argument("--queues", type=int, default=10, help="bound queues (default 10)")
+    _consumer_arguments(fanout)
+    fanout.set_defaults(handler=_handle, scenario="fanout")
+
+    connections = targets.add_parser(
+        "connections",
+        help="C connections each publishing R msgs/s with confirms: confirm latency "
+        "p50/p99/p99.9 and the rate achieved",
+    )
+    _common_arguments(connections, None, publishers=False)
+    connections.add_argument(
+        "--connections", type=int, default=1000, help="publisher connections (default 1000)"
+    )
+    connections.add_argument(
+        "--rate-per-connection",
+        type=float,
+        default=20.0,
+        help="msgs/s each connection publishes (default 20)",
+    )
+    connections.add_argument(
+        "--consumers", type=int, default=1, help="consumers emptying the queue (default 1)"
+    )
+    _consumer_arguments(connections)
+    _paced_arguments(connections, 30.0)
+    connections.set_defaults(handler=_handle, scenario="connections")
+
+    steady = targets.add_parser(
+        "steady",
+        help="publish at a fixed rate with confirms while a consumer acks: end-to-end "
+        "latency p50/p99/p99.9 at that rate",
+    )
+    _common_arguments(steady, None)
+    steady.add_argument(
+        "--rate", type=float, default=10_000.0, help="msgs/s in total (default 10000)"
+    )
+    steady.add_argument("--consumers", type=int, default=1, help="consumer connections (default 1)")
+    steady.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="leave the first M deliveries out of the latency figures",
+    )
+    _consumer_arguments(steady)
+    _paced_arguments(steady, 10.0)
+    steady.set_defaults(handler=_handle, scenario="steady")
+
+    drain = targets.add_parser(
+        "drain",
+        help="fill a durable queue with a backlog, then one consumer takes it all with acks: "
+        "drain msgs/s",
+    )
+    _common_arguments(drain, 10_000_000)
+    _consumer_arguments(drain)
+    drain.set_defaults(handler=_handle, scenario="drain")
 
 
 def main(argv: list[str] | None = None) -> int:

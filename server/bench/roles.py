@@ -6,10 +6,11 @@ size and the send timestamp at the front of its body. Neither reads the clock pe
 one clock read per socket read serves every frame in it, since they all arrived together.
 
 The publisher keeps at most ``window`` messages unconfirmed, writes every message it may send
-in one ``transport.write`` (a run of identical bytes: the messages of one write share their
-send timestamp), and with a rate paces itself from a 1 ms timer against the schedule
-``rate × elapsed`` (open loop: when confirms hold it back, it catches up afterwards rather
-than silently sending less).
+in runs of identical bytes (the messages of one write share their send timestamp; a write
+stays under ``WRITE_BYTES_MAX``), and with a rate paces itself against a ``RateSchedule``,
+waking when its next message is due but at most every ``RATE_TICK_S`` (open loop: when
+confirms hold it back, it catches up afterwards rather than silently sending less, and how
+late each write went out is recorded).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from warrenmq.amqp import frames
 
 from . import wire
 from .client import BenchError, ClientConnection
+from .pacing import RateSchedule
 from .stats import LatencyHistogram
 
-WRITE_MESSAGES_MAX = 4096  # messages per transport.write, so one write stays a few MB at most
+WRITE_MESSAGES_MAX = 4096  # messages per transport.write
+WRITE_BYTES_MAX = 1 << 20  # and bytes: a run of 16 KiB messages stays one MiB, not 64
 RATE_TICK_S = 0.001
 
 
@@ -64,12 +67,19 @@ class Publisher:
         # writes paused), in messages. Stamps carry the actual send time, so a broker that
         # holds confirms back shows here rather than in the latency figures.
         self.behind_max = 0
+        # With a rate: how late against the schedule each write went out, counted for every
+        # message of the write at its first (latest) message's lag.
+        self.lag_histogram = LatencyHistogram()
         self.start_ns = 0
+        self.last_write_ns = 0
         self.done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._template = template
         self._stamp = stamp
         self._padding = bytes(template.body_bytes - wire.TIMESTAMP_BYTES) if stamp else b""
         self._fixed_message = b"" if stamp else template.frame(bytes(template.body_bytes))
+        message_bytes = len(self._fixed_message or template.frame(bytes(template.body_bytes)))
+        self._write_messages_max = max(1, min(WRITE_MESSAGES_MAX, WRITE_BYTES_MAX // message_bytes))
+        self._schedule: RateSchedule | None = None
         # Confirmed tags: every tag <= _floor, plus the few single confirms above it.
         self._floor = 0
         self._above: set[int] = set()
@@ -82,35 +92,52 @@ class Publisher:
         return self._floor + len(self._above)
 
     def start(self) -> None:
+        if self.connection.error is not None:
+            # A start put off (staggered) past the connection's end.
+            self.fail(self.connection.error)
+            return
         self.connection.attach(self.channel, self)
         self.start_ns = time.monotonic_ns()
-        self._refill(self.start_ns)
         if self.rate_per_s is not None:
-            self._timer = asyncio.get_running_loop().call_later(RATE_TICK_S, self._tick)
+            self._schedule = RateSchedule(self.rate_per_s, self.messages, self.start_ns)
+        self._refill(self.start_ns)
+        if self._schedule is not None:
+            self._schedule_tick(self.start_ns)
+
+    def _schedule_tick(self, now_ns: int) -> None:
+        assert self._schedule is not None
+        if self.published >= self.messages:
+            return
+        wait_s = max(RATE_TICK_S, (self._schedule.due_ns(self.published) - now_ns) / 1e9)
+        self._timer = asyncio.get_running_loop().call_later(wait_s, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
         if self.done.done():
             return
-        self._refill(time.monotonic_ns())
-        if self.published < self.messages:
-            self._timer = asyncio.get_running_loop().call_later(RATE_TICK_S, self._tick)
+        now_ns = time.monotonic_ns()
+        self._refill(now_ns)
+        self._schedule_tick(now_ns)
 
     def _refill(self, now_ns: int) -> None:
         if self.connection.writing_paused or self.connection.error is not None:
             return
         count = min(self.window - (self.published - self.confirmed), self.messages - self.published)
         due = 0
-        if self.rate_per_s is not None:
-            due = min(int((now_ns - self.start_ns) * self.rate_per_s / 1e9) + 1, self.messages)
+        schedule = self._schedule
+        if schedule is not None:
+            due = schedule.due(now_ns)
             count = min(count, due - self.published)
         while count > 0:
-            batch = min(count, WRITE_MESSAGES_MAX)
+            batch = min(count, self._write_messages_max)
             if self._stamp:
                 message = self._template.frame(wire.stamped_body(self._padding, now_ns))
             else:
                 message = self._fixed_message
+            if schedule is not None:
+                self.lag_histogram.record(schedule.lag_ns(self.published, now_ns) // 1000, batch)
             self.connection.write(message * batch)
+            self.last_write_ns = now_ns
             self._writes.append((self.published + 1, self.published + batch, now_ns))
             self.published += batch
             count -= batch
