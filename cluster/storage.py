@@ -272,7 +272,8 @@ class RaftStorage:
         snapshot: Snapshot | None,
     ) -> None:
         """Persist one Ready's state durably, in the order that keeps a crash consistent."""
-        if snapshot is not None:
+        if snapshot is not None and snapshot != self.snapshot:
+            # (Equal when a Ready is saved again after a full disk refused its entries.)
             self.install_snapshot(snapshot)
         if entries:
             self.append(entries)
@@ -314,6 +315,20 @@ class RaftStorage:
             cut = bisect_right(self._term_runs, (first, -1))
             del self._term_runs[cut:]
             self._last_index = first - 1
+        runs_before = len(self._term_runs)
+        try:
+            self._append_from(first, entries)
+        except OSError:
+            # A full disk may refuse a later batch after earlier ones were written: take
+            # those back too, so that saving the same entries again starts from `first`.
+            if self._log.end_offset > first:
+                self._log.truncate(first)
+            del self._term_runs[runs_before:]
+            raise
+        self._last_index = entries[-1].index
+
+    def _append_from(self, first: int, entries: Sequence[Entry]) -> None:
+        assert self._log is not None
         config = self._log_config
         records_max = config.batch_records_max
         # Half the bound leaves room for the batch header and per-record framing.
@@ -338,7 +353,6 @@ class RaftStorage:
             batch_bytes += len(entry.data) + _RECORD_OVERHEAD_BYTES
             expected += 1
         self._append_batch(records, batch_term, expected - len(records))
-        self._last_index = entries[-1].index
 
     def _append_batch(
         self, records: list[tuple[bytes, bytes, bytes, bytes]], term: int, first: int

@@ -704,7 +704,9 @@ class VirtualHost:
             server_named=server_named,
         )
         name = strip_cr_lf(name)
-        if self.store.state.queue(self.name, name) is not None:
+        # A declare of the same new queue still waiting for its command to apply has the
+        # storage open already: this one is a redeclaration, checked when it applies after it.
+        if self.store.state.queue(self.name, name) is not None or name in self._opening:
             outcome = await self._apply(command)
             return self._used(self._hosted(outcome.queue))
         if queue_arguments.queue_type(arguments) == Stream.queue_type:

@@ -19,7 +19,7 @@ import pytest
 from brokers import warren_serve
 
 from warrenmq.server import broker as broker_module
-from warrenmq.server.broker import METADATA_FILE
+from warrenmq.server.metadata import METADATA_FILE
 from warrenmq.server.metadata.state import Limits
 from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 from warrenmq.server.vhost import SHUTDOWN_CONCURRENT_MAX, VirtualHost, directory_name

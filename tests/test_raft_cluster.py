@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ports import free_port
 
+from warrenmq.cluster.group import coalesce_appends
 from warrenmq.cluster.kv import (
     CasFailed,
     Command,
@@ -35,7 +36,7 @@ from warrenmq.cluster.kv import (
     encode_put,
 )
 from warrenmq.cluster.local_cluster import LocalCluster
-from warrenmq.cluster.node import RaftServer, ServerConfig, coalesce_appends
+from warrenmq.cluster.node import RaftServer, ServerConfig
 from warrenmq.cluster.raft.core import RaftConfig
 from warrenmq.cluster.raft.linearizability import KvModel, Operation, check
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind

@@ -1,0 +1,125 @@
+"""`cluster.group.RaftGroup` as a group of one: proposals resolve once applied, in log order;
+restart recovers from snapshot + log; a full disk stalls proposals until space returns; any
+other storage error halts the group and fails what waits."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import pytest
+
+from warrenmq.cluster.group import GroupConfig, GroupStopped, RaftGroup
+
+
+class Journal:
+    """A state machine that records what it applied."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, bytes]] = []
+        self.skipped: list[int] = []
+        self.restored_at = 0
+
+    def apply(self, index: int, data: bytes) -> int:
+        self.entries.append((index, data))
+        return len(self.entries)
+
+    def skip(self, index: int) -> None:
+        self.skipped.append(index)
+
+    def snapshot(self) -> bytes:
+        return b"\n".join(data for _, data in self.entries)
+
+    def restore(self, index: int, data: bytes) -> None:
+        self.restored_at = index
+        self.entries = [(0, line) for line in data.split(b"\n")] if data else []
+
+    def values(self) -> list[bytes]:
+        return [data for _, data in self.entries]
+
+
+async def started(tmp_path, **settings) -> tuple[RaftGroup, Journal]:
+    journal = Journal()
+    group = RaftGroup(GroupConfig(node_id=1, data_dir=tmp_path / "raft", **settings), journal)
+    await group.start()
+    await group.wait_leading()
+    return group, journal
+
+
+def test_a_proposal_resolves_once_applied_with_the_machine_result(tmp_path):
+    async def scenario():
+        group, journal = await started(tmp_path)
+        assert group.transport is None, "a group of one needs no transport"
+        futures = [group.propose(b"v%d" % i) for i in range(5)]
+        applied = await asyncio.gather(*futures)
+        assert [a.result for a in applied] == [1, 2, 3, 4, 5]
+        assert [a.index for a in applied] == sorted(a.index for a in applied)
+        # Read-your-writes: when the future resolves, the machine already holds the entry.
+        assert journal.values() == [b"v%d" % i for i in range(5)]
+        assert journal.skipped, "the leader's no-op entry is skipped, not applied"
+        await group.stop()
+
+    asyncio.run(scenario())
+
+
+def test_restart_recovers_from_snapshot_and_log(tmp_path):
+    async def scenario():
+        group, _ = await started(tmp_path, snapshot_entries=10)
+        for i in range(25):
+            await group.propose(b"v%d" % i)
+        assert group.storage.snapshot is not None, "the log was compacted"
+        assert group.raft.first_index > 1
+        await group.stop()
+        group, journal = await started(tmp_path, snapshot_entries=10)
+        assert journal.restored_at > 0
+        assert journal.values() == [b"v%d" % i for i in range(25)]
+        await group.propose(b"after")
+        assert journal.values()[-1] == b"after"
+        await group.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_full_disk_stalls_proposals_until_space_returns(tmp_path):
+    async def scenario():
+        group, journal = await started(tmp_path, disk_full_retry_s=0.01)
+        real_save = group.storage.save
+        refusals = 3
+
+        def full_then_space(*args):
+            nonlocal refusals
+            if refusals:
+                refusals -= 1
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_save(*args)
+
+        group.storage.save = full_then_space
+        proposal = group.propose(b"waits")
+        assert not proposal.done()
+        applied = await asyncio.wait_for(proposal, 10)
+        assert journal.values() == [b"waits"] and applied.result == 1
+        assert group.disk_full_retries == 3 and group.fatal_error is None
+        await group.stop()
+        group, journal = await started(tmp_path)
+        assert journal.values() == [b"waits"]
+        await group.stop()
+
+    asyncio.run(scenario())
+
+
+def test_another_storage_error_halts_the_group_and_fails_proposals(tmp_path, capsys):
+    async def scenario():
+        group, _ = await started(tmp_path)
+
+        def broken_save(*args):
+            raise OSError(errno.EIO, "Input/output error")
+
+        group.storage.save = broken_save
+        with pytest.raises(GroupStopped):
+            await group.propose(b"lost")
+        assert isinstance(group.fatal_error, OSError)
+        with pytest.raises(GroupStopped):
+            group.propose(b"refused")
+
+    asyncio.run(scenario())
+    assert "Input/output error" in capsys.readouterr().err
