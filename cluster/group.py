@@ -30,16 +30,19 @@ composition). Both see the same interface:
   of the log, not a second durable copy that could disagree with it.
 
 The host loop (`_drive`): everything that arrives in one event-loop iteration (peer frames,
-proposals, a tick) is stepped into the core first; the resulting Ready is then handled once:
-one append and one fsync for a burst of proposals. Messages of a Ready leave only after its
-entries and hard state are durable, except a steady leader's appends (see
-`_may_send_before_persisting`). Applying follows the fsync, so a group of ONE member commits
-an entry after its own fsync and nothing else: a one-node broker runs this same code path,
-with no transport and no waiting on anyone. A lone member drives its Ready inside `propose`
-rather than in the next loop iteration: batching would save fsyncs only for proposals made in
-the same iteration, and applying at once means that whatever its proposer's caller answers
-next (a request read in this iteration) already sees the change, as it did when the broker's
-metadata was a local store.
+proposals, a tick) is stepped into the core first; the resulting Ready is then handled once.
+Its entries are appended in the loop's thread (a write to the page cache) and fsynced in a
+worker thread (`RaftStorage.flush`, with the hard state file when term or vote changed),
+so the event loop serves every connection while the disk works. One Ready is outstanding at
+a time: what is proposed while its fsync runs is stepped into the core meanwhile and
+handed out as the next Ready the moment it finishes, so a burst of proposals costs one
+append and one fsync (group commit), however they were spread over loop iterations.
+Messages of a Ready leave only after its entries and hard state are durable, except a
+steady leader's appends (see `_may_send_before_persisting`). Applying follows the fsync, so
+a group of ONE member commits an entry after its own fsync and nothing else: a one-node
+broker runs this same code path, with no transport and no waiting on anyone. A proposer
+therefore sees its entry applied a loop iteration and an fsync after `propose`, never
+within it: whatever must see the change waits for the future.
 
 Failure: a full disk (ENOSPC, EDQUOT) while persisting a Ready is not fatal: the Ready is kept
 and tried again every `disk_full_retry_s`, the storage having taken back the partial write;
@@ -212,7 +215,10 @@ class RaftGroup:
         # index -> (term it was proposed in, its future)
         self._proposals: dict[int, tuple[int, asyncio.Future[Applied]]] = {}
         self._kick_scheduled = False
-        self._driving = False
+        # The Ready whose fsync runs in a worker thread; no other is taken from the core
+        # meanwhile, so the proposals made while it runs share the next one.
+        self._persisting: asyncio.Task[None] | None = None
+        self._closing = False
         self._stalled_ready: Ready | None = None
         self._was_leader = False
         self._leadership: tuple[int, int | None] = (0, None)
@@ -273,11 +279,17 @@ class RaftGroup:
             return
         if self.raft.role == LEADER and transfer_timeout_s > 0:
             await self._transfer_leadership_away(transfer_timeout_s)
+        # No Ready is taken from the core from now on.
+        self._closing = True
         if self._ticker is not None:
             self._ticker.cancel()
         self._close_inputs()
         if self.transport is not None:
             await self.transport.close()
+        if self._persisting is not None:
+            # Its worker still fsyncs the log: close the storage after it. What it applies
+            # meanwhile answers its proposers.
+            await asyncio.shield(self._persisting)
         self._fail_proposals(GroupStopped("the group stopped; outcome unknown"))
         self.storage.close()
         self._stopped.set()
@@ -329,14 +341,7 @@ class RaftGroup:
             # Our earlier entry at this index was truncated away: it will never apply.
             _lose(superseded[1], "entry was overwritten")
         self._proposals[index] = (self.raft.term, future)
-        if self.raft.voters == (self.config.node_id,) and not self._driving:
-            # Alone, nothing is gained by waiting for more proposals to batch: commit and
-            # apply now (one fsync), so that whatever the proposer's caller does next in this
-            # loop iteration (answer a request read since) already sees the change. Peers'
-            # acks set the pace of a larger group, and its proposals batch per iteration.
-            self._drive()
-        else:
-            self._kick()
+        self._kick()
         return future
 
     def _fail_proposals(self, error: Exception) -> None:
@@ -391,13 +396,10 @@ class RaftGroup:
         self._kick_scheduled = False
         if self.fatal_error is not None or self._stopped.is_set():
             return
-        self._driving = True
         try:
             self._drive_once()
         except Exception as exc:
             self._fail(exc)
-        finally:
-            self._driving = False
 
     def _before_ready(self) -> None:
         """Subclasses step what they batched during the loop iteration into the core."""
@@ -407,7 +409,12 @@ class RaftGroup:
         raft = self.raft
         self._before_ready()
         for _ in range(_READY_ROUNDS_MAX):
-            if self._stalled_ready is not None or not raft.has_ready():
+            if (
+                self._stalled_ready is not None
+                or self._persisting is not None
+                or self._closing
+                or not raft.has_ready()
+            ):
                 break
             ready = raft.ready()
             if not self._handle_ready(ready):
@@ -459,7 +466,9 @@ class RaftGroup:
         self._stopped.set()
 
     def _handle_ready(self, ready: Ready) -> bool:
-        """Persist and act on one Ready; False if the disk is full (it is retried later)."""
+        """Persist and act on one Ready. True if done at once (nothing to fsync); False if
+        its fsync runs in a worker thread (`_persist`, which finishes it and drives on) or
+        the disk is full (it is retried later)."""
         messages = coalesce_appends(ready.messages)
         if messages and self._may_send_before_persisting(ready):
             self._send(messages)
@@ -470,12 +479,50 @@ class RaftGroup:
             self.transport.flush()
         persist_started_s = time.perf_counter()
         try:
-            self.storage.save(ready.hard_state, ready.entries, ready.snapshot)
+            must_flush = self.storage.write(ready.hard_state, ready.entries, ready.snapshot)
         except OSError as exc:
             if not _disk_full(exc):
                 raise
             self._stall(ready, exc)
             return False
+        if must_flush:
+            self._persisting = asyncio.ensure_future(
+                self._persist(ready, messages, persist_started_s)
+            )
+            return False
+        self._persisted(ready, messages, persist_started_s)
+        return True
+
+    async def _persist(
+        self, ready: Ready, messages: Sequence[Message], persist_started_s: float
+    ) -> None:
+        """Wait for the storage's fsyncs, then act on the Ready and take the next one."""
+        try:
+            await self.storage.flush()
+        except Exception as exc:
+            self._persisting = None
+            if _disk_full(exc):
+                self._stall(ready, exc)
+            else:
+                self._fail(exc)
+            return
+        self._persisting = None
+        if self.fatal_error is not None:
+            return
+        try:
+            self._persisted(ready, messages, persist_started_s)
+            self.raft.advance(ready)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        # At once, not a loop iteration later: what was proposed while the fsync ran is
+        # waiting for the next one.
+        self._drive()
+
+    def _persisted(
+        self, ready: Ready, messages: Sequence[Message], persist_started_s: float
+    ) -> None:
+        """The Ready is durable: send what waited for that, then apply what it commits."""
         persist_s = time.perf_counter() - persist_started_s
         self.ready_count += 1
         self.persist_s_total += persist_s
@@ -487,7 +534,6 @@ class RaftGroup:
         if ready.committed:
             self._apply(ready.committed)
         self._after_ready(ready)
-        return True
 
     def _send(self, messages: Sequence[Message]) -> None:
         transport = self.transport
@@ -497,7 +543,7 @@ class RaftGroup:
         for message in messages:
             transport.send(message.dst, encode_message(message))
 
-    def _stall(self, ready: Ready, error: OSError) -> None:
+    def _stall(self, ready: Ready, error: BaseException) -> None:
         if self._stalled_ready is None:
             _log.error(
                 "raft log write failed, the disk is full; trying again every %.1f s: %r",
@@ -514,10 +560,12 @@ class RaftGroup:
             return
         self._stalled_ready = None
         try:
-            if not self._handle_ready(ready):
-                return
+            if self._handle_ready(ready):
+                self.raft.advance(ready)
+            elif self._stalled_ready is not None:
+                return  # still full
+            # else its fsync runs: the write that the full disk refused went through.
             _log.warning("raft log written again: disk space is back")
-            self.raft.advance(ready)
         except Exception as exc:
             self._fail(exc)
             return

@@ -49,7 +49,9 @@ def main() -> None:
             restart_started = time.perf_counter()
             broker.stop()
             broker.start()
-            print(f"restart with {args.queues} queues: {time.perf_counter() - restart_started:.2f} s")
+            print(
+                f"restart with {args.queues} queues: {time.perf_counter() - restart_started:.2f} s"
+            )
         finally:
             broker.kill()
 

@@ -349,10 +349,10 @@ def test_a_leader_whose_disk_fails_halts_and_the_others_carry_on(tmp_path, capsy
             await client.put(b"k", b"v")
             failing = servers[leader]
 
-            def broken_save(*args):
+            async def broken_flush():
                 raise OSError(5, "Input/output error")
 
-            failing.storage.save = broken_save
+            failing.storage.flush = broken_flush
             with pytest.raises(KVUnavailable):
                 await client.put(b"lost?", b"maybe")
             assert isinstance(failing.fatal_error, OSError)

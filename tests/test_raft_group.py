@@ -1,4 +1,5 @@
 """`cluster.group.RaftGroup` as a group of one: proposals resolve once applied, in log order;
+the fsync runs off the event loop and the proposals made meanwhile share the next one;
 restart recovers from snapshot + log; a full disk stalls proposals until space returns; any
 other storage error halts the group and fails what waits."""
 
@@ -83,7 +84,7 @@ def test_restart_recovers_from_snapshot_and_log(tmp_path):
 def test_a_full_disk_stalls_proposals_until_space_returns(tmp_path):
     async def scenario():
         group, journal = await started(tmp_path, disk_full_retry_s=0.01)
-        real_save = group.storage.save
+        real_write = group.storage.write
         refusals = 3
 
         def full_then_space(*args):
@@ -91,9 +92,9 @@ def test_a_full_disk_stalls_proposals_until_space_returns(tmp_path):
             if refusals:
                 refusals -= 1
                 raise OSError(errno.ENOSPC, "No space left on device")
-            return real_save(*args)
+            return real_write(*args)
 
-        group.storage.save = full_then_space
+        group.storage.write = full_then_space
         proposal = group.propose(b"waits")
         assert not proposal.done()
         applied = await asyncio.wait_for(proposal, 10)
@@ -111,10 +112,10 @@ def test_another_storage_error_halts_the_group_and_fails_proposals(tmp_path, cap
     async def scenario():
         group, _ = await started(tmp_path)
 
-        def broken_save(*args):
+        def broken_write(*args):
             raise OSError(errno.EIO, "Input/output error")
 
-        group.storage.save = broken_save
+        group.storage.write = broken_write
         with pytest.raises(GroupStopped):
             await group.propose(b"lost")
         assert isinstance(group.fatal_error, OSError)
@@ -123,3 +124,82 @@ def test_another_storage_error_halts_the_group_and_fails_proposals(tmp_path, cap
 
     asyncio.run(scenario())
     assert "Input/output error" in capsys.readouterr().err
+
+
+def test_the_loop_runs_while_the_log_is_fsynced_and_proposals_made_meanwhile_share_one(tmp_path):
+    async def scenario():
+        group, journal = await started(tmp_path)
+        real_flush = group.storage.flush
+        disk_done = asyncio.Event()
+        flushes = 0
+
+        async def slow_flush():
+            nonlocal flushes
+            flushes += 1
+            await disk_done.wait()
+            await real_flush()
+
+        group.storage.flush = slow_flush
+        first = group.propose(b"first")
+        while not flushes:
+            await asyncio.sleep(0)
+        # The first entry's fsync is under way; the loop still runs, and what is proposed
+        # now waits for it, not applied before it is durable.
+        later = [group.propose(b"later%d" % i) for i in range(20)]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not first.done() and journal.values() == []
+        disk_done.set()
+        await asyncio.gather(first, *later)
+        assert journal.values() == [b"first"] + [b"later%d" % i for i in range(20)]
+        assert flushes == 2, "the twenty proposals made during the first fsync shared one"
+        await group.stop()
+        group, journal = await started(tmp_path)
+        assert len(journal.values()) == 21
+        await group.stop()
+
+    asyncio.run(scenario())
+
+
+def test_proposals_of_one_loop_iteration_share_one_fsync(tmp_path):
+    async def scenario():
+        group, _ = await started(tmp_path)
+        readys_before = group.ready_count
+        await asyncio.gather(*(group.propose(b"v%d" % i) for i in range(50)))
+        assert group.ready_count - readys_before == 1
+        await group.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_fsync_halts_the_group_and_fails_proposals(tmp_path, capsys):
+    async def scenario():
+        group, _ = await started(tmp_path)
+
+        async def broken_flush():
+            raise OSError(errno.EIO, "Input/output error")
+
+        group.storage.flush = broken_flush
+        with pytest.raises(GroupStopped):
+            await group.propose(b"lost")
+        assert isinstance(group.fatal_error, OSError)
+        with pytest.raises(GroupStopped):
+            group.propose(b"refused")
+
+    asyncio.run(scenario())
+    assert "Input/output error" in capsys.readouterr().err
+
+
+def test_stop_waits_for_the_fsync_under_way(tmp_path):
+    async def scenario():
+        group, journal = await started(tmp_path)
+        proposal = group.propose(b"durable")
+        while group._persisting is None:
+            await asyncio.sleep(0)
+        await group.stop()
+        assert (await proposal).result == 1
+        group, journal = await started(tmp_path)
+        assert journal.values() == [b"durable"]
+        await group.stop()
+
+    asyncio.run(scenario())
