@@ -239,6 +239,14 @@ def test_sigkill_after_apply_returned_loses_nothing(tmp_path):
         metadata = await ReplicatedMetadata.open(tmp_path)
         for i in range(acknowledged + 1):
             assert metadata.state.queue("/", f"q{i}") is not None, i
+        # The rows, which nobody waited for, caught up with the log at the restart.
+        await metadata.rows.flushed()
+        rows = {
+            cmd.name
+            for cmd in await metadata.rows.stored_commands()
+            if isinstance(cmd, c.DeclareQueue)
+        }
+        assert {f"q{i}" for i in range(acknowledged + 1)} <= rows
         await metadata.close()
 
     asyncio.run(check())

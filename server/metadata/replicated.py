@@ -17,8 +17,12 @@ is the `MetadataState`:
   same way by every replica. `apply_all` proposes its commands as ONE entry: applied in order,
   stopping at the first refused, atomically with respect to a crash.
 * A one-node broker is a one-member group (node id 1, no transport): the same code path a
-  cluster runs, committing after its own fsync, at once (see `cluster/group.py`). Commands
-  proposed as one entry (`apply_all`, the seed, the definitions import) share one fsync.
+  cluster runs, committing after its own fsync, which runs in a worker thread while the
+  event loop serves the other connections; the commands proposed meanwhile share the next
+  fsync (see `cluster/group.py`). Commands proposed as one entry (`apply_all`, the seed, the
+  definitions import) share one too. The state changes only when an entry applies, so a
+  caller that checks the state before proposing (the vhost's declare) must expect a command
+  proposed before its own, not yet applied, to change it first: see `VirtualHost`.
 * Snapshots are `MetadataState.snapshot()` (every entity, transient ones included), taken
   every `SNAPSHOT_ENTRIES` applied entries; the log before them is dropped. A restart
   restores the snapshot and re-applies the log after it: the state is a function of the log.
@@ -27,8 +31,9 @@ is the `MetadataState`:
   now by a log entry rather than by not having been stored.
 
 The SQLite rows (`metadata.sqlite3`, `MetadataStore` with `load=False`) stay, as a VIEW of the
-applied state: each applied command's rows are written (group commit, with the log index they
-come from), and the caller's await also waits for them. They earn their place three ways:
+applied state: each applied command's rows are queued and written, those of
+`ROWS_WRITE_DELAY_S` in one transaction, with the log index they come from. Nobody waits for
+them: the log entry is what makes a command durable. They earn their place three ways:
 `warren users|vhosts|policies --data-dir D` reads and edits them with no broker or Raft log
 involved; a broker picks such an edit up by diffing the rows against its state
 (`sync_external_changes`, keyed on SQLite's data_version as before) and PROPOSES the
@@ -36,13 +41,14 @@ difference, so a CLI edit enters the log like any other change; and an existing 
 data dir is upgraded in place: a broker that finds no Raft log proposes what its rows hold as
 the log's first command (fresh data dirs go the same way, the rows then holding the default
 vhost and user). Since the log is the durable truth, the view commits with
-`synchronous=NORMAL` (no fsync): after a power loss it may lack its last transactions, which
-the log index recorded with them tells a restart to write again (or, behind a snapshot, to
-rewrite whole). The CLI edits only users, vhosts, permissions, policies and limits; an edit
-made offline is proposed at the next start, after the view has caught up with the log.
+`synchronous=NORMAL` (no fsync): after a crash or a power loss it may lack its last
+transactions, which the log index recorded with them tells a restart to write again (or,
+behind a snapshot, to rewrite whole). The CLI edits only users, vhosts, permissions,
+policies and limits; an edit made offline is proposed at the next start, after the view has
+caught up with the log.
 
-Failure: a full disk stalls the log writes (`RaftGroup` retries them) and the row writes
-(`MetadataStore` retries them); callers wait and carry on when space returns. Any other
+Failure: a full disk stalls the log writes (`RaftGroup` retries them; callers wait and carry
+on when space returns) and the row writes (`MetadataStore` retries them). Any other
 failure of either makes the store refuse further commands (`StoreFailed`), as before.
 """
 
@@ -68,6 +74,8 @@ logger = logging.getLogger(__name__)
 # The metadata group's Raft log, hard state and snapshot, beside the SQLite view.
 RAFT_DIRECTORY = "metadata-raft"
 SNAPSHOT_ENTRIES = 20_000
+# The rows are a view nobody waits for: the commands of this long share one transaction.
+ROWS_WRITE_DELAY_S = 0.1
 _NODE_ID = 1
 # The Raft files hold password hashes too.
 _DIRECTORY_MODE = 0o700
@@ -80,7 +88,6 @@ class EntryResult:
     outcomes: list[Outcome] = field(default_factory=list)
     error: Exception | None = None
     """The refusal that stopped the entry's commands (those before it stayed applied)."""
-    rows_written: asyncio.Future[None] | None = None
 
 
 class MetadataMachine:
@@ -117,7 +124,9 @@ class MetadataMachine:
             writes.extend(outcome.writes)
         if writes and index > self._rows_log_index:
             try:
-                result.rows_written = self.rows.write_rows(writes, index)
+                # Nobody waits for the view (module docstring); a failed write is logged,
+                # and the commands after it refused.
+                self.rows.write_rows(writes, index).add_done_callback(_retrieved)
             except StoreFailed as error:
                 result.error = error
         return result
@@ -157,7 +166,11 @@ class ReplicatedMetadata:
         if it is new, take in offline CLI edits and drop what did not survive a restart."""
         data_dir = Path(data_dir)
         rows = await MetadataStore.open(
-            data_dir / METADATA_FILE, limits=limits, load=False, synchronous="NORMAL"
+            data_dir / METADATA_FILE,
+            limits=limits,
+            load=False,
+            synchronous="NORMAL",
+            write_delay_s=ROWS_WRITE_DELAY_S,
         )
         group: RaftGroup | None = None
         try:
@@ -235,8 +248,6 @@ class ReplicatedMetadata:
         except RaftError as error:
             raise StoreFailed(f"metadata change refused by the log: {error}") from error
         result: EntryResult = applied.result
-        if result.rows_written is not None:
-            await asyncio.shield(result.rows_written)
         if result.error is not None:
             raise result.error
         return result.outcomes
@@ -262,3 +273,8 @@ class ReplicatedMetadata:
             except RoutingError as error:
                 logger.warning("ignoring external metadata change %r: %s", command, error)
         return outcomes
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

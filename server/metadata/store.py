@@ -158,6 +158,9 @@ class MetadataStore:
         self._queued_waiters: list[asyncio.Future[None]] = []
         self._write_calls = 0
         self._flusher: asyncio.Task[None] | None = None
+        self.write_delay_s = 0.0
+        # Set while the flusher waits out `write_delay_s`; done to write at once.
+        self._hurry: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
         self._closing = False
         self._data_version = 0
@@ -174,6 +177,7 @@ class MetadataStore:
         limits: Limits | None = None,
         load: bool = True,
         synchronous: str = "FULL",
+        write_delay_s: float = 0.0,
     ) -> MetadataStore:
         """Open (creating if needed) the store at `path` and load its durable state.
 
@@ -186,6 +190,8 @@ class MetadataStore:
         replicated metadata, which keeps these rows as a view of its log, `replicated.py`).
         `synchronous` is SQLite's: "FULL" fsyncs every transaction, "NORMAL" (for such a view)
         survives a process crash but may lose the last transactions to a power loss.
+        `write_delay_s` (for such a view, whose writers do not wait for their rows) gathers
+        the rows queued over that long into one transaction; `flushed` writes them at once.
         """
         assert synchronous in ("FULL", "NORMAL")
         path = Path(path)
@@ -198,6 +204,7 @@ class MetadataStore:
             await db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             await db.executescript(_SCHEMA)
             store = cls(db, path, MetadataState(limits))
+            store.write_delay_s = write_delay_s
             await store._initialise()
             store._data_version = await store._read_data_version()
             if load:
@@ -210,6 +217,7 @@ class MetadataStore:
     async def close(self) -> None:
         # A transaction waiting for disk space gives up: what it held was never acknowledged.
         self._closing = True
+        self._write_now()
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
         self._password_checks.close()
@@ -264,7 +272,13 @@ class MetadataStore:
         self._queued_waiters.append(waiter)
         if self._flusher is None:
             self._flusher = asyncio.ensure_future(self._flush())
+        elif len(self._queued_writes) >= BATCH_WRITES_MAX:
+            self._write_now()
         return waiter
+
+    def _write_now(self) -> None:
+        if self._hurry is not None and not self._hurry.done():
+            self._hurry.set_result(None)
 
     def rewrite_rows(self, state: MetadataState, log_index: int) -> asyncio.Future[None]:
         """Replace every row by the durable projection of `state` (a view that fell behind
@@ -283,11 +297,16 @@ class MetadataStore:
 
     async def flushed(self) -> None:
         """Until every row queued so far is written."""
+        self._write_now()
         if self._queued_waiters:
             await asyncio.shield(asyncio.gather(*self._queued_waiters, return_exceptions=True))
 
     async def _flush(self) -> None:
         try:
+            if self.write_delay_s and not self._closing:
+                self._hurry = asyncio.get_running_loop().create_future()
+                await asyncio.wait([self._hurry], timeout=self.write_delay_s)
+                self._hurry = None
             while self._queued_waiters:
                 writes = self._queued_writes[:BATCH_WRITES_MAX]
                 # Waiters are released only when every write queued before them is on disk.
