@@ -725,6 +725,11 @@ class VirtualHost:
             queue_arguments.check_declare(
                 name, self.name, durable, exclusive, auto_delete, arguments
             )
+        deleted = self.queues.get(name)
+        if deleted is not None:
+            # A delete of it applied, and its caller resumes later to retire it: retire it now,
+            # or that would take away the directory of the queue declared here.
+            self.retire_queue(deleted)
         engine = self._open_new(name, arguments)
         self._opening[name] = engine
         try:
@@ -736,7 +741,13 @@ class VirtualHost:
         record = outcome.queue
         hosted = self.queues.get(record.name)
         if hosted is None:
-            hosted = self._host(record, self._opening.pop(record.name))
+            engine = self._opening.pop(record.name)
+            try:
+                hosted = self._host(record, engine)
+            except BaseException:
+                # A command applied right after this one took the vhost away (404).
+                engine.delete()
+                raise
         return self._used(hosted)
 
     def _check_dead_letter_exchange(

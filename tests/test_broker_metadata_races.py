@@ -1,0 +1,150 @@
+"""Commands racing in the window between proposing a metadata change and its applying: the
+metadata applies a command only after its Raft entry is fsynced (in a worker thread), so
+other connections run meanwhile and may act on the state as it was. Each test makes the
+race happen on the broker's loop, deterministically, and checks the outcome RabbitMQ gives."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from warrenmq.exchanges.errors import RoutingError
+from warrenmq.server.metadata import commands as mc
+
+FLAGS = dict(
+    durable=True,
+    exclusive=False,
+    auto_delete=False,
+    arguments={},
+    owner="o",
+    server_named=False,
+    user=None,
+)
+
+
+def publish_and_count(vhost, name: str) -> int:
+    vhost.publish("", name, b"", b"body", persistent=False)
+    queue = vhost.get_queue(name, "o")
+    return queue.ready_count
+
+
+def test_declares_of_one_new_queue_with_other_arguments_one_is_refused_406(tmp_path, start_broker):
+    running = start_broker(tmp_path / "data")
+    vhost = running.broker.vhosts["/"]
+
+    async def race():
+        return await asyncio.gather(
+            vhost.declare_queue("q", **FLAGS),
+            vhost.declare_queue("q", **{**FLAGS, "arguments": {"x-max-length": 5}}),
+            return_exceptions=True,
+        )
+
+    first, second = running.call(race())
+    assert first is vhost.queues["q"]
+    assert isinstance(second, RoutingError) and second.reply_code == 406
+    assert "x-max-length" in str(second)
+
+
+def test_an_exclusive_declare_racing_another_connections_declare_locks_it_out_405(
+    tmp_path, start_broker
+):
+    running = start_broker(tmp_path / "data")
+    vhost = running.broker.vhosts["/"]
+
+    async def race():
+        return await asyncio.gather(
+            vhost.declare_queue("q", **{**FLAGS, "exclusive": True, "owner": "a"}),
+            vhost.declare_queue("q", **{**FLAGS, "exclusive": True, "owner": "b"}),
+            return_exceptions=True,
+        )
+
+    owned, locked = running.call(race())
+    assert owned is vhost.queues["q"] and owned.exclusive_owner == "a"
+    assert isinstance(locked, RoutingError) and locked.reply_code == 405
+
+
+@pytest.mark.parametrize("declare_first", [False, True])
+def test_a_delete_racing_a_declare_of_the_queue_leaves_what_the_later_one_says(
+    tmp_path, start_broker, declare_first
+):
+    running = start_broker(tmp_path / "data")
+    vhost = running.broker.vhosts["/"]
+
+    async def race():
+        queue = await vhost.declare_queue("q", **FLAGS)
+        vhost.publish("", "q", b"", b"old", persistent=False)
+        if declare_first:
+            return await asyncio.gather(
+                vhost.declare_queue("q", **FLAGS), vhost.delete_queue(queue)
+            )
+        return await asyncio.gather(vhost.delete_queue(queue), vhost.declare_queue("q", **FLAGS))
+
+    results = running.call(race())
+    state = vhost.store.state
+    if declare_first:
+        assert "q" not in vhost.queues and state.queue("/", "q") is None
+    else:
+        deleted_count, declared = results
+        assert deleted_count == 1
+        # A new, empty queue, hosted and usable: not the deleted one.
+        assert declared is vhost.queues["q"] and state.queue("/", "q") is not None
+        assert declared.ready_count == 0
+        assert running.call(run(publish_and_count, vhost, "q")) == 1
+
+
+def test_a_declare_between_a_deletes_apply_and_its_retiring_keeps_its_own_files(
+    tmp_path, start_broker
+):
+    """The delete's record is gone but its caller has not yet retired the queue (it resumes
+    a loop iteration later): a declare then makes a new queue, whose directory the old
+    queue's retiring must not take away."""
+    running = start_broker(tmp_path / "data")
+    vhost = running.broker.vhosts["/"]
+
+    async def race():
+        old = await vhost.declare_queue("q", **FLAGS)
+        deleting = asyncio.ensure_future(vhost.delete_queue(old))
+        while vhost.store.state.queue("/", "q") is not None:
+            await asyncio.sleep(0)
+        assert vhost.queues.get("q") is old, "the delete's caller has not resumed yet"
+        new = await vhost.declare_queue("q", **FLAGS)
+        await deleting
+        return old, new
+
+    old, new = running.call(race())
+    assert new is not old and vhost.queues["q"] is new
+    assert vhost.queue_directory("q").is_dir()
+    assert running.call(run(publish_and_count, vhost, "q")) == 1
+
+
+def test_a_vhost_deleted_while_a_declare_in_it_is_pending_leaks_no_storage(tmp_path, start_broker):
+    running = start_broker(tmp_path / "data")
+    broker = running.broker
+
+    async def race():
+        await broker.store.apply(mc.DeclareVhost("v"))
+        broker.sync_vhosts()
+        vhost = broker.vhosts["v"]
+
+        async def delete_vhost():
+            await broker.store.apply(mc.DeleteVhost("v"))
+            broker.sync_vhosts()
+
+        declared, _ = await asyncio.gather(
+            vhost.declare_queue("q", **FLAGS), delete_vhost(), return_exceptions=True
+        )
+        return vhost, declared
+
+    vhost, declared = running.call(race())
+    # The declare applied first, then the vhost went, before the declare's caller resumed
+    # to host the queue: it answers 404 (the connection is closed with 320 anyway), and the
+    # storage it opened is deleted, not leaked.
+    assert "v" not in broker.vhosts and "v" not in broker.store.state.vhosts
+    assert isinstance(declared, RoutingError) and declared.reply_code == 404
+    assert not vhost.queues and not vhost._opening
+    assert not vhost.queue_directory("q").exists()
+
+
+async def run(function, *args):
+    return function(*args)
