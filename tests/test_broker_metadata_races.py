@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pika
+import pika.exceptions
 import pytest
 
 from warrenmq.exchanges.errors import RoutingError
@@ -148,3 +150,56 @@ def test_a_vhost_deleted_while_a_declare_in_it_is_pending_leaks_no_storage(tmp_p
 
 async def run(function, *args):
     return function(*args)
+
+
+def test_an_auto_delete_queue_declared_again_right_after_its_last_consumer_left(
+    tmp_path, start_broker
+):
+    """The last cancel deletes the queue in the background; a declare arriving before or
+    after that delete applies gets a queue that works either way."""
+    running = start_broker(tmp_path / "data")
+    connection = running.connect()
+    channel = connection.channel()
+    for round_number in range(20):
+        channel.queue_declare("auto", auto_delete=True)
+        tag = channel.basic_consume("auto", lambda *args: None)
+        channel.basic_cancel(tag)
+        channel.queue_declare("auto", auto_delete=True)
+        channel.basic_publish("", "auto", b"round %d" % round_number)
+        method, _, body = channel.basic_get("auto", auto_ack=True)
+        assert body == b"round %d" % round_number, round_number
+    connection.close()
+
+
+def test_an_exclusive_queue_taken_over_right_after_its_owner_closed(tmp_path, start_broker):
+    """The owner's close deletes its exclusive queue in the background: another connection's
+    declare is refused 405 while it is not yet deleted, and then owns a working queue."""
+    running = start_broker(tmp_path / "data")
+    for round_number in range(10):
+        owner = running.connect()
+        owner.channel().queue_declare("mine", exclusive=True)
+        owner.close()
+        successor = running.connect()
+        for _ in range(100):
+            channel = successor.channel()
+            try:
+                channel.queue_declare("mine", exclusive=True)
+                break
+            except pika.exceptions.ChannelClosedByBroker as error:
+                assert error.reply_code == 405, error
+        else:
+            raise AssertionError("the closed owner's exclusive queue was never deleted")
+        channel.basic_publish("", "mine", b"round %d" % round_number)
+        assert channel.basic_get("mine", auto_ack=True)[2] == b"round %d" % round_number
+        successor.close()
+
+
+def test_a_passive_declare_on_another_connection_sees_a_declare_answered(tmp_path, start_broker):
+    running = start_broker(tmp_path / "data")
+    declaring, checking = running.connect(), running.connect()
+    declarer, checker = declaring.channel(), checking.channel()
+    for i in range(50):
+        declarer.queue_declare(f"q{i}", durable=True)
+        assert checker.queue_declare(f"q{i}", passive=True).method.message_count == 0
+    declaring.close()
+    checking.close()
