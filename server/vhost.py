@@ -936,9 +936,10 @@ class VirtualHost:
         self.check_delete(queue, if_unused=if_unused, if_empty=if_empty)
         # RabbitMQ's delete-ok of a stream counts nothing.
         count = 0 if queue.queue_type == Stream.queue_type else queue.ready_count
-        await self._apply(mc.DeleteQueue(self.name, queue.name))
+        outcome = await self._apply(mc.DeleteQueue(self.name, queue.name))
         self.retire_queue(queue)
-        return count
+        # A delete racing ours applied first: the queue was gone when ours applied.
+        return count if outcome.changed else 0
 
     def drop_queue(self, queue: WorkQueue) -> None:
         """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""

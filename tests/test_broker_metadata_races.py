@@ -95,6 +95,21 @@ def test_a_delete_racing_a_declare_of_the_queue_leaves_what_the_later_one_says(
         assert running.call(run(publish_and_count, vhost, "q")) == 1
 
 
+def test_two_deletes_racing_one_counts_the_messages_the_other_finds_it_gone(tmp_path, start_broker):
+    running = start_broker(tmp_path / "data")
+    vhost = running.broker.vhosts["/"]
+
+    async def race():
+        queue = await vhost.declare_queue("q", **FLAGS)
+        vhost.publish("", "q", b"", b"one", persistent=False)
+        vhost.get_queue("q", "o")
+        return await asyncio.gather(vhost.delete_queue(queue), vhost.delete_queue(queue))
+
+    # RabbitMQ answers a delete of a queue that is gone with delete-ok, 0 messages.
+    assert running.call(race()) == [1, 0]
+    assert "q" not in vhost.queues and vhost.store.state.queue("/", "q") is None
+
+
 def test_a_declare_between_a_deletes_apply_and_its_retiring_keeps_its_own_files(
     tmp_path, start_broker
 ):
