@@ -552,11 +552,13 @@ class Broker:
         self._schedule()
         return future
 
-    def background(self, work: Awaitable[Any]) -> None:
-        """Run persistence nobody waits for (auto-delete, exclusive cleanup); log failures."""
+    def background(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Run persistence nobody has to wait for (auto-delete, exclusive cleanup); log
+        failures. Returns its task, for a caller that would rather wait."""
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background_done)
+        return task
 
     def _background_done(self, task: asyncio.Future[Any]) -> None:
         self._background.discard(task)

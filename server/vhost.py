@@ -245,7 +245,7 @@ class VirtualHost:
         staged: Callable[[WorkQueue], None],
         wake: Callable[[WorkQueue], None],
         deliver_reply: Callable[[str, str, bytes, bytes], bool],
-        background: Callable[[Awaitable[Any]], None],
+        background: Callable[[Awaitable[Any]], asyncio.Future[Any]],
         clock: Callable[[], int],
         confirm: Callable[[DeadLetterHandoff | DelayedHandoff, int], None],
         open_delayed: Callable[[Path], DelayedMessageLog],
@@ -941,9 +941,10 @@ class VirtualHost:
         # A delete racing ours applied first: the queue was gone when ours applied.
         return count if outcome.changed else 0
 
-    def drop_queue(self, queue: WorkQueue) -> None:
-        """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""
-        self._background(self.delete_queue(queue))
+    def drop_queue(self, queue: WorkQueue) -> asyncio.Future[Any]:
+        """Delete a queue nobody has to wait on (auto-delete, exclusive owner gone,
+        x-expires); returns the deletion under way."""
+        return self._background(self.delete_queue(queue))
 
     def retire_queue(self, queue: WorkQueue) -> None:
         """Stop hosting a queue whose record is gone: its consumers are cancelled, its timers
@@ -1061,9 +1062,9 @@ class VirtualHost:
         stream_filter = consume_filter(rs, arguments)
         return group.join(tag, channel, spec, stream_filter, prefetch_count)
 
-    def cancel(self, consumer: Consumer) -> None:
+    def cancel(self, consumer: Consumer) -> asyncio.Future[Any] | None:
         """Remove a consumer (basic.cancel, its channel gone); the last one of an auto-delete
-        queue deletes it, as RabbitMQ does."""
+        queue deletes it, as RabbitMQ does: returns that deletion, under way."""
         if isinstance(consumer.queue, Member):
             group = consumer.queue.group
             group.leave(consumer.queue)
@@ -1076,11 +1077,12 @@ class VirtualHost:
         # The core's consumers are always of its own queues.
         queue = cast(WorkQueue, consumer.queue)
         if queue.remove_consumer(consumer):
-            self.drop_queue(queue)
-        elif not queue.consumers:
+            return self.drop_queue(queue)
+        if not queue.consumers:
             self._used(queue)
         else:
             self._wake(queue)
+        return None
 
     def get(self, queue_name: str, owner: str, *, no_ack: bool) -> tuple[WorkQueue, Message | None]:
         """basic.get: the queue and its next message (None when there is none, or when the
