@@ -1,7 +1,8 @@
 """Commands racing in the window between proposing a metadata change and its applying: the
 metadata applies a command only after its Raft entry is fsynced (in a worker thread), so
-other connections run meanwhile and may act on the state as it was. Each test makes the
-race happen on the broker's loop, deterministically, and checks the outcome RabbitMQ gives."""
+other connections run meanwhile and may act on the state as it was. The tests on the
+broker's loop make each race happen deterministically; the client-level ones (auto-delete,
+exclusive, passive) check that either order ends as RabbitMQ's would."""
 
 from __future__ import annotations
 
@@ -10,19 +11,10 @@ import asyncio
 import pika
 import pika.exceptions
 import pytest
+from brokers import DURABLE_QUEUE
 
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as mc
-
-FLAGS = dict(
-    durable=True,
-    exclusive=False,
-    auto_delete=False,
-    arguments={},
-    owner="o",
-    server_named=False,
-    user=None,
-)
 
 
 def publish_and_count(vhost, name: str) -> int:
@@ -37,8 +29,8 @@ def test_declares_of_one_new_queue_with_other_arguments_one_is_refused_406(tmp_p
 
     async def race():
         return await asyncio.gather(
-            vhost.declare_queue("q", **FLAGS),
-            vhost.declare_queue("q", **{**FLAGS, "arguments": {"x-max-length": 5}}),
+            vhost.declare_queue("q", **DURABLE_QUEUE),
+            vhost.declare_queue("q", **{**DURABLE_QUEUE, "arguments": {"x-max-length": 5}}),
             return_exceptions=True,
         )
 
@@ -56,8 +48,8 @@ def test_an_exclusive_declare_racing_another_connections_declare_locks_it_out_40
 
     async def race():
         return await asyncio.gather(
-            vhost.declare_queue("q", **{**FLAGS, "exclusive": True, "owner": "a"}),
-            vhost.declare_queue("q", **{**FLAGS, "exclusive": True, "owner": "b"}),
+            vhost.declare_queue("q", **{**DURABLE_QUEUE, "exclusive": True, "owner": "a"}),
+            vhost.declare_queue("q", **{**DURABLE_QUEUE, "exclusive": True, "owner": "b"}),
             return_exceptions=True,
         )
 
@@ -74,13 +66,15 @@ def test_a_delete_racing_a_declare_of_the_queue_leaves_what_the_later_one_says(
     vhost = running.broker.vhosts["/"]
 
     async def race():
-        queue = await vhost.declare_queue("q", **FLAGS)
+        queue = await vhost.declare_queue("q", **DURABLE_QUEUE)
         vhost.publish("", "q", b"", b"old", persistent=False)
         if declare_first:
             return await asyncio.gather(
-                vhost.declare_queue("q", **FLAGS), vhost.delete_queue(queue)
+                vhost.declare_queue("q", **DURABLE_QUEUE), vhost.delete_queue(queue)
             )
-        return await asyncio.gather(vhost.delete_queue(queue), vhost.declare_queue("q", **FLAGS))
+        return await asyncio.gather(
+            vhost.delete_queue(queue), vhost.declare_queue("q", **DURABLE_QUEUE)
+        )
 
     results = running.call(race())
     state = vhost.store.state
@@ -100,7 +94,7 @@ def test_two_deletes_racing_one_counts_the_messages_the_other_finds_it_gone(tmp_
     vhost = running.broker.vhosts["/"]
 
     async def race():
-        queue = await vhost.declare_queue("q", **FLAGS)
+        queue = await vhost.declare_queue("q", **DURABLE_QUEUE)
         vhost.publish("", "q", b"", b"one", persistent=False)
         vhost.get_queue("q", "o")
         return await asyncio.gather(vhost.delete_queue(queue), vhost.delete_queue(queue))
@@ -120,12 +114,12 @@ def test_a_declare_between_a_deletes_apply_and_its_retiring_keeps_its_own_files(
     vhost = running.broker.vhosts["/"]
 
     async def race():
-        old = await vhost.declare_queue("q", **FLAGS)
+        old = await vhost.declare_queue("q", **DURABLE_QUEUE)
         deleting = asyncio.ensure_future(vhost.delete_queue(old))
         while vhost.store.state.queue("/", "q") is not None:
             await asyncio.sleep(0)
         assert vhost.queues.get("q") is old, "the delete's caller has not resumed yet"
-        new = await vhost.declare_queue("q", **FLAGS)
+        new = await vhost.declare_queue("q", **DURABLE_QUEUE)
         await deleting
         return old, new
 
@@ -149,7 +143,7 @@ def test_a_vhost_deleted_while_a_declare_in_it_is_pending_leaks_no_storage(tmp_p
             broker.sync_vhosts()
 
         declared, _ = await asyncio.gather(
-            vhost.declare_queue("q", **FLAGS), delete_vhost(), return_exceptions=True
+            vhost.declare_queue("q", **DURABLE_QUEUE), delete_vhost(), return_exceptions=True
         )
         return vhost, declared
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pika
 import pika.exceptions
 import pytest
-from brokers import warren_serve
+from brokers import DURABLE_QUEUE, warren_serve
 
 from warrenmq.server import broker as broker_module
 from warrenmq.server.metadata import METADATA_FILE
@@ -125,15 +125,6 @@ def test_concurrent_declares_of_one_new_queue_share_its_storage(
     monkeypatch.setattr(broker_module.LogQueue, "open", counting)
     running = start_broker(tmp_path / "data")
     vhost = running.broker.vhosts["/"]
-    flags = dict(
-        durable=True,
-        exclusive=False,
-        auto_delete=False,
-        arguments={},
-        owner="o",
-        server_named=False,
-        user=None,
-    )
 
     async def race():
         async def use():
@@ -143,7 +134,9 @@ def test_concurrent_declares_of_one_new_queue_share_its_storage(
             return vhost.get_queue("shared", "o")
 
         return await asyncio.gather(
-            vhost.declare_queue("shared", **flags), vhost.declare_queue("shared", **flags), use()
+            vhost.declare_queue("shared", **DURABLE_QUEUE),
+            vhost.declare_queue("shared", **DURABLE_QUEUE),
+            use(),
         )
 
     first, second, used = running.call(race())

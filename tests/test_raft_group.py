@@ -108,14 +108,21 @@ def test_a_full_disk_stalls_proposals_until_space_returns(tmp_path):
     asyncio.run(scenario())
 
 
-def test_another_storage_error_halts_the_group_and_fails_proposals(tmp_path, capsys):
+async def _broken_flush():
+    raise OSError(errno.EIO, "Input/output error")
+
+
+def _broken_write(*args):
+    raise OSError(errno.EIO, "Input/output error")
+
+
+@pytest.mark.parametrize(("step", "broken"), [("write", _broken_write), ("flush", _broken_flush)])
+def test_another_storage_error_halts_the_group_and_fails_proposals(tmp_path, capsys, step, broken):
+    """On the loop (`write`) or in the worker thread (`flush`, the fsync)."""
+
     async def scenario():
         group, _ = await started(tmp_path)
-
-        def broken_write(*args):
-            raise OSError(errno.EIO, "Input/output error")
-
-        group.storage.write = broken_write
+        setattr(group.storage, step, broken)
         with pytest.raises(GroupStopped):
             await group.propose(b"lost")
         assert isinstance(group.fatal_error, OSError)
@@ -170,24 +177,6 @@ def test_proposals_of_one_loop_iteration_share_one_fsync(tmp_path):
         await group.stop()
 
     asyncio.run(scenario())
-
-
-def test_a_failed_fsync_halts_the_group_and_fails_proposals(tmp_path, capsys):
-    async def scenario():
-        group, _ = await started(tmp_path)
-
-        async def broken_flush():
-            raise OSError(errno.EIO, "Input/output error")
-
-        group.storage.flush = broken_flush
-        with pytest.raises(GroupStopped):
-            await group.propose(b"lost")
-        assert isinstance(group.fatal_error, OSError)
-        with pytest.raises(GroupStopped):
-            group.propose(b"refused")
-
-    asyncio.run(scenario())
-    assert "Input/output error" in capsys.readouterr().err
 
 
 def test_stop_waits_for_the_fsync_under_way(tmp_path):
