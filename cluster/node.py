@@ -5,14 +5,9 @@
         --clients 1=127.0.0.1:8001,2=127.0.0.1:8002,3=127.0.0.1:8003 \\
         --data-dir /var/lib/warren/raft-1
 
-`RaftServer` is the host loop of `core.RaftNode` (see its module docstring): a ticker, the
-peer transport (`transport.py`), durable storage (`storage.py`) and the client protocol of
-`kv.py`. Everything that arrives in one event-loop iteration (peer frames, client requests,
-a tick) is stepped into the core first; the resulting Ready is then handled once, so a burst
-of pipelined client writes costs one append and one fsync per Ready, not one per write.
-Messages of a Ready leave only after its entries and hard state are durable, with one
-exception argued in `_may_send_before_persisting`: a steady leader's appends leave before
-its own fsync, so that it overlaps the followers' fsyncs.
+`RaftServer` is a `group.RaftGroup` (the host loop of `core.RaftNode`: ticker, peer
+transport, durable storage, snapshots; see its module docstring) replicating `kv.KVStore`,
+plus the client protocol of `kv.py` and linearizable reads.
 
 Clients (`kv.KVClient`) may talk to any node: writes and membership changes are redirected
 to the leader (NOT_LEADER names its client address), reads are served linearizably by any
@@ -29,21 +24,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import heapq
 import itertools
 import json
 import logging
-import random
 import signal
 import struct
-import sys
-import time
-import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from warrenmq.cluster.group import Applied, GroupConfig, RaftGroup
 from warrenmq.cluster.kv import (
     KVStore,
     Op,
@@ -54,30 +47,11 @@ from warrenmq.cluster.kv import (
     encode_response,
     put_key_end,
 )
-from warrenmq.cluster.raft.core import (
-    LEADER,
-    NotLeader,
-    ProposalRefused,
-    RaftConfig,
-    RaftError,
-    RaftNode,
-    Ready,
-)
-from warrenmq.cluster.raft.messages import (
-    DecodeError,
-    Entry,
-    EntryKind,
-    Message,
-    MessageKind,
-    decode_message,
-    encode_message,
-)
-from warrenmq.cluster.storage import RaftStorage
-from warrenmq.cluster.transport import FrameDecoder, PeerTransport
+from warrenmq.cluster.raft.core import LEADER, NotLeader, ProposalRefused, RaftConfig, Ready
+from warrenmq.cluster.transport import FrameDecoder
 
 _log = logging.getLogger(__name__)
 _READ_CONTEXT = struct.Struct("<Q")
-_READY_ROUNDS_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -109,41 +83,6 @@ class ServerConfig:
     """Let a steady leader's appends leave before its own fsync (see
     _may_send_before_persisting).
     """
-
-
-def coalesce_appends(messages: Sequence[Message]) -> list[Message]:
-    """Merge runs of APPENDs to one peer whose entries follow each other into one APPEND.
-
-    The core sends one APPEND per proposal while its pipeline has room, so a burst of
-    pipelined writes would otherwise cost a message (encode, decode, step, ack) per entry.
-    The merged APPEND carries the first one's consistency check (index, log_term) and the
-    last one's commit; the follower's single ack frees every merged in-flight slot, as the
-    leader releases all in-flight appends at or below an acked index.
-    """
-    out: list[Message] = []
-    open_run: dict[int, int] = {}  # peer -> position in `out` of its APPEND still open to merging
-    merged: dict[int, tuple[list[Entry], int]] = {}  # position -> (all entries, last commit)
-    for m in messages:
-        if m.kind is MessageKind.APPEND and m.entries:
-            position = open_run.get(m.dst)
-            if position is not None:
-                head = out[position]
-                run = merged.get(position)
-                last_index = run[0][-1].index if run is not None else head.entries[-1].index
-                if head.term == m.term and last_index == m.index:
-                    if run is None:
-                        run = merged[position] = (list(head.entries), head.commit)
-                    run[0].extend(m.entries)
-                    merged[position] = (run[0], m.commit)
-                    continue
-            open_run[m.dst] = len(out)
-        else:
-            # Anything else to this peer must stay after the appends sent before it.
-            open_run.pop(m.dst, None)
-        out.append(m)
-    for position, (entries, commit) in merged.items():
-        out[position] = replace(out[position], entries=tuple(entries), commit=commit)
-    return out
 
 
 class _ClientConnection(asyncio.Protocol):
@@ -196,138 +135,56 @@ class _ReadBatch:
     deadline_s: float = 0.0
 
 
-class RaftServer:
-    """One node: the core, its storage and transport, and the key-value service on top."""
+class RaftServer(RaftGroup):
+    """One node: a `RaftGroup` replicating the key-value store, and its client service."""
 
     def __init__(self, config: ServerConfig) -> None:
-        self.config = config
-        node_id = config.node_id
-        self.raft_config = config.raft or RaftConfig(node_id=node_id)
-        assert self.raft_config.node_id == node_id
-        self.storage = RaftStorage.open(config.data_dir)
-        hard_state = self.storage.hard_state
-        if hard_state is not None and hard_state.commit > self.storage.last_index:
-            raise RuntimeError(
-                f"stored commit {hard_state.commit} is beyond the log end {self.storage.last_index}"
-            )
-        self.raft = RaftNode(
-            self.raft_config,
-            tuple(sorted(config.voters if config.voters is not None else config.peers)),
-            random.Random(config.seed * 1_000_003 + node_id),
-            hard_state=hard_state,
-            snapshot=self.storage.snapshot,
-            entries=self.storage.entries(),
-        )
+        self.server_config = config
         self.kv = KVStore()
-        if self.storage.snapshot is not None:
-            self.kv.restore(self.storage.snapshot.index, self.storage.snapshot.data)
-        self.transport = PeerTransport(node_id, config.peers, self._on_peer_frame)
+        super().__init__(
+            GroupConfig(
+                node_id=config.node_id,
+                data_dir=config.data_dir,
+                peers=config.peers,
+                voters=config.voters,
+                tick_s=config.tick_s,
+                raft=config.raft,
+                snapshot_entries=config.snapshot_entries,
+                seed=config.seed,
+                gc_freeze_entries=config.gc_freeze_entries,
+                overlap_leader_fsync=config.overlap_leader_fsync,
+            ),
+            self.kv,
+        )
         self._client_server: asyncio.AbstractServer | None = None
         self._clients: set[_ClientConnection] = set()
         self._reading_paused = False
-        # index -> (term it was proposed in, connection, request id)
-        self._proposals: dict[int, tuple[int, _ClientConnection, int]] = {}
         self._read_batch: list[tuple[_ClientConnection, int, bytes]] = []
         self._reads_pending = 0  # accepted and not yet answered, wherever they wait
         self._reads_by_context: dict[bytes, _ReadBatch] = {}
         self._reads_waiting: list[tuple[int, int, _ReadBatch]] = []  # heap by read index
         self._read_counter = itertools.count(1)
-        self._kick_scheduled = False
-        self._was_leader = False
-        self._leadership: tuple[int, int | None] = (0, None)
-        self._ticker: asyncio.TimerHandle | None = None
-        self._next_tick_s = 0.0
-        self._stopped = asyncio.Event()
-        self.fatal_error: BaseException | None = None
-        self.ready_count = 0
-        self.entries_persisted = 0
-        self.persist_s_total = 0.0
-        self.persist_s_max = 0.0
         self.read_pauses = 0
         self.reads_refused = 0
-        self._frozen_at_index = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        await self.transport.start()
-        host, port = self.config.clients[self.config.node_id]
+        host, port = self.server_config.clients[self.server_config.node_id]
+        await super().start()
         self._client_server = await loop.create_server(
             lambda: _ClientConnection(self), host, port, reuse_address=True
         )
-        self._next_tick_s = loop.time() + self.config.tick_s
-        self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
-        self._kick()
 
-    async def stop(self, transfer_timeout_s: float = 1.0) -> None:
-        """Shut down; a leader first hands its leadership to a peer (Raft §3.10), so a
-        planned restart costs the cluster a round trip instead of an election timeout."""
-        if self.fatal_error is not None:
-            return
-        if self.raft.role == LEADER and transfer_timeout_s > 0:
-            await self._transfer_leadership_away(transfer_timeout_s)
-        if self._ticker is not None:
-            self._ticker.cancel()
+    def _close_inputs(self) -> None:
         if self._client_server is not None:
             self._client_server.close()
         for client in list(self._clients):
             if client.transport is not None:
                 client.transport.abort()
-        await self.transport.close()
-        self.storage.close()
-        self._stopped.set()
 
-    async def _transfer_leadership_away(self, timeout_s: float) -> None:
-        peers = [
-            v for v in self.raft.voters if v != self.config.node_id and self.transport.connected(v)
-        ]
-        if not peers:
-            return
-        try:
-            self.raft.transfer_leadership(peers[0])
-        except RaftError:
-            return
-        self._kick()
-        loop = asyncio.get_running_loop()
-        deadline_s = loop.time() + timeout_s
-        while self.raft.role == LEADER and loop.time() < deadline_s:
-            await asyncio.sleep(self.config.tick_s)
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    # -- inputs ------------------------------------------------------------------------
-
-    def _on_tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            self.raft.tick()
-        except Exception as exc:
-            self._fail(exc)
-            return
-        now_s = loop.time()
-        # Keep the tick rate steady: a late tick does not push every later one back.
-        self._next_tick_s = max(self._next_tick_s + self.config.tick_s, now_s)
-        self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
-        self._expire_reads(now_s)
-        self._kick()
-
-    def _on_peer_frame(self, frame: bytes) -> None:
-        if self.fatal_error is not None or self._stopped.is_set():
-            return
-        try:
-            message = decode_message(frame)
-        except DecodeError as exc:
-            raise ValueError(str(exc)) from exc  # the transport drops the connection
-        if message.dst != self.config.node_id:
-            raise ValueError(f"message for node {message.dst} reached node {self.config.node_id}")
-        try:
-            self.raft.step(message)
-        except Exception as exc:
-            self._fail(exc)
-            return
-        self._kick()
+    # -- requests ----------------------------------------------------------------------
 
     def _on_request(self, client: _ClientConnection, request_id: int, command: bytes) -> None:
         if put_key_end(command) >= 0:
@@ -344,7 +201,7 @@ class RaftServer:
             if self.raft.role != LEADER and self.raft.leader_id is None:
                 client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
                 return
-            if self._reads_pending >= self.config.reads_pending_max:
+            if self._reads_pending >= self.server_config.reads_pending_max:
                 self.reads_refused += 1
                 client.respond(request_id, Status.BUSY, b"too many reads in progress")
                 return
@@ -363,7 +220,7 @@ class RaftServer:
             # which makes the request safe to retry after an unknown outcome.
             client.respond(request_id, Status.OK)
             return
-        if node not in self.config.peers:
+        if node not in self.server_config.peers:
             client.respond(request_id, Status.REFUSED, f"no address known for node {node}".encode())
             return
         self._propose(
@@ -377,12 +234,11 @@ class RaftServer:
         command: bytes,
         membership: tuple[int | None, int | None] | None = None,
     ) -> None:
-        raft = self.raft
         try:
             if membership is None:
-                index = raft.propose(command)
+                future = self.propose(command)
             else:
-                index = raft.propose_membership(add=membership[0], remove=membership[1])
+                future = self.propose_membership(add=membership[0], remove=membership[1])
         except NotLeader:
             client.respond(request_id, Status.NOT_LEADER, self._leader_hint())
             return
@@ -392,12 +248,11 @@ class RaftServer:
         except Exception as exc:
             self._fail(exc)
             return
-        superseded = self._proposals.get(index)
-        if superseded is not None:
-            # Our earlier entry at this index was truncated away: it will never apply.
-            superseded[1].respond(superseded[2], Status.RETRY, b"entry was overwritten")
-        self._proposals[index] = (raft.term, client, request_id)
-        if len(self._proposals) >= self.config.proposals_pending_max and not self._reading_paused:
+        future.add_done_callback(functools.partial(_answer, client, request_id))
+        if (
+            self.proposals_pending >= self.server_config.proposals_pending_max
+            and not self._reading_paused
+        ):
             self._reading_paused = True
             self.read_pauses += 1
             for c in self._clients:
@@ -406,7 +261,7 @@ class RaftServer:
 
     def _leader_hint(self) -> bytes:
         leader = self.raft.leader_id
-        address = self.config.clients.get(leader) if leader is not None else None
+        address = self.server_config.clients.get(leader) if leader is not None else None
         return encode_not_leader(leader, f"{address[0]}:{address[1]}" if address else None)
 
     def _client_connected(self, client: _ClientConnection) -> None:
@@ -418,119 +273,22 @@ class RaftServer:
         self._clients.discard(client)
 
     def status(self) -> dict[str, object]:
-        raft = self.raft
         return {
-            "id": raft.node_id,
-            "role": raft.role,
-            "term": raft.term,
-            "leader": raft.leader_id,
-            "commit": raft.commit_index,
-            "applied": self.kv.applied_index,
-            "last_index": raft.last_index,
-            "first_index": raft.first_index,
-            "voters": list(raft.voters),
+            **super().status(),
             "keys": len(self.kv),
-            "ready_count": self.ready_count,
-            "entries_persisted": self.entries_persisted,
-            "persist_ms_total": round(self.persist_s_total * 1000, 3),
-            "persist_ms_max": round(self.persist_s_max * 1000, 3),
-            "frames_dropped": self.transport.stats.frames_dropped,
             "client_read_pauses": self.read_pauses,
             "reads_pending": self._reads_pending,
             "reads_refused": self.reads_refused,
         }
 
-    # -- the host loop -----------------------------------------------------------------
+    # -- hooks of the host loop --------------------------------------------------------
 
-    def _kick(self) -> None:
-        if not self._kick_scheduled:
-            self._kick_scheduled = True
-            asyncio.get_running_loop().call_soon(self._drive)
-
-    def _drive(self) -> None:
-        self._kick_scheduled = False
-        if self.fatal_error is not None or self._stopped.is_set():
-            return
-        try:
-            self._drive_once()
-        except Exception as exc:
-            self._fail(exc)
-
-    def _drive_once(self) -> None:
-        """Step what is batched into the core, then handle its Ready until it has none."""
-        raft = self.raft
+    def _before_ready(self) -> None:
         if self._read_batch:
             batch, self._read_batch = self._read_batch, []
             self._start_read(batch)
-        for _ in range(_READY_ROUNDS_MAX):
-            if not raft.has_ready():
-                break
-            ready = raft.ready()
-            self._handle_ready(ready)
-            raft.advance(ready)
-        else:
-            self._kick()  # still more: yield to the loop rather than spin here
-        is_leader = raft.role == LEADER
-        if self._was_leader and not is_leader:
-            self._on_leadership_lost()
-        self._was_leader = is_leader
-        leadership = (raft.term, raft.leader_id)
-        if leadership != self._leadership:
-            self._leadership = leadership
-            _log.info(
-                "node %d: term %d, leader %s, role %s",
-                raft.node_id,
-                raft.term,
-                raft.leader_id,
-                raft.role,
-            )
-            self._retry_unconfirmed_reads()
-        # Everything this iteration had to say is queued: write it now rather than one
-        # loop iteration later.
-        self.transport.flush()
 
-    def _fail(self, exc: BaseException) -> None:
-        """Fail-stop: after a failed fsync or a broken invariant, our promises to the peers
-        (votes, acks) may no longer be true of the disk, so the node must not say another
-        word. It halts; a restart recovers from what storage really holds."""
-        if self.fatal_error is not None:
-            return
-        self.fatal_error = exc
-        traceback.print_exception(exc, file=sys.stderr)
-        if self._ticker is not None:
-            self._ticker.cancel()
-        if self._client_server is not None:
-            self._client_server.close()
-        for client in list(self._clients):
-            if client.transport is not None:
-                client.transport.abort()
-        self.transport.drop_connections()
-        asyncio.ensure_future(self.transport.close())
-        self._stopped.set()
-
-    def _handle_ready(self, ready: Ready) -> None:
-        self.ready_count += 1
-        messages = coalesce_appends(ready.messages)
-        send = self.transport.send
-        if messages and self._may_send_before_persisting(ready):
-            for message in messages:
-                send(message.dst, encode_message(message))
-            messages = []
-            # The writes are flushed now, so followers fsync while we do (the flush would
-            # otherwise wait for the next loop iteration, after our fsync).
-            self.transport.flush()
-        persist_started_s = time.perf_counter()
-        self.storage.save(ready.hard_state, ready.entries, ready.snapshot)
-        persist_s = time.perf_counter() - persist_started_s
-        self.persist_s_total += persist_s
-        self.persist_s_max = max(self.persist_s_max, persist_s)
-        self.entries_persisted += len(ready.entries)
-        if ready.snapshot is not None:
-            self._install_snapshot_state(ready.snapshot.index, ready.snapshot.data)
-        for message in messages:
-            send(message.dst, encode_message(message))
-        if ready.committed:
-            self._apply(ready.committed)
+    def _after_ready(self, ready: Ready) -> None:
         for read_state in ready.read_states:
             batch = self._reads_by_context.pop(read_state.context, None)
             if batch is not None:
@@ -538,78 +296,20 @@ class RaftServer:
                     self._reads_waiting, (read_state.index, next(self._read_counter), batch)
                 )
         self._serve_reads()
-
-    def _may_send_before_persisting(self, ready: Ready) -> bool:
-        """Whether this Ready's messages may leave before its entries are fsynced.
-
-        A leader may replicate entries it has not yet made durable itself (Raft
-        dissertation §10.2.1): its appends promise nothing about its own disk. The danger
-        would be counting its own unsynced copy towards a commit; but the followers' acks
-        can only be stepped after this callback returns, and `save` below fsyncs before it
-        does, so every commit the core computes from them already includes our durable
-        copy. This halves commit latency (our fsync overlaps the followers'). It holds
-        only while this node was leader for the whole Ready: its term and vote did not
-        change in it (a new term or vote must be durable before anyone hears of it).
-        """
         if (
-            not self.config.overlap_leader_fsync
-            or self.raft.role != LEADER
-            or ready.snapshot is not None
+            self._reading_paused
+            and self.proposals_pending < self.server_config.proposals_pending_max // 2
         ):
-            return False
-        hard_state = ready.hard_state
-        return hard_state is None or self.storage.term_and_vote_durable(
-            hard_state.term, hard_state.vote
-        )
-
-    def _install_snapshot_state(self, index: int, data: bytes) -> None:
-        self.kv.restore(index, data)
-        for proposal_index in [i for i in self._proposals if i <= index]:
-            _, client, request_id = self._proposals.pop(proposal_index)
-            client.respond(request_id, Status.RETRY, b"replaced by a snapshot; outcome unknown")
-
-    def _apply(self, entries: Sequence) -> None:
-        kv = self.kv
-        proposals = self._proposals
-        normal = EntryKind.NORMAL
-        for entry in entries:
-            index = entry.index
-            if index <= kv.applied_index:
-                continue  # covered by the snapshot the state machine was restored from
-            if entry.kind == normal:
-                status, payload = kv.apply(index, entry.data)
-            else:
-                kv.skip(index)
-                status, payload = Status.OK, b""
-            proposal = proposals.pop(index, None)
-            if proposal is not None:
-                term, client, request_id = proposal
-                if term == entry.term:
-                    client.respond(request_id, status, payload)
-                else:
-                    client.respond(request_id, Status.RETRY, b"a new leader replaced the entry")
-        if self._reading_paused and len(proposals) < self.config.proposals_pending_max // 2:
             self._reading_paused = False
             for client in self._clients:
                 if client.transport is not None:
                     client.transport.resume_reading()
-        self._maybe_compact()
-        if kv.applied_index - self._frozen_at_index >= self.config.gc_freeze_entries:
-            # The log entries the core holds (until the next compaction) are long-lived and
-            # numerous; a full collection that rescans them all paused a node for up to
-            # ~100 ms under load. Frozen objects are still freed by reference counting;
-            # only reference cycles among them would outlive us, and the entries, messages
-            # and store values have none.
-            gc.freeze()
-            self._frozen_at_index = kv.applied_index
 
-    def _maybe_compact(self) -> None:
-        raft = self.raft
-        applied = self.kv.applied_index
-        if applied - raft.first_index + 1 < self.config.snapshot_entries:
-            return
-        snapshot = raft.compact(applied, self.kv.snapshot())
-        self.storage.compact(snapshot)
+    def _after_tick(self, now_s: float) -> None:
+        self._expire_reads(now_s)
+
+    def _on_leadership_change(self) -> None:
+        self._retry_unconfirmed_reads()
 
     # -- linearizable reads (ReadIndex) -------------------------------------------------
 
@@ -621,13 +321,13 @@ class RaftServer:
             self._answer_reads(requests, Status.NOT_LEADER, self._leader_hint())
             return
         context = _READ_CONTEXT.pack(next(self._read_counter))
-        deadline_s = asyncio.get_running_loop().time() + self.config.read_timeout_s
+        deadline_s = asyncio.get_running_loop().time() + self.server_config.read_timeout_s
         self._reads_by_context[context] = _ReadBatch(requests, deadline_s)
         self.raft.read_index(context)
 
     def _serve_reads(self) -> None:
         waiting = self._reads_waiting
-        applied = self.kv.applied_index
+        applied = self.applied_index
         get = self.kv.get
         while waiting and waiting[0][0] <= applied:
             _, _, batch = heapq.heappop(waiting)
@@ -638,14 +338,6 @@ class RaftServer:
                     client.respond(request_id, Status.NOT_FOUND)
                 else:
                     client.respond(request_id, Status.OK, value)
-
-    def _on_leadership_lost(self) -> None:
-        # Our uncommitted entries may yet commit under the next leader, or be overwritten;
-        # we cannot know which now, and waiting could take until the log grows past them.
-        # Tell the clients at once so they can find the new leader (and check, or retry).
-        proposals, self._proposals = self._proposals, {}
-        for _, client, request_id in proposals.values():
-            client.respond(request_id, Status.RETRY, b"leadership lost; outcome unknown")
 
     def _retry_unconfirmed_reads(self) -> None:
         # A ReadIndex round asked of a leader that is no longer ours may never be answered
@@ -679,6 +371,19 @@ class RaftServer:
         self._reads_pending -= len(requests)
         for client, request_id, _ in requests:
             client.respond(request_id, status, payload)
+
+
+def _answer(client: _ClientConnection, request_id: int, future: asyncio.Future[Applied]) -> None:
+    """Tell a client how its write ended: the store's answer, or RETRY if it is unknown."""
+    error = future.exception()
+    if error is not None:
+        client.respond(request_id, Status.RETRY, str(error).encode())
+        return
+    result = future.result().result
+    if result is None:  # a membership change
+        client.respond(request_id, Status.OK)
+    else:
+        client.respond(request_id, *result)
 
 
 def _parse_addresses(text: str) -> dict[int, tuple[str, int]]:

@@ -28,10 +28,12 @@ leader. Entries are fsynced once per `save` however many were appended.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 from bisect import bisect_right
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from crc32c import crc32c
@@ -64,6 +66,8 @@ _EMPTY = b""
 _KIND_BYTES = {kind: bytes([kind]) for kind in EntryKind}
 _READ_RECORDS_MAX = 10_000
 _RECORD_OVERHEAD_BYTES = 16  # the log's record header and the kind byte, rounded up
+# Term and vote change at elections only; one thread keeps each node's replacements in order.
+_HARD_STATE_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warren-hardstate")
 
 
 class StorageError(Exception):
@@ -271,14 +275,59 @@ class RaftStorage:
         entries: Sequence[Entry],
         snapshot: Snapshot | None,
     ) -> None:
-        """Persist one Ready's state durably, in the order that keeps a crash consistent."""
-        if snapshot is not None:
+        """Persist one Ready's state durably, in this thread: `write`, then what `flush`
+        does in a worker thread."""
+        if self.write(hard_state, entries, snapshot):
+            if entries:
+                self.sync()
+            self._write_hard_state_if_changed()
+
+    def write(
+        self,
+        hard_state: HardState | None,
+        entries: Sequence[Entry],
+        snapshot: Snapshot | None,
+    ) -> bool:
+        """The first half of saving a Ready, in the event loop's thread (the log and its
+        descriptor pool belong to it): install the snapshot (rare, fsynced here), append the
+        entries to the page cache and take the hard state. True if the Ready is not durable
+        until `flush` returns: it appended entries, or changed term or vote."""
+        if snapshot is not None and snapshot != self.snapshot:
+            # (Equal when a Ready is saved again after a full disk refused its entries.)
             self.install_snapshot(snapshot)
         if entries:
             self.append(entries)
-            self.sync()
         if hard_state is not None:
-            self.set_hard_state(hard_state)
+            self.hard_state = hard_state
+        return bool(entries) or not self._term_and_vote_durable()
+
+    async def flush(self) -> None:
+        """The second half: fsync what `write` appended, then replace the hard state file if
+        term or vote changed, both in worker threads (the event loop carries on meanwhile).
+        At most one `flush` at a time, and no `write` while it runs: the host saves one
+        Ready at a time."""
+        assert self._log is not None
+        if self._log.end_offset > self._log.durable_offset:
+            durable_end = await self._log.commit()
+            assert durable_end == self._last_index + 1, (durable_end, self._last_index)
+        if not self._term_and_vote_durable():
+            state = self.hard_state
+            assert state is not None
+            await asyncio.get_running_loop().run_in_executor(
+                _HARD_STATE_EXECUTOR,
+                write_file_atomically,
+                self.directory / HARD_STATE_FILE,
+                encode_hard_state(state),
+            )
+            self._hard_state_durable = state
+
+    def _term_and_vote_durable(self) -> bool:
+        state = self.hard_state
+        return state is None or self.term_and_vote_durable(state.term, state.vote)
+
+    def _write_hard_state_if_changed(self) -> None:
+        if not self._term_and_vote_durable():
+            self._write_hard_state()
 
     def term_and_vote_durable(self, term: int, vote: int | None) -> bool:
         """Whether (term, vote) is what the hard state file already holds."""
@@ -314,6 +363,20 @@ class RaftStorage:
             cut = bisect_right(self._term_runs, (first, -1))
             del self._term_runs[cut:]
             self._last_index = first - 1
+        runs_before = len(self._term_runs)
+        try:
+            self._append_from(first, entries)
+        except OSError:
+            # A full disk may refuse a later batch after earlier ones were written: take
+            # those back too, so that saving the same entries again starts from `first`.
+            if self._log.end_offset > first:
+                self._log.truncate(first)
+            del self._term_runs[runs_before:]
+            raise
+        self._last_index = entries[-1].index
+
+    def _append_from(self, first: int, entries: Sequence[Entry]) -> None:
+        assert self._log is not None
         config = self._log_config
         records_max = config.batch_records_max
         # Half the bound leaves room for the batch header and per-record framing.
@@ -338,7 +401,6 @@ class RaftStorage:
             batch_bytes += len(entry.data) + _RECORD_OVERHEAD_BYTES
             expected += 1
         self._append_batch(records, batch_term, expected - len(records))
-        self._last_index = entries[-1].index
 
     def _append_batch(
         self, records: list[tuple[bytes, bytes, bytes, bytes]], term: int, first: int

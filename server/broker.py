@@ -30,7 +30,11 @@ from warrenmq.log import DescriptorPool, LogConfig
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from warrenmq.log.descriptors import default_capacity
 from warrenmq.log.latency import LatencyHistogram
-from warrenmq.server.metadata import METADATA_FILE, MetadataStore, StoreFailed, loopback_refused
+from warrenmq.server.metadata import (
+    ReplicatedMetadata,
+    StoreFailed,
+    loopback_refused,
+)
 from warrenmq.server.queue import LogQueue, QueueConfig, QueueEngine
 
 from .alarms import (
@@ -142,7 +146,7 @@ class Broker:
         self.descriptors = DescriptorPool(config.log_open_files_max or default_capacity())
         self.descriptor_alarm = DescriptorAlarm(self.descriptors.capacity)
         self.data_dir = Path(config.data_dir)
-        self.store: MetadataStore | None = None
+        self.store: ReplicatedMetadata | None = None
         self.vhosts: dict[str, VirtualHost] = {}
         self.connections: set[BrokerConnection] = set()
         self.reply_channels: dict[str, BrokerChannel] = {}
@@ -202,7 +206,7 @@ class Broker:
                 self.data_dir,
             )
             self.resources.check()
-            self.store = await MetadataStore.open(self.data_dir / METADATA_FILE)
+            self.store = await ReplicatedMetadata.open(self.data_dir)
             # Recovery creates only objects that live on, millions of them for 100,000
             # queues; the collector's full passes over them were 40% of the time it took.
             collecting = gc.isenabled()
@@ -548,11 +552,13 @@ class Broker:
         self._schedule()
         return future
 
-    def background(self, work: Awaitable[Any]) -> None:
-        """Run persistence nobody waits for (auto-delete, exclusive cleanup); log failures."""
+    def background(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        """Run persistence nobody has to wait for (auto-delete, exclusive cleanup); log
+        failures. Returns its task, for a caller that would rather wait."""
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background_done)
+        return task
 
     def _background_done(self, task: asyncio.Future[Any]) -> None:
         self._background.discard(task)

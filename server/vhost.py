@@ -245,7 +245,7 @@ class VirtualHost:
         staged: Callable[[WorkQueue], None],
         wake: Callable[[WorkQueue], None],
         deliver_reply: Callable[[str, str, bytes, bytes], bool],
-        background: Callable[[Awaitable[Any]], None],
+        background: Callable[[Awaitable[Any]], asyncio.Future[Any]],
         clock: Callable[[], int],
         confirm: Callable[[DeadLetterHandoff | DelayedHandoff, int], None],
         open_delayed: Callable[[Path], DelayedMessageLog],
@@ -704,7 +704,9 @@ class VirtualHost:
             server_named=server_named,
         )
         name = strip_cr_lf(name)
-        if self.store.state.queue(self.name, name) is not None:
+        # A declare of the same new queue still waiting for its command to apply has the
+        # storage open already: this one is a redeclaration, checked when it applies after it.
+        if self.store.state.queue(self.name, name) is not None or name in self._opening:
             outcome = await self._apply(command)
             return self._used(self._hosted(outcome.queue))
         if queue_arguments.queue_type(arguments) == Stream.queue_type:
@@ -723,6 +725,11 @@ class VirtualHost:
             queue_arguments.check_declare(
                 name, self.name, durable, exclusive, auto_delete, arguments
             )
+        deleted = self.queues.get(name)
+        if deleted is not None:
+            # A delete of it applied, and its caller resumes later to retire it: retire it now,
+            # or that would take away the directory of the queue declared here.
+            self.retire_queue(deleted)
         engine = self._open_new(name, arguments)
         self._opening[name] = engine
         try:
@@ -734,7 +741,13 @@ class VirtualHost:
         record = outcome.queue
         hosted = self.queues.get(record.name)
         if hosted is None:
-            hosted = self._host(record, self._opening.pop(record.name))
+            engine = self._opening.pop(record.name)
+            try:
+                hosted = self._host(record, engine)
+            except BaseException:
+                # A command applied right after this one took the vhost away (404).
+                engine.delete()
+                raise
         return self._used(hosted)
 
     def _check_dead_letter_exchange(
@@ -923,13 +936,15 @@ class VirtualHost:
         self.check_delete(queue, if_unused=if_unused, if_empty=if_empty)
         # RabbitMQ's delete-ok of a stream counts nothing.
         count = 0 if queue.queue_type == Stream.queue_type else queue.ready_count
-        await self._apply(mc.DeleteQueue(self.name, queue.name))
+        outcome = await self._apply(mc.DeleteQueue(self.name, queue.name))
         self.retire_queue(queue)
-        return count
+        # A delete racing ours applied first: the queue was gone when ours applied.
+        return count if outcome.changed else 0
 
-    def drop_queue(self, queue: WorkQueue) -> None:
-        """Delete a queue nobody waits on (auto-delete, exclusive owner gone, x-expires)."""
-        self._background(self.delete_queue(queue))
+    def drop_queue(self, queue: WorkQueue) -> asyncio.Future[Any]:
+        """Delete a queue nobody has to wait on (auto-delete, exclusive owner gone,
+        x-expires); returns the deletion under way."""
+        return self._background(self.delete_queue(queue))
 
     def retire_queue(self, queue: WorkQueue) -> None:
         """Stop hosting a queue whose record is gone: its consumers are cancelled, its timers
@@ -1047,9 +1062,9 @@ class VirtualHost:
         stream_filter = consume_filter(rs, arguments)
         return group.join(tag, channel, spec, stream_filter, prefetch_count)
 
-    def cancel(self, consumer: Consumer) -> None:
+    def cancel(self, consumer: Consumer) -> asyncio.Future[Any] | None:
         """Remove a consumer (basic.cancel, its channel gone); the last one of an auto-delete
-        queue deletes it, as RabbitMQ does."""
+        queue deletes it, as RabbitMQ does: returns that deletion, under way."""
         if isinstance(consumer.queue, Member):
             group = consumer.queue.group
             group.leave(consumer.queue)
@@ -1062,11 +1077,12 @@ class VirtualHost:
         # The core's consumers are always of its own queues.
         queue = cast(WorkQueue, consumer.queue)
         if queue.remove_consumer(consumer):
-            self.drop_queue(queue)
-        elif not queue.consumers:
+            return self.drop_queue(queue)
+        if not queue.consumers:
             self._used(queue)
         else:
             self._wake(queue)
+        return None
 
     def get(self, queue_name: str, owner: str, *, no_ack: bool) -> tuple[WorkQueue, Message | None]:
         """basic.get: the queue and its next message (None when there is none, or when the

@@ -38,6 +38,18 @@ def declare_stream(broker, name: str, **arguments) -> None:
     connection.close()
 
 
+DURABLE_QUEUE = dict(
+    durable=True,
+    exclusive=False,
+    auto_delete=False,
+    arguments={},
+    owner="o",
+    server_named=False,
+    user=None,
+)
+"""`VirtualHost.declare_queue`'s keyword arguments for a durable queue owned by "o"."""
+
+
 class ThreadBroker(LoopThread):
     """Warren's Broker in this process, on its own uvloop thread, 127.0.0.1 and a free port.
 

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pika
 import pika.exceptions
 import pytest
-from brokers import warren_serve
+from brokers import DURABLE_QUEUE, warren_serve
 
 from warrenmq.server import broker as broker_module
-from warrenmq.server.broker import METADATA_FILE
+from warrenmq.server.metadata import METADATA_FILE
 from warrenmq.server.metadata.state import Limits
 from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 from warrenmq.server.vhost import SHUTDOWN_CONCURRENT_MAX, VirtualHost, directory_name
@@ -32,6 +32,17 @@ def stored_queues(data_dir):
 
 def queue_directory(data_dir, name):
     return data_dir / "queues" / directory_name("/") / directory_name(name)
+
+
+def assert_recorded_queues(running, data_dir, names):
+    """The metadata holds exactly these queues; so do its rows, soon (a view of the metadata
+    log, written in the background)."""
+
+    async def metadata_queues():
+        return sorted(running.broker.store.state.queues("/"))
+
+    assert running.call(metadata_queues()) == names
+    wait_until(lambda: stored_queues(data_dir) == names)
 
 
 def wait_until(condition, timeout_s=5.0):
@@ -75,7 +86,7 @@ def test_a_declare_whose_storage_cannot_open_leaves_no_record(tmp_path, failing_
         channel.queue_declare("doomed", passive=True)
     assert excinfo.value.args[0] == 404
     connection.close()
-    assert stored_queues(data_dir) == ["kept"]
+    assert_recorded_queues(running, data_dir, ["kept"])
     wait_until(lambda: not queue_directory(data_dir, "doomed").exists())
     running.stop()
     running = start_broker(data_dir)
@@ -94,7 +105,7 @@ def test_a_declare_refused_after_its_storage_opened_removes_the_storage(tmp_path
         channel.queue_declare("second", durable=True)
     assert excinfo.value.args[0] == 406
     connection.close()
-    assert stored_queues(data_dir) == ["first"]
+    assert_recorded_queues(running, data_dir, ["first"])
     wait_until(lambda: not queue_directory(data_dir, "second").exists())
     assert "second" not in running.broker.vhosts["/"].queues
 
@@ -102,8 +113,8 @@ def test_a_declare_refused_after_its_storage_opened_removes_the_storage(tmp_path
 def test_concurrent_declares_of_one_new_queue_share_its_storage(
     tmp_path, monkeypatch, start_broker
 ):
-    """A declare or a use racing another declare's metadata write finds the queue; its files
-    are never opened twice."""
+    """A declare racing another declare's metadata command, and a use once that applied but
+    before its declarer resumed, find the queue; its files are never opened twice."""
     opened = []
     real_open = broker_module.LogQueue.open
 
@@ -114,23 +125,18 @@ def test_concurrent_declares_of_one_new_queue_share_its_storage(
     monkeypatch.setattr(broker_module.LogQueue, "open", counting)
     running = start_broker(tmp_path / "data")
     vhost = running.broker.vhosts["/"]
-    flags = dict(
-        durable=True,
-        exclusive=False,
-        auto_delete=False,
-        arguments={},
-        owner="o",
-        server_named=False,
-        user=None,
-    )
 
     async def race():
         async def use():
-            await asyncio.sleep(0)
+            while vhost.store.state.queue("/", "shared") is None:
+                await asyncio.sleep(0)
+            assert "shared" not in vhost.queues, "the declarers have not resumed yet"
             return vhost.get_queue("shared", "o")
 
         return await asyncio.gather(
-            vhost.declare_queue("shared", **flags), vhost.declare_queue("shared", **flags), use()
+            vhost.declare_queue("shared", **DURABLE_QUEUE),
+            vhost.declare_queue("shared", **DURABLE_QUEUE),
+            use(),
         )
 
     first, second, used = running.call(race())

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ports import free_port
 
+from warrenmq.cluster.group import coalesce_appends
 from warrenmq.cluster.kv import (
     CasFailed,
     Command,
@@ -35,7 +36,7 @@ from warrenmq.cluster.kv import (
     encode_put,
 )
 from warrenmq.cluster.local_cluster import LocalCluster
-from warrenmq.cluster.node import RaftServer, ServerConfig, coalesce_appends
+from warrenmq.cluster.node import RaftServer, ServerConfig
 from warrenmq.cluster.raft.core import RaftConfig
 from warrenmq.cluster.raft.linearizability import KvModel, Operation, check
 from warrenmq.cluster.raft.messages import Entry, EntryKind, Message, MessageKind
@@ -348,10 +349,10 @@ def test_a_leader_whose_disk_fails_halts_and_the_others_carry_on(tmp_path, capsy
             await client.put(b"k", b"v")
             failing = servers[leader]
 
-            def broken_save(*args):
+            async def broken_flush():
                 raise OSError(5, "Input/output error")
 
-            failing.storage.save = broken_save
+            failing.storage.flush = broken_flush
             with pytest.raises(KVUnavailable):
                 await client.put(b"lost?", b"maybe")
             assert isinstance(failing.fatal_error, OSError)

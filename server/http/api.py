@@ -19,7 +19,7 @@ from aiohttp import web
 
 from warrenmq.amqp import replies
 from warrenmq.exchanges.errors import RoutingError
-from warrenmq.server.metadata import MetadataState, MetadataStore
+from warrenmq.server.metadata import MetadataState, ReplicatedMetadata
 from warrenmq.server.vhost import VirtualHost
 
 from . import listing
@@ -85,7 +85,7 @@ class ManagementApi:
         return scope
 
     @property
-    def store(self) -> MetadataStore:
+    def store(self) -> ReplicatedMetadata:
         store = self.host.store
         assert store is not None, "the broker serves HTTP only once its metadata is open"
         return store

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from warrenmq.log.latency import LatencyHistogram
 from warrenmq.server.alarms import ResourceMonitor
 from warrenmq.server.config import BrokerConfig
-from warrenmq.server.metadata import MetadataStore
+from warrenmq.server.metadata import ReplicatedMetadata
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
 from warrenmq.server.queue.message_counts import MessageCounts
@@ -71,7 +71,7 @@ class Host(Protocol):
     confirm_latency: LatencyHistogram
     dead_letter_counts: DeadLetterCounts
     data_dir: Path
-    store: MetadataStore | None
+    store: ReplicatedMetadata | None
     vhosts: dict[str, VirtualHost]
     connections: Collection[ClientConnection]
     port: int

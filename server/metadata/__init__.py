@@ -7,9 +7,12 @@ state machine.
   `snapshot()`/`from_snapshot()`.
 * `commands` — the commands (DeclareVhost, AddUser, SetPermissions, SetPolicy, DeclareQueue,
   Bind, ...).
-* `store.MetadataStore` — the state plus aiosqlite persistence: `await MetadataStore.open(path)`,
-  `await store.apply(command)`, `await store.authenticate(user, password, source)`,
-  `await store.sync_external_changes()`.
+* `replicated.ReplicatedMetadata` — the broker's store: the state replicated by a Raft group
+  (`warrenmq.cluster.group`), the SQLite rows kept as its view: `await
+  ReplicatedMetadata.open(data_dir)`, `await store.apply(command)`, `await
+  store.authenticate(user, password, source)`, `await store.sync_external_changes()`.
+* `store.MetadataStore` — the state plus aiosqlite persistence of its rows: what `warren
+  users|vhosts|policies --data-dir` edits, and the replicated store's view.
 * `passwords` — scrypt hashing; `permissions` — regex checks, refusal texts and the
   loopback_users rule; `policies` — policy validation with RabbitMQ's texts; `limits` — vhost
   and user limits (max-connections, max-queues, max-channels); `errors` — the
@@ -48,6 +51,7 @@ from warrenmq.server.metadata.errors import (
 )
 from warrenmq.server.metadata.permissions import Permission, is_loopback, loopback_refused
 from warrenmq.server.metadata.records import Policy, QueueRecord, User, Vhost
+from warrenmq.server.metadata.replicated import ReplicatedMetadata
 from warrenmq.server.metadata.state import Limits, MetadataState, Outcome
 from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore, StoreFailed
 
@@ -71,6 +75,7 @@ __all__ = [
     "Limits",
     "MetadataState",
     "MetadataStore",
+    "ReplicatedMetadata",
     "NotAllowed",
     "NotFound",
     "Outcome",

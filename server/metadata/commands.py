@@ -175,6 +175,14 @@ class SetUserLimits:
     limits: Mapping[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ForgetTransient:
+    """A restarted broker drops what did not survive it: transient exchanges and queues,
+    exclusive queues (their connections are gone) and the bindings that touch them. What is
+    left is exactly the durable projection a broker without a replicated log reloaded from
+    its rows. (A cluster will scope this to the queues the restarted node led.)"""
+
+
 Command = (
     DeclareVhost
     | DeleteVhost
@@ -194,4 +202,5 @@ Command = (
     | ClearPolicy
     | SetVhostLimits
     | SetUserLimits
+    | ForgetTransient
 )

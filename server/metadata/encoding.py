@@ -9,6 +9,12 @@ value is stored as `[tag, payload]`, tables as lists of `[key, value]` in their 
 
 The encoding is deterministic (same value, same bytes), which the snapshot needs: two replicas
 that applied the same commands must produce identical snapshots.
+
+A Raft log entry of the metadata is a list of commands (`encode_commands`): applied in order,
+stopping at the first one refused, as `MetadataStore.apply_all` applies them. Each command is
+`[class name, field values...]`, every field value tagged as above, so a command decodes to
+one equal to the one encoded (tuples of tags excepted: arrays decode as lists, which the
+command classes turn back into tuples).
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ import datetime
 import decimal
 import json
 import math
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
+
+from warrenmq.server.metadata import commands as c
 
 # Nesting bound for decoding stored data: an AMQP table nested deeper than this cannot come
 # from a client (the amqp layer bounds header depth lower), so deeper input is corruption.
@@ -130,3 +140,46 @@ def _decode_pairs(encoded: Any, depth: int) -> dict[str, Any]:
             raise ValueError(f"not an encoded table entry: {pair!r}")
         table[pair[0]] = _decode(pair[1], depth)
     return table
+
+
+_COMMAND_CLASSES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(c.Command)}
+_COMMAND_FIELDS = {
+    name: tuple(f.name for f in fields(cls)) for name, cls in _COMMAND_CLASSES.items()
+}
+# Fields that are tuples in the command classes (their equality and hashing depend on it).
+_TUPLE_FIELDS = frozenset({"tags"})
+
+
+def encode_commands(commands: Sequence[c.Command]) -> bytes:
+    """Commands as one log entry's bytes."""
+    document = []
+    for command in commands:
+        name = type(command).__name__
+        document.append(
+            [name, *(_encode(getattr(command, field), 0) for field in _COMMAND_FIELDS[name])]
+        )
+    return dumps(document).encode("utf-8")
+
+
+def decode_commands(data: bytes) -> list[c.Command]:
+    """The inverse of `encode_commands`; raises ValueError on anything it did not produce."""
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"not encoded metadata commands: {error}") from error
+    if not isinstance(document, list):
+        raise ValueError("not a list of encoded metadata commands")
+    commands: list[c.Command] = []
+    for item in document:
+        if not isinstance(item, list) or not item or item[0] not in _COMMAND_CLASSES:
+            raise ValueError(f"not an encoded metadata command: {item!r}")
+        name = item[0]
+        names = _COMMAND_FIELDS[name]
+        if len(item) != len(names) + 1:
+            raise ValueError(f"{name} needs {len(names)} fields, got {len(item) - 1}")
+        values = {}
+        for field, encoded in zip(names, item[1:], strict=True):
+            value = _decode(encoded, 0)
+            values[field] = tuple(value) if field in _TUPLE_FIELDS else value
+        commands.append(_COMMAND_CLASSES[name](**values))
+    return commands

@@ -176,6 +176,7 @@ class MetadataState:
             c.ClearPolicy: self._clear_policy,
             c.SetVhostLimits: self._set_vhost_limits,
             c.SetUserLimits: self._set_user_limits,
+            c.ForgetTransient: self._forget_transient,
         }
 
     # --- the state machine -----------------------------------------------------------------
@@ -267,6 +268,21 @@ class MetadataState:
 
     def snapshot(self) -> bytes:
         """Every entity, transient ones included, as deterministic bytes (for Raft)."""
+        return encoding.dumps(self._document()).encode("utf-8")
+
+    def has_transient(self) -> bool:
+        """Whether any exchange or queue is transient (exclusive queues are)."""
+        if any(
+            not exchange.durable
+            for router in self._routers.values()
+            for exchange in router.exchanges()
+        ):
+            return True
+        return any(
+            not record.durable for queues in self._queues.values() for record in queues.values()
+        )
+
+    def _document(self) -> dict:
         exchanges = []
         queues = []
         bindings = []
@@ -338,7 +354,26 @@ class MetadataState:
             ]
             + [["user", name, dict(value)] for name, value in sorted(self.user_limits.items())],
         }
-        return encoding.dumps(document).encode("utf-8")
+        return document
+
+    def _forget_transient(self, command: c.ForgetTransient) -> Outcome:
+        document = self._document()
+        document["exchanges"] = [row for row in document["exchanges"] if row[3]]
+        document["queues"] = [row for row in document["queues"] if row[2]]
+        document["bindings"] = [
+            row
+            for row in document["bindings"]
+            if self._binding_durable(row[0], row[1], Destination(row[2], row[3]))
+        ]
+        durable = MetadataState(self.limits)
+        for replayed in _snapshot_commands(document):
+            durable.apply(replayed)
+        handlers = self._handlers
+        self.__dict__.update(durable.__dict__)
+        # The handlers must stay bound to this object, not to the one rebuilt.
+        self._handlers = handlers
+        # Transient entities never had rows, so there is nothing to write.
+        return Outcome(True)
 
     @classmethod
     def from_snapshot(cls, data: bytes, limits: Limits | None = None) -> MetadataState:
@@ -770,6 +805,11 @@ def _check_password_hash(password_hash: str) -> None:
 
 def _unique(tags: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(tags))
+
+
+def snapshot_commands(state: MetadataState) -> list[c.Command]:
+    """Commands that build `state`'s entities (transient ones too) from an empty state."""
+    return _snapshot_commands(state._document())
 
 
 def _snapshot_commands(document: dict) -> list[c.Command]:

@@ -57,7 +57,13 @@ from warrenmq.server.metadata.records import (
     User,
     binding_arguments_digest,
 )
-from warrenmq.server.metadata.state import Limits, MetadataState, Outcome, Write
+from warrenmq.server.metadata.state import (
+    Limits,
+    MetadataState,
+    Outcome,
+    Write,
+    snapshot_commands,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +113,18 @@ CREATE INDEX IF NOT EXISTS bindings_by_destination
 """
 
 
+_ENTITY_TABLES = (
+    "vhosts",
+    "users",
+    "permissions",
+    "policies",
+    "limits",
+    "exchanges",
+    "queues",
+    "bindings",
+)
+
+
 def _owner_only(path: Path) -> None:
     """Create the database file readable by its owner only (it holds the password hashes),
     and take group and other access from one made before. SQLite gives the journal files it
@@ -138,7 +156,11 @@ class MetadataStore:
         self.state = state
         self._queued_writes: list[Write] = []
         self._queued_waiters: list[asyncio.Future[None]] = []
+        self._write_calls = 0
         self._flusher: asyncio.Task[None] | None = None
+        self.write_delay_s = 0.0
+        # Set while the flusher waits out `write_delay_s`; done to write at once.
+        self._hurry: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
         self._closing = False
         self._data_version = 0
@@ -149,7 +171,13 @@ class MetadataStore:
 
     @classmethod
     async def open(
-        cls, path: str | os.PathLike[str], *, limits: Limits | None = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        limits: Limits | None = None,
+        load: bool = True,
+        synchronous: str = "FULL",
+        write_delay_s: float = 0.0,
     ) -> MetadataStore:
         """Open (creating if needed) the store at `path` and load its durable state.
 
@@ -157,20 +185,30 @@ class MetadataStore:
         full permissions on "/") are created, as RabbitMQ's default_user is; never again
         afterwards, so a deleted guest stays deleted. (The broker's loopback_users setting,
         not the store, keeps guest to loopback addresses.)
+
+        `load=False` leaves `state` empty: for a caller whose state comes from elsewhere (the
+        replicated metadata, which keeps these rows as a view of its log, `replicated.py`).
+        `synchronous` is SQLite's: "FULL" fsyncs every transaction, "NORMAL" (for such a view)
+        survives a process crash but may lose the last transactions to a power loss.
+        `write_delay_s` (for such a view, whose writers do not wait for their rows) gathers
+        the rows queued over that long into one transaction; `flushed` writes them at once.
         """
+        assert synchronous in ("FULL", "NORMAL")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         _owner_only(path)
         db = await aiosqlite.connect(path, isolation_level=None)
         try:
             await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=FULL")
+            await db.execute(f"PRAGMA synchronous={synchronous}")
             await db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             await db.executescript(_SCHEMA)
             store = cls(db, path, MetadataState(limits))
+            store.write_delay_s = write_delay_s
             await store._initialise()
             store._data_version = await store._read_data_version()
-            await store._load()
+            if load:
+                await store._load()
         except BaseException:
             await db.close()
             raise
@@ -179,6 +217,7 @@ class MetadataStore:
     async def close(self) -> None:
         # A transaction waiting for disk space gives up: what it held was never acknowledged.
         self._closing = True
+        self._write_now()
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
         self._password_checks.close()
@@ -216,16 +255,58 @@ class MetadataStore:
         return outcomes
 
     async def _persist(self, writes: tuple[Write, ...]) -> None:
+        # Shielded: a caller cancelled while waiting does not cancel the shared transaction.
+        await asyncio.shield(self.write_rows(writes))
+
+    def write_rows(self, writes: Iterable[Write], log_index: int = 0) -> asyncio.Future[None]:
+        """Queue rows to write (in the next transaction); the future is done once they are
+        committed. `log_index`, when given, is recorded with them: the replicated log's index
+        of the command they come from (`written_log_index`)."""
+        if self._failure is not None:
+            raise StoreFailed("metadata store failed earlier") from self._failure
         waiter = asyncio.get_running_loop().create_future()
+        self._write_calls += 1
         self._queued_writes.extend(writes)
+        if log_index:
+            self._queued_writes.append(("log_index", log_index))
         self._queued_waiters.append(waiter)
         if self._flusher is None:
             self._flusher = asyncio.ensure_future(self._flush())
-        # Shielded: a caller cancelled while waiting does not cancel the shared transaction.
-        await asyncio.shield(waiter)
+        elif len(self._queued_writes) >= BATCH_WRITES_MAX:
+            self._write_now()
+        return waiter
+
+    def _write_now(self) -> None:
+        if self._hurry is not None and not self._hurry.done():
+            self._hurry.set_result(None)
+
+    def rewrite_rows(self, state: MetadataState, log_index: int) -> asyncio.Future[None]:
+        """Replace every row by the durable projection of `state` (a view that fell behind
+        a snapshot catches up this way)."""
+        seed = MetadataState(state.limits)
+        writes: list[Write] = [("delete_all",)]
+        for command in snapshot_commands(state):
+            writes.extend(seed.apply(command).writes)
+        return self.write_rows(writes, log_index)
+
+    async def written_log_index(self) -> int:
+        """The log index recorded with the last rows written (0: none)."""
+        async with self._db.execute("SELECT value FROM meta WHERE key = 'log_index'") as cursor:
+            row = await cursor.fetchone()
+        return 0 if row is None else int(row[0])
+
+    async def flushed(self) -> None:
+        """Until every row queued so far is written."""
+        self._write_now()
+        if self._queued_waiters:
+            await asyncio.shield(asyncio.gather(*self._queued_waiters, return_exceptions=True))
 
     async def _flush(self) -> None:
         try:
+            if self.write_delay_s and not self._closing:
+                self._hurry = asyncio.get_running_loop().create_future()
+                await asyncio.wait([self._hurry], timeout=self.write_delay_s)
+                self._hurry = None
             while self._queued_waiters:
                 writes = self._queued_writes[:BATCH_WRITES_MAX]
                 # Waiters are released only when every write queued before them is on disk.
@@ -339,24 +420,38 @@ class MetadataStore:
         # One sync at a time: a second caller waits for the first to finish applying, so no
         # caller returns before a change already seen by another is in the state.
         async with self._syncing:
-            version = await self._read_data_version()
-            if version == self._data_version:
-                return []
-            # Recorded before reading: a commit that lands while we read is seen next time.
-            self._data_version = version
-            vhosts, users, permissions = await self._read_access_rows()
-            policies = await self._read_policy_rows()
-            limit_rows = await self._read_limit_rows()
             outcomes = []
-            commands = _reconcile(self.state, vhosts, users, permissions)
-            commands += _reconcile_policies(self.state, policies, {name for name, _, _ in vhosts})
-            commands += _reconcile_limits(self.state, limit_rows)
-            for command in commands:
+            for command in await self.external_changes():
                 try:
                     outcomes.append(await self.apply(command))
                 except RoutingError as error:
                     logger.warning("ignoring external metadata change %r: %s", command, error)
             return outcomes
+
+    async def external_changes(self, *, since_open: bool = False) -> list[c.Command]:
+        """The commands that bring the state's vhosts, users, permissions, policies and
+        limits to what the rows hold, if another process committed since the last look (or,
+        `since_open`, whatever it committed while no one looked). Holds `_syncing` or is
+        called before anyone else can look."""
+        version = await self._read_data_version()
+        if version == self._data_version and not since_open:
+            return []
+        # Recorded before reading: a commit that lands while we read is seen next time.
+        self._data_version = version
+        while True:
+            # The diff is only right if the rows read hold every change of ours the state
+            # holds: read again if one was queued meanwhile (the state changes with it).
+            await self.flushed()
+            queued = self._write_calls
+            vhosts, users, permissions = await self._read_access_rows()
+            policies = await self._read_policy_rows()
+            limit_rows = await self._read_limit_rows()
+            if queued == self._write_calls and not self._queued_waiters:
+                break
+        commands = _reconcile(self.state, vhosts, users, permissions)
+        commands += _reconcile_policies(self.state, policies, {name for name, _, _ in vhosts})
+        commands += _reconcile_limits(self.state, limit_rows)
+        return commands
 
     async def _read_data_version(self) -> int:
         async with self._db.execute("PRAGMA data_version") as cursor:
@@ -453,6 +548,16 @@ class MetadataStore:
             return list(await cursor.fetchall())
 
     async def _load(self) -> None:
+        for command in await self.stored_commands():
+            try:
+                self.state.apply(command)
+            except RoutingError as error:
+                # Only a row orphaned by a concurrent writer (a declare racing a CLI vhost
+                # delete) can fail here; it is dropped from memory, as its vhost is gone.
+                logger.warning("skipping stored metadata %r: %s", command, error)
+
+    async def stored_commands(self) -> list[c.Command]:
+        """Commands that build, from an empty state, what the rows hold."""
         db = self._db
         vhosts, users, permissions = await self._read_access_rows()
         policies = await self._read_policy_rows()
@@ -512,13 +617,7 @@ class MetadataStore:
             )
         # Last: a vhost may hold more queues than a max-queues set since allows.
         loaded.extend(_reconcile_limits(MetadataState(), await self._read_limit_rows()))
-        for command in loaded:
-            try:
-                self.state.apply(command)
-            except RoutingError as error:
-                # Only a row orphaned by a concurrent writer (a declare racing a CLI vhost
-                # delete) can fail here; it is dropped from memory, as its vhost is gone.
-                logger.warning("skipping stored metadata %r: %s", command, error)
+        return loaded
 
 
 def default_commands(
@@ -619,6 +718,10 @@ def _reconcile_limits(state: MetadataState, rows: list) -> list[c.Command]:
 
 def _statements(write: Write) -> list[tuple[str, tuple[Any, ...]]]:
     kind = write[0]
+    if kind == "log_index":
+        return [("INSERT OR REPLACE INTO meta (key, value) VALUES ('log_index', ?)", (write[1],))]
+    if kind == "delete_all":
+        return [(f"DELETE FROM {table}", ()) for table in _ENTITY_TABLES]
     if kind == "put_vhost":
         vhost = write[1]
         return [

@@ -1008,16 +1008,35 @@ def _basic_consume(
 
 def _basic_cancel(
     conn: BrokerConnection, channel: BrokerChannel, method: commands.Basic.Cancel
-) -> None:
+) -> Awaitable[None] | None:
     tag = method.consumer_tag
     consumer = channel.consumers.pop(tag, None)
     if consumer is not None:
-        conn.vhost.cancel(consumer)
+        deleting = conn.vhost.cancel(consumer)
+        if deleting is not None:
+            return _basic_cancel_ok_after(conn, channel, method, deleting)
     elif tag is not None and tag == channel.reply_consumer:
         conn.broker.unregister_reply_channel(channel.reply_to_name)
         channel.reply_consumer = None
     if not method.nowait:
         conn.amqp.cancel_ok(channel.number, tag)
+    return None
+
+
+async def _basic_cancel_ok_after(
+    conn: BrokerConnection,
+    channel: BrokerChannel,
+    method: commands.Basic.Cancel,
+    deleting: asyncio.Future[Any],
+) -> None:
+    """The last consumer of an auto-delete queue left: its deletion applies (its metadata
+    command waits for the log's fsync) before cancel-ok and anything after it on this
+    connection, so the client finds the queue gone, as RabbitMQ's queue deletes itself
+    before its channel answers. A failed deletion is the broker's to log, not this
+    connection's."""
+    await asyncio.wait([deleting])
+    if not method.nowait:
+        conn.amqp.cancel_ok(channel.number, method.consumer_tag)
 
 
 def _basic_get(

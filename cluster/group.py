@@ -1,0 +1,683 @@
+"""An in-process Raft group: the core (`raft/core.py`) hosted with durable storage, a ticker
+and the peer transport, replicating opaque commands for a state machine it knows nothing of.
+
+Design
+======
+
+`RaftGroup(config, machine)` owns a `RaftNode`, its `RaftStorage` (`storage.py`) and, when
+the group has other members, a `PeerTransport` (`transport.py`). Its users are the demo
+key-value node (`node.RaftServer`, a subclass adding a client protocol and ReadIndex reads)
+and the broker's metadata (`warrenmq.server.metadata.replicated`, which holds one by
+composition). Both see the same interface:
+
+* `propose(data) -> Future[Applied]`: appends `data` as a log entry and resolves once that
+  entry is committed *and applied here*, with `Applied(index, result)` where `result` is what
+  `machine.apply` returned. So a caller that awaits its proposal reads its own write from the
+  local state machine. Raises `NotLeader` / `ProposalRefused` at once (nothing was appended);
+  the future fails with `ProposalLost` when the entry's fate is unknown (leadership lost, the
+  entry overwritten or replaced by a snapshot).
+* The state machine (`StateMachine`): `apply(index, data)` for every committed NORMAL entry,
+  in log order, exactly once per incarnation; `skip(index)` for the others (leader no-ops,
+  membership changes); `snapshot()` returns its state as bytes as of the last applied entry;
+  `restore(index, data)` replaces its state by a snapshot's.
+* Snapshots and compaction: once `snapshot_entries` applied entries sit in the log after the
+  last snapshot, the group asks the machine for a snapshot, stores it and drops the log
+  segments it covers. A follower that fell behind the leader's log is sent the snapshot and
+  the machine `restore`s it.
+* Restart: storage yields the snapshot (restored into the machine before anything else), the
+  hard state and the log after the snapshot; the core re-delivers the committed entries in
+  its first Readys, which re-applies them. The machine's state is therefore a pure function
+  of the log, not a second durable copy that could disagree with it.
+
+The host loop (`_drive`): everything that arrives in one event-loop iteration (peer frames,
+proposals, a tick) is stepped into the core first; the resulting Ready is then handled once.
+Its entries are appended in the loop's thread (a write to the page cache) and fsynced in a
+worker thread (`RaftStorage.flush`, with the hard state file when term or vote changed),
+so the event loop serves every connection while the disk works. One Ready is outstanding at
+a time: what is proposed while its fsync runs is stepped into the core meanwhile and
+handed out as the next Ready the moment it finishes, so a burst of proposals costs one
+append and one fsync (group commit), however they were spread over loop iterations.
+Messages of a Ready leave only after its entries and hard state are durable, except a
+steady leader's appends (see `_may_send_before_persisting`). Applying follows the fsync, so
+a group of ONE member commits an entry after its own fsync and nothing else: a one-node
+broker runs this same code path, with no transport and no waiting on anyone. A proposer
+therefore sees its entry applied a loop iteration and an fsync after `propose`, never
+within it: whatever must see the change waits for the future.
+
+Failure: a full disk (ENOSPC, EDQUOT) while persisting a Ready is not fatal: the Ready is kept
+and tried again every `disk_full_retry_s`, the storage having taken back the partial write;
+proposals wait meanwhile and complete once space returns. Any other storage error or a core
+exception halts the group (fail-stop): our promises to peers (votes, acks) may no longer be
+true of the disk, so the node must not say another word; pending proposals fail, and a restart
+recovers from what storage really holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import gc
+import logging
+import random
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from warrenmq.cluster.raft.core import LEADER, RaftConfig, RaftError, RaftNode, Ready
+from warrenmq.cluster.raft.messages import (
+    DecodeError,
+    Entry,
+    EntryKind,
+    Message,
+    MessageKind,
+    decode_message,
+    encode_message,
+)
+from warrenmq.cluster.storage import RaftStorage
+from warrenmq.cluster.transport import PeerTransport
+
+_log = logging.getLogger(__name__)
+_READY_ROUNDS_MAX = 64
+# A lone voter still counts its randomized election timeout in ticks; this bounds the ticks
+# `start` steps through at once to make it leader without waiting in real time.
+_SOLO_ELECTION_TICKS_MAX = 10_000
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class StateMachine(Protocol):
+    """What a group replicates for: see the module docstring."""
+
+    def apply(self, index: int, data: bytes) -> Any: ...
+
+    def skip(self, index: int) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+    def restore(self, index: int, data: bytes) -> None: ...
+
+
+class ProposalLost(RaftError):
+    """The proposed entry may or may not commit: its outcome is unknown to us."""
+
+
+class GroupStopped(RaftError):
+    """The group halted or was stopped before the proposal was applied."""
+
+
+class Applied(NamedTuple):
+    index: int
+    result: Any
+    """What the state machine's `apply` returned (None for a non-command entry)."""
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    node_id: int
+    data_dir: Path
+    peers: dict[int, tuple[str, int]] | None = None
+    """Raft transport address of every voter, this node included; None for a group of one,
+    which needs no transport."""
+    voters: tuple[int, ...] | None = None
+    """The bootstrap voter set (default: every peer, or this node alone). A node that is to
+    join later is started with the voters it will join (without itself) and added by
+    ADD_VOTER; the configuration then lives in the log and snapshots, which win over this on
+    restart."""
+    tick_s: float = 0.01
+    raft: RaftConfig | None = None
+    snapshot_entries: int = 50_000
+    """Compact the log once this many applied entries are held after the last snapshot."""
+    seed: int = 0
+    gc_freeze_entries: int = 0
+    """Move every live object to the permanent GC generation after this many applied entries
+    (0: never). Only for a process that is nothing but a Raft node: see `_after_apply`."""
+    overlap_leader_fsync: bool = True
+    """Let a steady leader's appends leave before its own fsync (see
+    _may_send_before_persisting)."""
+    disk_full_retry_s: float = 0.5
+
+
+def coalesce_appends(messages: Sequence[Message]) -> list[Message]:
+    """Merge runs of APPENDs to one peer whose entries follow each other into one APPEND.
+
+    The core sends one APPEND per proposal while its pipeline has room, so a burst of
+    pipelined writes would otherwise cost a message (encode, decode, step, ack) per entry.
+    The merged APPEND carries the first one's consistency check (index, log_term) and the
+    last one's commit; the follower's single ack frees every merged in-flight slot, as the
+    leader releases all in-flight appends at or below an acked index.
+    """
+    out: list[Message] = []
+    open_run: dict[int, int] = {}  # peer -> position in `out` of its APPEND still open to merging
+    merged: dict[int, tuple[list[Entry], int]] = {}  # position -> (all entries, last commit)
+    for m in messages:
+        if m.kind is MessageKind.APPEND and m.entries:
+            position = open_run.get(m.dst)
+            if position is not None:
+                head = out[position]
+                run = merged.get(position)
+                last_index = run[0][-1].index if run is not None else head.entries[-1].index
+                if head.term == m.term and last_index == m.index:
+                    if run is None:
+                        run = merged[position] = (list(head.entries), head.commit)
+                    run[0].extend(m.entries)
+                    merged[position] = (run[0], m.commit)
+                    continue
+            open_run[m.dst] = len(out)
+        else:
+            # Anything else to this peer must stay after the appends sent before it.
+            open_run.pop(m.dst, None)
+        out.append(m)
+    for position, (entries, commit) in merged.items():
+        out[position] = replace(out[position], entries=tuple(entries), commit=commit)
+    return out
+
+
+def _disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS
+
+
+class RaftGroup:
+    """One member of one Raft group: core, storage, transport and the host loop."""
+
+    def __init__(self, config: GroupConfig, machine: StateMachine) -> None:
+        self.config = config
+        node_id = config.node_id
+        self.raft_config = config.raft or RaftConfig(node_id=node_id)
+        assert self.raft_config.node_id == node_id
+        self.machine = machine
+        self.storage = RaftStorage.open(config.data_dir)
+        hard_state = self.storage.hard_state
+        if hard_state is not None and hard_state.commit > self.storage.last_index:
+            raise RuntimeError(
+                f"stored commit {hard_state.commit} is beyond the log end {self.storage.last_index}"
+            )
+        peers = config.peers or {}
+        voters = config.voters if config.voters is not None else tuple(peers) or (node_id,)
+        self.raft = RaftNode(
+            self.raft_config,
+            tuple(sorted(voters)),
+            random.Random(config.seed * 1_000_003 + node_id),
+            hard_state=hard_state,
+            snapshot=self.storage.snapshot,
+            entries=self.storage.entries(),
+        )
+        snapshot = self.storage.snapshot
+        self.applied_index = 0
+        if snapshot is not None:
+            machine.restore(snapshot.index, snapshot.data)
+            self.applied_index = snapshot.index
+        self.transport: PeerTransport | None = None
+        if len(peers) > 1:
+            self.transport = PeerTransport(node_id, peers, self._on_peer_frame)
+        # index -> (term it was proposed in, its future)
+        self._proposals: dict[int, tuple[int, asyncio.Future[Applied]]] = {}
+        self._kick_scheduled = False
+        # The Ready whose fsync runs in a worker thread; no other is taken from the core
+        # meanwhile, so the proposals made while it runs share the next one.
+        self._persisting: asyncio.Task[None] | None = None
+        self._closing = False
+        self._stalled_ready: Ready | None = None
+        self._was_leader = False
+        self._leadership: tuple[int, int | None] = (0, None)
+        self._ticker: asyncio.TimerHandle | None = None
+        self._next_tick_s = 0.0
+        self._stopped = asyncio.Event()
+        self.fatal_error: BaseException | None = None
+        self.ready_count = 0
+        self.entries_persisted = 0
+        self.persist_s_total = 0.0
+        self.persist_s_max = 0.0
+        self.disk_full_retries = 0
+        self._frozen_at_index = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.transport is not None:
+            await self.transport.start()
+        if self.raft.voters == (self.config.node_id,):
+            # Alone, no one can be heard from: campaign now rather than after a real election
+            # timeout (the vote persists in the first Ready like any other).
+            for _ in range(_SOLO_ELECTION_TICKS_MAX):
+                if self.raft.role == LEADER:
+                    break
+                self.raft.tick()
+        self._next_tick_s = loop.time() + self.config.tick_s
+        self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
+        self._kick()
+
+    async def wait_leading(self) -> None:
+        """Until this node leads and has applied an entry of its term (so every entry
+        committed before it took over is applied here too); for a group of one, right after
+        `start`'s first fsync. Raises GroupStopped if the group halts first."""
+        while not self.leading:
+            if self._stopped.is_set():
+                raise GroupStopped("the group stopped") from self.fatal_error
+            await asyncio.sleep(self.config.tick_s)
+
+    @property
+    def leading(self) -> bool:
+        raft = self.raft
+        return (
+            raft.role == LEADER
+            and self.applied_index >= raft.commit_index
+            and raft.term_at(raft.commit_index) == raft.term
+        )
+
+    async def stop(self, transfer_timeout_s: float = 1.0) -> None:
+        """Shut down; a leader first hands its leadership to a peer (Raft §3.10), so a
+        planned restart costs the cluster a round trip instead of an election timeout."""
+        if self.fatal_error is not None or self._stopped.is_set():
+            return
+        if self.raft.role == LEADER and transfer_timeout_s > 0:
+            await self._transfer_leadership_away(transfer_timeout_s)
+        # No Ready is taken from the core from now on.
+        self._closing = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._close_inputs()
+        if self.transport is not None:
+            await self.transport.close()
+        if self._persisting is not None:
+            # Its worker still fsyncs the log: close the storage after it. What it applies
+            # meanwhile answers its proposers.
+            await asyncio.shield(self._persisting)
+        self._fail_proposals(GroupStopped("the group stopped; outcome unknown"))
+        self.storage.close()
+        self._stopped.set()
+
+    def _close_inputs(self) -> None:
+        """Subclasses close what feeds them requests (listeners, client sockets)."""
+
+    async def _transfer_leadership_away(self, timeout_s: float) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        peers = [v for v in self.raft.voters if v != self.config.node_id and transport.connected(v)]
+        if not peers:
+            return
+        try:
+            self.raft.transfer_leadership(peers[0])
+        except RaftError:
+            return
+        self._kick()
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        while self.raft.role == LEADER and loop.time() < deadline_s:
+            await asyncio.sleep(self.config.tick_s)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # -- proposals ---------------------------------------------------------------------
+
+    def propose(self, data: bytes) -> asyncio.Future[Applied]:
+        """Append `data`; the future resolves once it is applied here (module docstring)."""
+        return self._track(self.raft.propose(data))
+
+    def propose_membership(
+        self, add: int | None = None, remove: int | None = None
+    ) -> asyncio.Future[Applied]:
+        return self._track(self.raft.propose_membership(add=add, remove=remove))
+
+    @property
+    def proposals_pending(self) -> int:
+        return len(self._proposals)
+
+    def _track(self, index: int) -> asyncio.Future[Applied]:
+        if self.fatal_error is not None or self._stopped.is_set():
+            raise GroupStopped("the group stopped")
+        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
+        superseded = self._proposals.get(index)
+        if superseded is not None:
+            # Our earlier entry at this index was truncated away: it will never apply.
+            _lose(superseded[1], "entry was overwritten")
+        self._proposals[index] = (self.raft.term, future)
+        self._kick()
+        return future
+
+    def _fail_proposals(self, error: Exception) -> None:
+        proposals, self._proposals = self._proposals, {}
+        for _, future in proposals.values():
+            if not future.done():
+                future.set_exception(error)
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def _on_tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self.raft.tick()
+        except Exception as exc:
+            self._fail(exc)
+            return
+        now_s = loop.time()
+        # Keep the tick rate steady: a late tick does not push every later one back.
+        self._next_tick_s = max(self._next_tick_s + self.config.tick_s, now_s)
+        self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
+        self._after_tick(now_s)
+        self._kick()
+
+    def _after_tick(self, now_s: float) -> None:
+        """Subclasses expire their own timers here."""
+
+    def _on_peer_frame(self, frame: bytes) -> None:
+        if self.fatal_error is not None or self._stopped.is_set():
+            return
+        try:
+            message = decode_message(frame)
+        except DecodeError as exc:
+            raise ValueError(str(exc)) from exc  # the transport drops the connection
+        if message.dst != self.config.node_id:
+            raise ValueError(f"message for node {message.dst} reached node {self.config.node_id}")
+        try:
+            self.raft.step(message)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._kick()
+
+    # -- the host loop -----------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if not self._kick_scheduled:
+            self._kick_scheduled = True
+            asyncio.get_running_loop().call_soon(self._drive)
+
+    def _drive(self) -> None:
+        self._kick_scheduled = False
+        if self.fatal_error is not None or self._stopped.is_set():
+            return
+        try:
+            self._drive_once()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _before_ready(self) -> None:
+        """Subclasses step what they batched during the loop iteration into the core."""
+
+    def _drive_once(self) -> None:
+        """Step what is batched into the core, then handle its Ready until it has none."""
+        raft = self.raft
+        self._before_ready()
+        for _ in range(_READY_ROUNDS_MAX):
+            if (
+                self._stalled_ready is not None
+                or self._persisting is not None
+                or self._closing
+                or not raft.has_ready()
+            ):
+                break
+            ready = raft.ready()
+            if not self._handle_ready(ready):
+                break
+            raft.advance(ready)
+        else:
+            self._kick()  # still more: yield to the loop rather than spin here
+        is_leader = raft.role == LEADER
+        if self._was_leader and not is_leader:
+            # Our uncommitted entries may yet commit under the next leader, or be
+            # overwritten; we cannot know which now, and waiting could take until the log
+            # grows past them. Tell the proposers at once so they can check, or retry.
+            self._fail_proposals(ProposalLost("leadership lost; outcome unknown"))
+        self._was_leader = is_leader
+        leadership = (raft.term, raft.leader_id)
+        if leadership != self._leadership:
+            self._leadership = leadership
+            _log.info(
+                "raft node %d: term %d, leader %s, role %s",
+                raft.node_id,
+                raft.term,
+                raft.leader_id,
+                raft.role,
+            )
+            self._on_leadership_change()
+        # Everything this iteration had to say is queued: write it now rather than one
+        # loop iteration later.
+        if self.transport is not None:
+            self.transport.flush()
+
+    def _on_leadership_change(self) -> None:
+        """Subclasses drop what only the old leader could have answered."""
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fail-stop (see the module docstring)."""
+        if self.fatal_error is not None:
+            return
+        self.fatal_error = exc
+        traceback.print_exception(exc, file=sys.stderr)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._close_inputs()
+        if self.transport is not None:
+            self.transport.drop_connections()
+            asyncio.ensure_future(self.transport.close())
+        stopped = GroupStopped(f"the raft group halted: {exc!r}")
+        stopped.__cause__ = exc
+        self._fail_proposals(stopped)
+        self._stopped.set()
+
+    def _handle_ready(self, ready: Ready) -> bool:
+        """Persist and act on one Ready. True if done at once (nothing to fsync); False if
+        its fsync runs in a worker thread (`_persist`, which finishes it and drives on) or
+        the disk is full (it is retried later)."""
+        messages = coalesce_appends(ready.messages)
+        if messages and self._may_send_before_persisting(ready):
+            self._send(messages)
+            messages = []
+            # The writes are flushed now, so followers fsync while we do (the flush would
+            # otherwise wait for the next loop iteration, after our fsync).
+            assert self.transport is not None
+            self.transport.flush()
+        persist_started_s = time.perf_counter()
+        try:
+            must_flush = self.storage.write(ready.hard_state, ready.entries, ready.snapshot)
+        except OSError as exc:
+            if not _disk_full(exc):
+                raise
+            self._stall(ready, exc)
+            return False
+        if must_flush:
+            self._persisting = asyncio.ensure_future(
+                self._persist(ready, messages, persist_started_s)
+            )
+            return False
+        self._persisted(ready, messages, persist_started_s)
+        return True
+
+    async def _persist(
+        self, ready: Ready, messages: Sequence[Message], persist_started_s: float
+    ) -> None:
+        """Wait for the storage's fsyncs, then act on the Ready and take the next one."""
+        try:
+            await self.storage.flush()
+        except Exception as exc:
+            self._persisting = None
+            if _disk_full(exc):
+                self._stall(ready, exc)
+            else:
+                self._fail(exc)
+            return
+        self._persisting = None
+        if self.fatal_error is not None:
+            return
+        try:
+            self._persisted(ready, messages, persist_started_s)
+            self.raft.advance(ready)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        # At once, not a loop iteration later: what was proposed while the fsync ran is
+        # waiting for the next one.
+        self._drive()
+
+    def _persisted(
+        self, ready: Ready, messages: Sequence[Message], persist_started_s: float
+    ) -> None:
+        """The Ready is durable: send what waited for that, then apply what it commits."""
+        persist_s = time.perf_counter() - persist_started_s
+        self.ready_count += 1
+        self.persist_s_total += persist_s
+        self.persist_s_max = max(self.persist_s_max, persist_s)
+        self.entries_persisted += len(ready.entries)
+        if ready.snapshot is not None:
+            self._install_snapshot_state(ready.snapshot.index, ready.snapshot.data)
+        self._send(messages)
+        if ready.committed:
+            self._apply(ready.committed)
+        self._after_ready(ready)
+
+    def _send(self, messages: Sequence[Message]) -> None:
+        transport = self.transport
+        if transport is None:
+            assert not messages, "a group of one has no one to send to"
+            return
+        for message in messages:
+            transport.send(message.dst, encode_message(message))
+
+    def _stall(self, ready: Ready, error: BaseException) -> None:
+        if self._stalled_ready is None:
+            _log.error(
+                "raft log write failed, the disk is full; trying again every %.1f s: %r",
+                self.config.disk_full_retry_s,
+                error,
+            )
+        self._stalled_ready = ready
+        self.disk_full_retries += 1
+        asyncio.get_running_loop().call_later(self.config.disk_full_retry_s, self._retry_stalled)
+
+    def _retry_stalled(self) -> None:
+        ready = self._stalled_ready
+        if ready is None or self.fatal_error is not None or self._stopped.is_set():
+            return
+        self._stalled_ready = None
+        try:
+            if self._handle_ready(ready):
+                self.raft.advance(ready)
+            elif self._stalled_ready is not None:
+                return  # still full
+            # else its fsync runs: the write that the full disk refused went through.
+            _log.warning("raft log written again: disk space is back")
+        except Exception as exc:
+            self._fail(exc)
+            return
+        self._kick()
+
+    def _after_ready(self, ready: Ready) -> None:
+        """Subclasses serve what waited for this Ready (reads)."""
+
+    def _may_send_before_persisting(self, ready: Ready) -> bool:
+        """Whether this Ready's messages may leave before its entries are fsynced.
+
+        A leader may replicate entries it has not yet made durable itself (Raft
+        dissertation §10.2.1): its appends promise nothing about its own disk. The danger
+        would be counting its own unsynced copy towards a commit; but the followers' acks
+        can only be stepped after this callback returns, and `save` below fsyncs before it
+        does, so every commit the core computes from them already includes our durable
+        copy. This halves commit latency (our fsync overlaps the followers'). It holds
+        only while this node was leader for the whole Ready: its term and vote did not
+        change in it (a new term or vote must be durable before anyone hears of it).
+        """
+        if (
+            not self.config.overlap_leader_fsync
+            or self.transport is None
+            or self.raft.role != LEADER
+            or ready.snapshot is not None
+        ):
+            return False
+        hard_state = ready.hard_state
+        return hard_state is None or self.storage.term_and_vote_durable(
+            hard_state.term, hard_state.vote
+        )
+
+    def _install_snapshot_state(self, index: int, data: bytes) -> None:
+        self.machine.restore(index, data)
+        self.applied_index = index
+        for proposal_index in [i for i in self._proposals if i <= index]:
+            _, future = self._proposals.pop(proposal_index)
+            _lose(future, "replaced by a snapshot; outcome unknown")
+
+    def _apply(self, entries: Sequence[Entry]) -> None:
+        machine = self.machine
+        proposals = self._proposals
+        normal = EntryKind.NORMAL
+        for entry in entries:
+            index = entry.index
+            if index <= self.applied_index:
+                continue  # covered by the snapshot the state machine was restored from
+            if entry.kind == normal:
+                result = machine.apply(index, entry.data)
+            else:
+                machine.skip(index)
+                result = None
+            self.applied_index = index
+            proposal = proposals.pop(index, None)
+            if proposal is not None:
+                term, future = proposal
+                if future.done():
+                    continue
+                if term == entry.term:
+                    future.set_result(Applied(index, result))
+                else:
+                    _lose(future, "a new leader replaced the entry")
+        self._after_apply()
+
+    def _after_apply(self) -> None:
+        self._maybe_compact()
+        freeze_entries = self.config.gc_freeze_entries
+        if freeze_entries and self.applied_index - self._frozen_at_index >= freeze_entries:
+            # The log entries the core holds (until the next compaction) are long-lived and
+            # numerous; a full collection that rescans them all paused a node for up to
+            # ~100 ms under load. Frozen objects are still freed by reference counting;
+            # only reference cycles among them would outlive us, and the entries, messages
+            # and store values have none.
+            gc.freeze()
+            self._frozen_at_index = self.applied_index
+
+    def _maybe_compact(self) -> None:
+        raft = self.raft
+        applied = self.applied_index
+        if applied - raft.first_index + 1 < self.config.snapshot_entries:
+            return
+        self.compact()
+
+    def compact(self) -> None:
+        """Snapshot the state machine at the applied index and drop the log it covers."""
+        applied = self.applied_index
+        if applied <= (self.storage.snapshot.index if self.storage.snapshot else 0):
+            return
+        snapshot = self.raft.compact(applied, self.machine.snapshot())
+        self.storage.compact(snapshot)
+
+    def status(self) -> dict[str, object]:
+        raft = self.raft
+        return {
+            "id": raft.node_id,
+            "role": raft.role,
+            "term": raft.term,
+            "leader": raft.leader_id,
+            "commit": raft.commit_index,
+            "applied": self.applied_index,
+            "last_index": raft.last_index,
+            "first_index": raft.first_index,
+            "voters": list(raft.voters),
+            "ready_count": self.ready_count,
+            "entries_persisted": self.entries_persisted,
+            "persist_ms_total": round(self.persist_s_total * 1000, 3),
+            "persist_ms_max": round(self.persist_s_max * 1000, 3),
+            "frames_dropped": self.transport.stats.frames_dropped if self.transport else 0,
+            "disk_full_retries": self.disk_full_retries,
+        }
+
+
+def _lose(future: asyncio.Future[Applied], reason: str) -> None:
+    if not future.done():
+        future.set_exception(ProposalLost(reason))
