@@ -54,35 +54,21 @@ _log = logging.getLogger(__name__)
 _READ_CONTEXT = struct.Struct("<Q")
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    node_id: int
-    peers: dict[int, tuple[str, int]]
-    """Raft transport address of every voter, this node included."""
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig(GroupConfig):
+    """The group's settings (`peers` required: the demo always has a transport) and the
+    client protocol's."""
+
     clients: dict[int, tuple[str, int]]
     """Client-protocol address of every voter, so a follower can name the leader's."""
-    data_dir: Path
-    voters: tuple[int, ...] | None = None
-    """The bootstrap voter set (default: every peer). A node that is to join later is
-    started with the voters it will join (without itself) and added by ADD_VOTER; the
-    configuration then lives in the log and snapshots, which win over this on restart."""
-    tick_s: float = 0.01
-    raft: RaftConfig | None = None
-    snapshot_entries: int = 50_000
-    """Compact the log once this many applied entries are held after the last snapshot."""
     proposals_pending_max: int = 50_000
     """Stop reading client sockets while this many proposals wait to commit."""
     reads_pending_max: int = 100_000
     """Answer BUSY to reads beyond this many accepted and not yet answered."""
     read_timeout_s: float = 5.0
     """A read whose ReadIndex round never completes (leader lost) is answered RETRY."""
-    seed: int = 0
     gc_freeze_entries: int = 10_000
-    """Move every live object to the permanent GC generation after this many applied entries."""
-    overlap_leader_fsync: bool = True
-    """Let a steady leader's appends leave before its own fsync (see
-    _may_send_before_persisting).
-    """
+    """A process that is nothing but a Raft node freezes its long-lived objects."""
 
 
 class _ClientConnection(asyncio.Protocol):
@@ -141,21 +127,7 @@ class RaftServer(RaftGroup):
     def __init__(self, config: ServerConfig) -> None:
         self.server_config = config
         self.kv = KVStore()
-        super().__init__(
-            GroupConfig(
-                node_id=config.node_id,
-                data_dir=config.data_dir,
-                peers=config.peers,
-                voters=config.voters,
-                tick_s=config.tick_s,
-                raft=config.raft,
-                snapshot_entries=config.snapshot_entries,
-                seed=config.seed,
-                gc_freeze_entries=config.gc_freeze_entries,
-                overlap_leader_fsync=config.overlap_leader_fsync,
-            ),
-            self.kv,
-        )
+        super().__init__(config, self.kv)
         self._client_server: asyncio.AbstractServer | None = None
         self._clients: set[_ClientConnection] = set()
         self._reading_paused = False
