@@ -31,6 +31,10 @@ MEMORY = "memory"
 DISK = "disk"
 # rabbit_alarm's names of the resources in /api/health/checks/alarms.
 RESOURCE_NAMES = {MEMORY: "memory", DISK: "disk space"}
+# Clients' input also samples memory and disk after this many bytes since the last sample:
+# a flood over loopback reads hundreds of MB in one timer interval (or in a timer delayed by
+# a busy machine), which only the watermark plus this much should hold.
+RESOURCE_CHECK_READ_BYTES = 8 << 20
 
 
 def resident_memory_bytes() -> int:

@@ -184,6 +184,9 @@ class Broker:
         )
         self.blocked_reason = ""
         self._resource_check: asyncio.TimerHandle | None = None
+        self.read_bytes_unsampled = 0
+        """Bytes read from clients since the resources were last sampled (see
+        alarms.RESOURCE_CHECK_READ_BYTES); connections count them."""
         self._metadata_follower: asyncio.Task[None] | None = None
         # The management API and the metrics: adapters of their own on this event loop.
         self.http = HttpListeners(self)
@@ -581,11 +584,17 @@ class Broker:
             for connection in list(self.connections):
                 connection.drop_if_peer_gone()
             release_free_memory()
-        self.resources.check()
+        self.sample_resources()
         assert self._loop is not None
         self._resource_check = self._loop.call_later(
             self.config.resource_check_interval_ms / 1000, self._check_resources
         )
+
+    def sample_resources(self) -> None:
+        """Sample memory and disk now: on the timer, and after alarms.RESOURCE_CHECK_READ_BYTES
+        of input."""
+        self.read_bytes_unsampled = 0
+        self.resources.check()
 
     def _alarms_changed(self, alarms: frozenset[str]) -> None:
         """Publishers are blocked as they next publish while any alarm is in effect, and all

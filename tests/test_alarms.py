@@ -20,6 +20,7 @@ from warrenmq.amqp import events
 from warrenmq.server.alarms import (
     DISK,
     MEMORY,
+    RESOURCE_CHECK_READ_BYTES,
     ResourceMonitor,
     blocked_reason,
     disk_free_limit_bytes,
@@ -206,6 +207,38 @@ def test_a_publisher_is_blocked_as_it_publishes_and_unblocked_when_the_alarm_cle
     assert {c["state"] for c in api.get("/api/connections").json} == {"running"}
     consumer.close()
     publisher.close()
+
+
+def test_input_past_the_read_bound_samples_memory_without_waiting_for_the_timer(
+    start_broker, tmp_path
+):
+    # The timer would sample next in an hour: only the bytes read can raise the alarm.
+    running = start_broker(tmp_path, resource_check_interval_ms=3_600_000)
+    setup = running.connect()
+    setup.channel().queue_declare("q")
+    _set_watermark(running, 1)
+    chunk = b"x" * (100 << 10)
+    with RawClient("127.0.0.1", running.port) as raw:
+        raw.handshake()
+        raw.open_channel(1)
+        raw.send(1, commands.Basic.Publish(exchange="", routing_key="q"))
+        raw.send(1, header.ContentHeader(0, 16 << 20, commands.Basic.Properties()))
+        port = raw.sock.getsockname()[1]
+        (connection,) = [c for c in list(running.broker.connections) if c.peer[1] == port]
+        sent = 0
+        while sent + len(chunk) < RESOURCE_CHECK_READ_BYTES - (1 << 20):
+            raw.send(1, content_body.ContentBody(chunk))
+            sent += len(chunk)
+        _wait(setup, lambda: connection.received_bytes >= sent)
+        assert running.broker.blocked_reason == "", "sampled before the bound was read"
+        for _ in range((RESOURCE_CHECK_READ_BYTES - sent) // len(chunk) + 2):
+            raw.send(1, content_body.ContentBody(chunk))
+        _wait(setup, lambda: running.broker.blocked_reason)
+        assert running.broker.blocked_reason == "low on memory"
+        # The next body frame is where the alarm blocks the connection.
+        raw.send(1, content_body.ContentBody(chunk))
+        _wait(setup, lambda: connection.blocked)
+    setup.close()
 
 
 def test_consumers_keep_receiving_during_an_alarm(start_broker, tmp_path):

@@ -5,8 +5,9 @@ reads its socket, on a backlog larger than the watermark. The broker's RSS stays
 watermark plus MARGIN_BYTES, and once the flooding client is gone (reset: its close would wait
 behind the flood the broker no longer reads) a well-behaved client is served again.
 
-MARGIN_BYTES covers what arrives between two memory samples (resource_check_interval_ms,
-100 ms) before the alarm blocks, and the write buffer bound of the consumer's connection."""
+MARGIN_BYTES covers what arrives between two memory samples (every resource_check_interval_ms,
+100 ms, and every RESOURCE_CHECK_READ_BYTES of input, 8 MiB) before the alarm blocks, and
+the write buffer bound of the consumer's connection."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from warrenmq.amqp.connection import Connection, ConnectionConfig
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Destination
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.exchanges.router import EXCHANGE_TYPE_NAMES
+from warrenmq.server.alarms import RESOURCE_CHECK_READ_BYTES
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.errors import (
     access_refused,
@@ -201,6 +202,10 @@ class BrokerConnection(asyncio.Protocol):
         ):
             self._reading_paused = True
             self.transport.pause_reading()
+        broker = self.broker
+        broker.read_bytes_unsampled += len(data)
+        if broker.read_bytes_unsampled >= RESOURCE_CHECK_READ_BYTES:
+            broker.sample_resources()
 
     def pause_writing(self) -> None:
         self._transport_paused = True
