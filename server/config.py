@@ -22,6 +22,14 @@ settings on listeners of their own beside the plain ones: ``management_ssl_port`
 and ``metrics_ssl_port`` (15691), as RabbitMQ's management.ssl and prometheus.ssl listeners.
 ``ssl_cert_login_from`` names the certificate field a SASL EXTERNAL login takes its
 user name from, as RabbitMQ's rabbitmq_auth_mechanism_ssl does.
+
+A cluster: ``node_id`` (1 by default) and ``cluster``, the metadata Raft group's address of
+every bootstrap voter, this node included (``"1=10.0.0.1:25672,2=10.0.0.2:25672"``); the node
+listens for its peers on its own entry's port, on ``bind``. Unset, the node is a one-member
+group. ``advertise_host`` is the host other nodes and clients reach this node's AMQP and HTTP
+ports at (default: the host of its own ``cluster`` entry, else 127.0.0.1). ``join`` starts
+the node as a non-voter waiting to be added (`warren cluster join`); its ``cluster`` then
+lists the existing voters and itself.
 """
 
 from __future__ import annotations
@@ -146,6 +154,17 @@ class BrokerConfig:
     disk_free_limit_relative: float = 0.0
     """The limit as a multiple of the machine's memory instead (disk_free_limit.relative, e.g.
     1.0); 0: the absolute one."""
+    node_id: int = 1
+    """This node's id in the cluster (1 for a single node)."""
+    cluster: str = ""
+    """The metadata group's bootstrap voters, "ID=HOST:PORT,..." with this node among them;
+    empty for a single node."""
+    advertise_host: str = ""
+    """Where other nodes and clients reach this node (default: its cluster entry's host,
+    else 127.0.0.1)."""
+    join: bool = False
+    """Start as a non-voter waiting to be added to the running cluster (`warren cluster
+    join`), rather than as a bootstrap voter."""
     resource_check_interval_ms: int = 100
     """How often memory and free disk space are sampled. RabbitMQ checks memory every second
     and disk space up to ten times a second near the limit; both samples cost microseconds
@@ -222,6 +241,31 @@ class BrokerConfig:
                 f"shutdown_timeout_s must not be negative, got {self.shutdown_timeout_s}"
             )
         self._check_tls()
+        self._check_cluster()
+
+    @property
+    def cluster_peers(self) -> dict[int, tuple[str, int]]:
+        """The metadata group's members from `cluster` (empty for a single node)."""
+        return parse_cluster(self.cluster)
+
+    @property
+    def node_host(self) -> str:
+        """The host this node's ports are reached at: see `advertise_host`."""
+        if self.advertise_host:
+            return self.advertise_host
+        own = self.cluster_peers.get(self.node_id)
+        return own[0] if own is not None else "127.0.0.1"
+
+    def _check_cluster(self) -> None:
+        if self.node_id < 1:
+            raise ConfigError(f"node_id must be at least 1, got {self.node_id}")
+        peers = self.cluster_peers
+        if peers and self.node_id not in peers:
+            raise ConfigError(
+                f"node_id {self.node_id} is not in cluster ({self.cluster}): list this node too"
+            )
+        if self.join and len(peers) < 2:
+            raise ConfigError("join needs cluster to list the running voters and this node")
 
     @property
     def tls_enabled(self) -> bool:
@@ -245,6 +289,30 @@ class BrokerConfig:
             raise ConfigError("ssl_options.verify = verify_peer needs ssl_options.cacertfile")
         if self.http_tls and not self.tls_enabled:
             raise ConfigError("http_tls needs ssl_options.certfile and ssl_options.keyfile")
+
+
+def parse_cluster(text: str) -> dict[int, tuple[str, int]]:
+    """ "1=HOST:PORT,2=HOST:PORT" as {1: (HOST, PORT), ...}; ConfigError if malformed."""
+    peers: dict[int, tuple[str, int]] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        node, separator, address = entry.partition("=")
+        host, colon, port = address.strip().rpartition(":")
+        host = host.strip("[]")
+        if not (separator and colon and host and node.strip().isdigit() and port.isdigit()):
+            raise ConfigError(f"cluster entry {entry!r} is not ID=HOST:PORT")
+        node_id, port_number = int(node), int(port)
+        if node_id < 1:
+            raise ConfigError(f"cluster entry {entry!r}: node ids start at 1")
+        if not 0 < port_number <= 65535:
+            raise ConfigError(f"cluster entry {entry!r}: port must be 1..65535")
+        if node_id in peers:
+            raise ConfigError(f"cluster lists node {node_id} twice")
+        peers[node_id] = (host, port_number)
+    if len(set(peers.values())) != len(peers):
+        raise ConfigError(f"cluster gives two nodes the same address: {text}")
+    return peers
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}

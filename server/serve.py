@@ -38,6 +38,8 @@ TLS_FLAGS = (
     "management_ssl_port",
     "metrics_ssl_port",
 )
+# The cluster settings `warren serve` takes as flags of the same names.
+CLUSTER_FLAGS = ("node_id", "cluster", "advertise_host", "join")
 
 
 def register(commands: Any) -> None:
@@ -118,6 +120,26 @@ def register(commands: Any) -> None:
         type=int,
         help="the metrics over HTTPS (default 15691; 0 picks a free one)",
     )
+    parser.add_argument(
+        "--node-id", dest="node_id", type=int, help="this node's id in the cluster (default 1)"
+    )
+    parser.add_argument(
+        "--cluster",
+        help='the metadata group\'s voters, "1=HOST:PORT,2=HOST:PORT,..." with this node '
+        "among them (its Raft port); unset: a single node",
+    )
+    parser.add_argument(
+        "--advertise-host",
+        dest="advertise_host",
+        help="the host other nodes and clients reach this node at (default: its --cluster "
+        "entry's host, else 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--join",
+        action="store_const",
+        const=True,
+        help="start as a non-voter waiting for `warren cluster join` to add it",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -134,7 +156,7 @@ def run_command(args: argparse.Namespace) -> int:
                 "management_enabled": args.management_enabled,
                 "metrics_port": args.metrics_port,
                 "metrics_enabled": args.metrics_enabled,
-                **{name: getattr(args, name) for name in TLS_FLAGS},
+                **{name: getattr(args, name) for name in (*TLS_FLAGS, *CLUSTER_FLAGS)},
             },
         )
     except ConfigError as error:

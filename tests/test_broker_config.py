@@ -107,3 +107,33 @@ def test_log_open_files_max_sizes_the_brokers_descriptor_pool(tmp_path):
 
 def test_the_transaction_limit_is_a_setting():
     assert load(environ={"WARREN_CHANNEL_TX_MESSAGE_MAX": "5"}).channel_tx_message_max == 5
+
+
+def test_cluster_settings_from_file_environment_and_flags(tmp_path):
+    config_file = tmp_path / "warren.toml"
+    config_file.write_text('cluster = "1=10.0.0.1:25672,2=10.0.0.2:25672"\nnode_id = 2\n')
+    config = load(config_file, environ={"WARREN_JOIN": "true"})
+    assert config.cluster_peers == {1: ("10.0.0.1", 25672), 2: ("10.0.0.2", 25672)}
+    assert (config.node_id, config.join, config.node_host) == (2, True, "10.0.0.2")
+    flagged = load(config_file, environ={}, overrides={"advertise_host": "broker-2"})
+    assert flagged.node_host == "broker-2"
+    assert load(environ={}).cluster_peers == {}
+    assert load(environ={}).node_host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"cluster": "1=a:1,2=b"}, "'2=b' is not ID=HOST:PORT"),
+        ({"cluster": "1=a:1,x=b:2"}, "'x=b:2' is not ID=HOST:PORT"),
+        ({"cluster": "1=a:70000"}, "port must be 1..65535"),
+        ({"cluster": "1=a:1,1=b:2"}, "lists node 1 twice"),
+        ({"cluster": "1=a:1,2=a:1"}, "the same address"),
+        ({"cluster": "1=a:1,2=b:1", "node_id": 3}, "node_id 3 is not in cluster"),
+        ({"node_id": 0}, "node_id must be at least 1"),
+        ({"join": True}, "join needs cluster"),
+    ],
+)
+def test_bad_cluster_settings_are_refused_with_the_reason(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load(environ={}, overrides=overrides)
