@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warrenmq.server.metadata.records import SINGLE_NODE_ID
+
 
 @dataclass(frozen=True, slots=True)
 class DeclareVhost:
@@ -90,6 +92,8 @@ class DeclareQueue:
     `owner` identifies the declaring connection; it becomes the exclusive owner when
     `exclusive`, and is what a redeclaration of an exclusive queue is checked against.
     `server_named` skips the reserved "amq." prefix check for a name the broker generated.
+    `node` leads the new queue (placement, chosen by the proposing node); a redeclaration
+    keeps the queue where it is. Entries from before placement decode with node 1.
     """
 
     vhost: str
@@ -100,6 +104,7 @@ class DeclareQueue:
     arguments: Mapping[str, Any] = field(default_factory=dict)
     owner: str | None = None
     server_named: bool = False
+    node: int = SINGLE_NODE_ID
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +185,38 @@ class ForgetTransient:
     """A restarted broker drops what did not survive it: transient exchanges and queues,
     exclusive queues (their connections are gone) and the bindings that touch them. What is
     left is exactly the durable projection a broker without a replicated log reloaded from
-    its rows. (A cluster will scope this to the queues the restarted node led.)"""
+    its rows.
+
+    With `node` (a cluster member restarted), only the transient and exclusive queues that
+    node led go, with the bindings to them: other nodes' exclusive queues still have their
+    connections, and exchanges are every node's state."""
+
+    node: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterNode:
+    """A cluster member's record (`records.NodeRecord`): proposed by each node at start when
+    its record is missing or differs."""
+
+    node_id: int
+    host: str
+    amqp_port: int
+    amqps_port: int = 0
+    http_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetNode:
+    """A member removed from the cluster."""
+
+    node_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectNew:
+    """Refused unless the state is empty (no vhost): first in a seed entry, so that of the
+    seeds several new nodes propose only the first applies."""
 
 
 Command = (
@@ -203,4 +239,7 @@ Command = (
     | SetVhostLimits
     | SetUserLimits
     | ForgetTransient
+    | RegisterNode
+    | ForgetNode
+    | ExpectNew
 )

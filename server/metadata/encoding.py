@@ -26,7 +26,7 @@ import json
 import math
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any
 
 from warrenmq.server.metadata import commands as c
@@ -146,6 +146,12 @@ _COMMAND_CLASSES: dict[str, type] = {cls.__name__: cls for cls in typing.get_arg
 _COMMAND_FIELDS = {
     name: tuple(f.name for f in fields(cls)) for name, cls in _COMMAND_CLASSES.items()
 }
+# Fields a command needs in an entry; those after them have defaults and may be missing from
+# entries written before they existed.
+_COMMAND_FIELDS_REQUIRED = {
+    name: sum(1 for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+    for name, cls in _COMMAND_CLASSES.items()
+}
 # Fields that are tuples in the command classes (their equality and hashing depend on it).
 _TUPLE_FIELDS = frozenset({"tags"})
 
@@ -175,10 +181,10 @@ def decode_commands(data: bytes) -> list[c.Command]:
             raise ValueError(f"not an encoded metadata command: {item!r}")
         name = item[0]
         names = _COMMAND_FIELDS[name]
-        if len(item) != len(names) + 1:
+        if not _COMMAND_FIELDS_REQUIRED[name] <= len(item) - 1 <= len(names):
             raise ValueError(f"{name} needs {len(names)} fields, got {len(item) - 1}")
         values = {}
-        for field, encoded in zip(names, item[1:], strict=True):
+        for field, encoded in zip(names, item[1:], strict=False):
             value = _decode(encoded, 0)
             values[field] = tuple(value) if field in _TUPLE_FIELDS else value
         commands.append(_COMMAND_CLASSES[name](**values))

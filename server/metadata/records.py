@@ -34,8 +34,34 @@ class User:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A member of the cluster and where its clients reach it (`RegisterNode`)."""
+
+    node_id: int
+    host: str
+    amqp_port: int
+    amqps_port: int = 0
+    http_port: int = 0
+
+    @property
+    def name(self) -> str:
+        return node_name(self.node_id)
+
+
+def node_name(node_id: int) -> str:
+    """The node's name shown to users (HTTP `node` fields, `warren cluster status`)."""
+    return f"warren@{node_id}"
+
+
+# The node a queue belongs to when its declaration predates placement: a data dir from
+# before clusters had exactly one node, and it was node 1.
+SINGLE_NODE_ID = 1
+
+
+@dataclass(frozen=True, slots=True)
 class QueueRecord:
-    """A queue's declaration. `exclusive_owner` names the connection of an exclusive queue."""
+    """A queue's declaration. `exclusive_owner` names the connection of an exclusive queue;
+    `node` is the node that leads the queue (hosts its engine)."""
 
     vhost: str
     name: str
@@ -43,6 +69,7 @@ class QueueRecord:
     auto_delete: bool
     arguments: Mapping[str, Any]
     exclusive_owner: str | None = None
+    node: int = SINGLE_NODE_ID
 
     @property
     def exclusive(self) -> bool:

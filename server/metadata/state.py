@@ -63,6 +63,8 @@ from warrenmq.server.metadata.limits import (
 from warrenmq.server.metadata.permissions import Access, Permission
 from warrenmq.server.metadata.records import (
     DEFAULT_VHOST,
+    SINGLE_NODE_ID,
+    NodeRecord,
     Policy,
     QueueRecord,
     User,
@@ -91,7 +93,9 @@ QUEUE_DECLARABLE_ARGUMENTS = (
     "x-initial-cluster-size",
     "x-queue-leader-locator",
 )
-SNAPSHOT_FORMAT = 3
+SNAPSHOT_FORMAT = 4
+# Format 3 predates placement and nodes: its queues belong to node 1.
+SNAPSHOT_FORMATS_READ = (3, SNAPSHOT_FORMAT)
 NAME_CHARS_MAX = 255  # a shortstr: queue, exchange and vhost names travel as one
 _PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
 
@@ -157,6 +161,10 @@ class MetadataState:
         # deleted exchanges had rows, and how many exchanges each vhost has.
         self._durable_exchanges: dict[str, set[str]] = {}
         self._exchange_counts: dict[str, int] = {}
+        self.nodes: dict[int, NodeRecord] = {}
+        """The cluster's members by id (`RegisterNode`); empty until a node registers."""
+        # How many queues each node leads, for balanced placement.
+        self._led: dict[int, int] = {}
         self._handlers: dict[type, Callable[[Any], Outcome]] = {
             c.DeclareVhost: self._declare_vhost,
             c.DeleteVhost: self._delete_vhost,
@@ -177,6 +185,9 @@ class MetadataState:
             c.SetVhostLimits: self._set_vhost_limits,
             c.SetUserLimits: self._set_user_limits,
             c.ForgetTransient: self._forget_transient,
+            c.RegisterNode: self._register_node,
+            c.ForgetNode: self._forget_node,
+            c.ExpectNew: self._expect_new,
         }
 
     # --- the state machine -----------------------------------------------------------------
@@ -236,6 +247,17 @@ class MetadataState:
             raise _locked(record)
         return record
 
+    def balanced_node(self, default: int) -> int:
+        """The member leading the fewest queues, ties to the lowest id (RabbitMQ's
+        `balanced` queue leader locator); `default` when no node has registered."""
+        if not self.nodes:
+            return default
+        led = self._led
+        return min(self.nodes, key=lambda node: (led.get(node, 0), node))
+
+    def queues_led(self, node: int) -> int:
+        return self._led.get(node, 0)
+
     def queues_owned_by(self, owner: str) -> list[QueueRecord]:
         """The exclusive queues of a connection, to delete when it closes."""
         return list(self._owned.get(owner, {}).values())
@@ -270,8 +292,15 @@ class MetadataState:
         """Every entity, transient ones included, as deterministic bytes (for Raft)."""
         return encoding.dumps(self._document()).encode("utf-8")
 
-    def has_transient(self) -> bool:
-        """Whether any exchange or queue is transient (exclusive queues are)."""
+    def has_transient(self, node: int | None = None) -> bool:
+        """Whether any exchange or queue is transient (exclusive queues are); with `node`,
+        any transient queue that node leads (what `ForgetTransient(node)` would drop)."""
+        if node is not None:
+            return any(
+                not record.durable and record.node == node
+                for queues in self._queues.values()
+                for record in queues.values()
+            )
         if any(
             not exchange.durable
             for router in self._routers.values()
@@ -325,6 +354,7 @@ class MetadataState:
                         record.auto_delete,
                         encoding.encode_table(record.arguments),
                         record.exclusive_owner,
+                        record.node,
                     ]
                 )
         document = {
@@ -349,6 +379,10 @@ class MetadataState:
             "exchanges": exchanges,
             "queues": queues,
             "bindings": bindings,
+            "nodes": [
+                [n.node_id, n.host, n.amqp_port, n.amqps_port, n.http_port]
+                for _, n in sorted(self.nodes.items())
+            ],
             "limits": [
                 ["vhost", name, dict(value)] for name, value in sorted(self.vhost_limits.items())
             ]
@@ -358,13 +392,28 @@ class MetadataState:
 
     def _forget_transient(self, command: c.ForgetTransient) -> Outcome:
         document = self._document()
-        document["exchanges"] = [row for row in document["exchanges"] if row[3]]
-        document["queues"] = [row for row in document["queues"] if row[2]]
-        document["bindings"] = [
-            row
-            for row in document["bindings"]
-            if self._binding_durable(row[0], row[1], Destination(row[2], row[3]))
-        ]
+        if command.node is None:
+            document["exchanges"] = [row for row in document["exchanges"] if row[3]]
+            document["queues"] = [row for row in document["queues"] if row[2]]
+            document["bindings"] = [
+                row
+                for row in document["bindings"]
+                if self._binding_durable(row[0], row[1], Destination(row[2], row[3]))
+            ]
+        else:
+            forgotten = {
+                (row[0], row[1])
+                for row in document["queues"]
+                if not row[2] and row[6] == command.node
+            }
+            document["queues"] = [
+                row for row in document["queues"] if (row[0], row[1]) not in forgotten
+            ]
+            document["bindings"] = [
+                row
+                for row in document["bindings"]
+                if row[2] != QUEUE or (row[0], row[3]) not in forgotten
+            ]
         durable = MetadataState(self.limits)
         for replayed in _snapshot_commands(document):
             durable.apply(replayed)
@@ -382,7 +431,7 @@ class MetadataState:
             document = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise ValueError(f"not a metadata snapshot: {error}") from error
-        if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
+        if not isinstance(document, dict) or document.get("format") not in SNAPSHOT_FORMATS_READ:
             raise ValueError("not a metadata snapshot of a known format")
         state = cls(limits)
         try:
@@ -424,6 +473,7 @@ class MetadataState:
         queues = self._queues.pop(name)
         for record in queues.values():
             self._disown(record)
+            self._unlead(record)
         deleted_queues = tuple(sorted(queues))
         router = self._routers.pop(name)
         deleted_exchanges = tuple(
@@ -646,9 +696,10 @@ class MetadataState:
                 f"'{vhost}' ({self.limits.queues_per_vhost_max}) is reached"
             )
         record = QueueRecord(
-            vhost, name, durable, command.auto_delete, dict(command.arguments), owner
+            vhost, name, durable, command.auto_delete, dict(command.arguments), owner, command.node
         )
         queues[name] = record
+        self._led[record.node] = self._led.get(record.node, 0) + 1
         if owner is not None:
             self._owned.setdefault(owner, {})[(vhost, name)] = record
         writes = (("put_queue", record),) if record.persisted else ()
@@ -662,6 +713,7 @@ class MetadataState:
         if record is None:
             return Outcome(False)
         self._disown(record)
+        self._unlead(record)
         change = self._routers[vhost].queue_deleted(name)
         writes = self._forget_exchanges(vhost, change.deleted_exchanges)
         if record.persisted:
@@ -669,6 +721,38 @@ class MetadataState:
         return Outcome(
             True, queue=record, deleted_exchanges=change.deleted_exchanges, writes=writes
         )
+
+    def _unlead(self, record: QueueRecord) -> None:
+        led = self._led[record.node] - 1
+        if led:
+            self._led[record.node] = led
+        else:
+            del self._led[record.node]
+
+    # --- nodes -----------------------------------------------------------------------------
+
+    def _register_node(self, command: c.RegisterNode) -> Outcome:
+        record = NodeRecord(
+            command.node_id,
+            command.host,
+            command.amqp_port,
+            command.amqps_port,
+            command.http_port,
+        )
+        if record.node_id < 1:
+            raise PreconditionFailed(f"node ids start at 1, got {record.node_id}")
+        if self.nodes.get(record.node_id) == record:
+            return Outcome(False)
+        self.nodes[record.node_id] = record
+        return Outcome(True)
+
+    def _forget_node(self, command: c.ForgetNode) -> Outcome:
+        return Outcome(self.nodes.pop(command.node_id, None) is not None)
+
+    def _expect_new(self, command: c.ExpectNew) -> Outcome:
+        if self.vhosts:
+            raise PreconditionFailed("the metadata holds vhosts already: it was seeded")
+        return Outcome(False)
 
     def _disown(self, record: QueueRecord) -> None:
         owner = record.exclusive_owner
@@ -834,7 +918,9 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
                 encoding.decode_table(arguments),
             )
         )
-    for vhost, name, durable, auto_delete, arguments, owner in document["queues"]:
+    for node_row in document.get("nodes", []):
+        commands.append(c.RegisterNode(*node_row))
+    for vhost, name, durable, auto_delete, arguments, owner, *placed in document["queues"]:
         commands.append(
             c.DeclareQueue(
                 vhost,
@@ -845,6 +931,7 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
                 encoding.decode_table(arguments),
                 owner,
                 server_named=True,
+                node=placed[0] if placed else SINGLE_NODE_ID,
             )
         )
     for vhost, source, kind, destination, routing_key, arguments in document["bindings"]:
