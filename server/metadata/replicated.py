@@ -30,6 +30,19 @@ is the `MetadataState`:
   transient or exclusive queues: they did not survive the restart, exactly as before, but
   now by a log entry rather than by not having been stored.
 
+A cluster (`open(..., node_id, peers)` with more than one peer) runs the same group with a
+transport: `propose` works on every member (a follower forwards to the leader) and resolves
+once the entry is applied HERE, so read-your-writes holds on the node a client uses. A
+proposal made while no leader is known is retried for `LEADER_WAIT_S`. `open` returns once
+a leader is known and this node has applied what it has learnt committed. Then:
+* a brand-new log is seeded by every bootstrap node with the same entry headed by
+  `ExpectNew`: the first to apply wins, the others' are refused by every replica alike (a
+  joining node never seeds: its log comes from the cluster);
+* a restarted member forgets only the transient and exclusive queues IT led
+  (`ForgetTransient(node)`): another node's exclusive queues still have their connections.
+Every applied entry, whoever proposed it, is reported to `MetadataMachine.listener`
+(commands with their outcomes): the broker reconciles its running side with it.
+
 The SQLite rows (`metadata.sqlite3`, `MetadataStore` with `load=False`) stay, as a VIEW of the
 applied state: each applied command's rows are queued and written, those of
 `ROWS_WRITE_DELAY_S` in one transaction, with the log index they come from. Nobody waits for
@@ -57,15 +70,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from warrenmq.cluster.group import GroupConfig, GroupStopped, ProposalLost, RaftGroup
-from warrenmq.cluster.raft.core import RaftError
+from warrenmq.cluster.raft.core import NotLeader, RaftError
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.encoding import decode_commands, encode_commands
-from warrenmq.server.metadata.records import User
+from warrenmq.server.metadata.records import SINGLE_NODE_ID, User
 from warrenmq.server.metadata.state import Limits, MetadataState, Outcome
 from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore, StoreFailed
 
@@ -76,7 +91,10 @@ RAFT_DIRECTORY = "metadata-raft"
 SNAPSHOT_ENTRIES = 20_000
 # The rows are a view nobody waits for: the commands of this long share one transaction.
 ROWS_WRITE_DELAY_S = 0.1
-_NODE_ID = 1
+# How long a proposal waits for a leader to be known (an election) before it fails.
+LEADER_WAIT_S = 10.0
+# How often a starting member logs that it still waits for the cluster.
+_WAIT_LOG_INTERVAL_S = 5.0
 # The Raft files hold password hashes too.
 _DIRECTORY_MODE = 0o700
 
@@ -95,6 +113,9 @@ class MetadataMachine:
 
     def __init__(self, rows: MetadataStore, rows_log_index: int) -> None:
         self.rows = rows
+        self.listener: Callable[[list[c.Command], list[Outcome]], None] | None = None
+        """Told of every applied entry's commands and their outcomes (the refused one and
+        those after it left out), after the state changed: whoever proposed it."""
         # Entries up to here already have their rows in the view (a restart replays them).
         self._rows_log_index = rows_log_index
 
@@ -114,6 +135,7 @@ class MetadataMachine:
             return result
         writes = []
         state = self.rows.state
+        listener = self.listener
         for command in commands:
             try:
                 outcome = state.apply(command)
@@ -129,6 +151,13 @@ class MetadataMachine:
                 self.rows.write_rows(writes, index).add_done_callback(_retrieved)
             except StoreFailed as error:
                 result.error = error
+        if listener is not None and result.outcomes:
+            try:
+                listener(commands, result.outcomes)
+            except Exception:
+                # The state is applied, the same on every replica; what the broker failed to
+                # reconcile is its own to log.
+                logger.exception("reacting to metadata entry %d failed", index)
         return result
 
     def skip(self, index: int) -> None:
@@ -148,9 +177,12 @@ class MetadataMachine:
 class ReplicatedMetadata:
     """The broker's metadata store: see the module docstring."""
 
-    def __init__(self, rows: MetadataStore, group: RaftGroup) -> None:
+    def __init__(self, rows: MetadataStore, group: RaftGroup, machine: MetadataMachine) -> None:
         self.rows = rows
         self.group = group
+        self.machine = machine
+        self.node_id = group.config.node_id
+        self.clustered = group.transport is not None
         self.path = rows.path
         self._syncing = asyncio.Lock()
 
@@ -160,10 +192,20 @@ class ReplicatedMetadata:
 
     @classmethod
     async def open(
-        cls, data_dir: str | os.PathLike[str], *, limits: Limits | None = None
+        cls,
+        data_dir: str | os.PathLike[str],
+        *,
+        limits: Limits | None = None,
+        node_id: int = SINGLE_NODE_ID,
+        peers: Mapping[int, tuple[str, int]] | None = None,
+        joining: bool = False,
     ) -> ReplicatedMetadata:
         """Open the data dir's metadata: recover the log, upgrade or seed it from the rows
-        if it is new, take in offline CLI edits and drop what did not survive a restart."""
+        if it is new, take in offline CLI edits and drop what did not survive a restart.
+
+        `peers` (the Raft address of every bootstrap voter, this node included) makes this
+        node a member of a cluster; `joining` starts it as a non-voter that waits to be added
+        (module docstring)."""
         data_dir = Path(data_dir)
         rows = await MetadataStore.open(
             data_dir / METADATA_FILE,
@@ -177,20 +219,34 @@ class ReplicatedMetadata:
             raft_dir = data_dir / RAFT_DIRECTORY
             raft_dir.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
             machine = MetadataMachine(rows, await rows.written_log_index())
+            clustered = peers is not None and len(peers) > 1
+            voters = None
+            if joining:
+                voters = tuple(sorted(node for node in peers or {} if node != node_id))
             group = RaftGroup(
-                GroupConfig(node_id=_NODE_ID, data_dir=raft_dir, snapshot_entries=SNAPSHOT_ENTRIES),
+                GroupConfig(
+                    node_id=node_id,
+                    data_dir=raft_dir,
+                    peers=dict(peers) if clustered and peers is not None else None,
+                    voters=voters,
+                    snapshot_entries=SNAPSHOT_ENTRIES,
+                ),
                 machine,
             )
             new_log = group.storage.snapshot is None and group.storage.last_index == 0
             await group.start()
-            await group.wait_leading()
-            metadata = cls(rows, group)
-            if new_log:
-                await metadata._seed_from_rows()
+            metadata = cls(rows, group, machine)
+            if clustered:
+                await metadata._wait_caught_up()
             else:
+                await group.wait_leading()
+            if new_log and not joining:
+                await metadata._seed_from_rows()
+            elif not new_log:
                 await metadata._take_offline_edits()
-            if metadata.state.has_transient():
-                await metadata.apply(c.ForgetTransient())
+            forget_node = node_id if clustered else None
+            if metadata.state.has_transient(forget_node):
+                await metadata.apply(c.ForgetTransient(forget_node))
         except BaseException:
             if group is not None:
                 await group.stop()
@@ -198,9 +254,33 @@ class ReplicatedMetadata:
             raise
         return metadata
 
+    async def _wait_caught_up(self) -> None:
+        """Until a leader is known and this member applied what it knows committed (every
+        entry committed before it started, once it heard from that leader)."""
+        group = self.group
+        loop = asyncio.get_running_loop()
+        logged_s = loop.time()
+        while True:
+            raft = group.raft
+            if raft.leader_id is not None and group.applied_index >= raft.commit_index:
+                return
+            if group.stopped:
+                raise StoreFailed("the metadata group stopped") from group.fatal_error
+            if loop.time() - logged_s > _WAIT_LOG_INTERVAL_S:
+                logged_s = loop.time()
+                logger.info(
+                    "node %d waits for the metadata group: voters %s, no leader yet%s",
+                    self.node_id,
+                    list(raft.voters),
+                    "" if self.node_id in raft.voters else " (not a voter: join it)",
+                )
+            await asyncio.sleep(group.config.tick_s)
+
     async def _seed_from_rows(self) -> None:
         """A new log starts with what the rows hold: the upgrade of a data dir that predates
-        the log, or a fresh one's defaults. One entry, so a crash leaves all or nothing."""
+        the log, or a fresh one's defaults. One entry, so a crash leaves all or nothing. In a
+        cluster every bootstrap member proposes its seed, headed by `ExpectNew`: only the
+        first applies."""
         scratch = MetadataState(self.state.limits)
         seed = []
         for command in await self.rows.stored_commands():
@@ -212,9 +292,17 @@ class ReplicatedMetadata:
                 logger.warning("skipping stored metadata %r: %s", command, error)
                 continue
             seed.append(command)
-        if seed:
+        if not seed:
+            return
+        if self.clustered:
+            try:
+                await self.apply_all([c.ExpectNew(), *seed])
+            except RoutingError:
+                logger.info("metadata log seeded by another node")
+                return
+        else:
             await self.apply_all(seed)
-            logger.info("metadata log started from %d stored rows", len(seed))
+        logger.info("metadata log started from %d stored rows", len(seed))
 
     async def _take_offline_edits(self) -> None:
         await self._propose_changes(await self.rows.external_changes(since_open=True))
@@ -240,7 +328,7 @@ class ReplicatedMetadata:
         if self.group.fatal_error is not None:
             raise StoreFailed("metadata log failed earlier") from self.group.fatal_error
         try:
-            proposed = self.group.propose(encode_commands(commands))
+            proposed = await self._proposed(encode_commands(commands))
             # Shielded: a caller cancelled while waiting does not take the entry back.
             applied = await asyncio.shield(proposed)
         except (GroupStopped, ProposalLost) as error:
@@ -251,6 +339,29 @@ class ReplicatedMetadata:
         if result.error is not None:
             raise result.error
         return result.outcomes
+
+    async def _proposed(self, data: bytes) -> asyncio.Future[Any]:
+        """The group's proposal of `data`, retried while no leader is known (an election)."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + LEADER_WAIT_S
+        while True:
+            try:
+                return self.group.propose(data)
+            except NotLeader:
+                if loop.time() > deadline_s:
+                    raise
+            await asyncio.sleep(self.group.config.tick_s * 5)
+
+    def status(self) -> dict[str, Any]:
+        """The group's status (`RaftGroup.status`) with which peers are connected."""
+        status = self.group.status()
+        transport = self.group.transport
+        status["connected"] = (
+            [node for node in self.group.raft.voters if transport.connected(node)]
+            if transport is not None
+            else []
+        )
+        return status
 
     # --- authentication --------------------------------------------------------------------
 
