@@ -47,6 +47,7 @@ from .alarms import (
     resident_memory_bytes,
     total_memory_bytes,
 )
+from .cluster_node import ClusterNode
 from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
@@ -188,6 +189,7 @@ class Broker:
         """Bytes read from clients since the resources were last sampled (see
         alarms.RESOURCE_CHECK_READ_BYTES); connections count them."""
         self._metadata_follower: asyncio.Task[None] | None = None
+        self.node = ClusterNode(self)
         # The management API and the metrics: adapters of their own on this event loop.
         self.http = HttpListeners(self)
         self.redrives = Redrives(
@@ -209,7 +211,12 @@ class Broker:
                 self.data_dir,
             )
             self.resources.check()
-            self.store = await ReplicatedMetadata.open(self.data_dir)
+            self.store = await ReplicatedMetadata.open(
+                self.data_dir,
+                node_id=self.config.node_id,
+                peers=self.config.cluster_peers,
+                joining=self.config.join,
+            )
             # Recovery creates only objects that live on, millions of them for 100,000
             # queues; the collector's full passes over them were 40% of the time it took.
             collecting = gc.isenabled()
@@ -219,6 +226,9 @@ class Broker:
             finally:
                 if collecting:
                     gc.enable()
+            # From here on (no await since the metadata opened), every entry applied here,
+            # wherever it was proposed, reaches the running side.
+            self.store.machine.listener = self.node.applied
             self.server = await self._loop.create_server(
                 lambda: BrokerConnection(self),
                 self.config.bind,
@@ -240,6 +250,7 @@ class Broker:
                 self.tls_port = self.tls_server.sockets[0].getsockname()[1]
                 log.info("AMQP over TLS listening on %s:%d", self.config.bind, self.tls_port)
             await self.http.start()
+            await self.node.register()
         except BaseException:
             await self._abandon_start()
             raise
@@ -280,6 +291,7 @@ class Broker:
             confirm=self.stage_confirm,
             open_delayed=self._open_delayed,
             dead_letter_counts=self.dead_letter_counts,
+            node_id=self.config.node_id,
         )
         self.vhosts[name] = vhost
         return vhost
@@ -477,8 +489,19 @@ class Broker:
         state = self.store.state
         return vhost in state.vhosts and state.permission(username, vhost) is not None
 
+    def queue_leader(self, vhost: str, name: str) -> int:
+        """The id of the node that leads the queue (NotFound if there is none)."""
+        return self.node.queue_leader(vhost, name)
+
+    def node_address(self, node_id: int) -> tuple[str, int]:
+        """(host, AMQP port) of a node of the cluster (NotFound if unknown)."""
+        return self.node.node_address(node_id)
+
     def connection_refusal(self, username: str, vhost: str) -> str | None:
         assert self.store is not None
+        removed = self.node.refusal()
+        if removed is not None:
+            return removed
         state = self.store.state
         return admission.connection_refusal(
             state.vhost_limits.get(vhost),

@@ -9,6 +9,13 @@ consumers) for every queue record.
 Every topology change is awaited before the client gets its -ok, so a declare-ok for a
 durable entity means it survives a restart.
 
+In a cluster, every queue record names the node that leads it (`QueueRecord.node`, chosen
+here when a declare proposes it: `queue_leader_node`); a vhost hosts the queues its node
+leads, and the broker opens and retires them as entries proposed anywhere apply
+(`host_declared`, `retire_queue`). Work on a queue another node leads is refused with 406
+and the leader's name (`led_elsewhere`) until forwarding serves it; a publish routed to one
+is refused (nacked under confirms).
+
 A new queue's storage is opened before its record is written: a declare that cannot be
 honoured (no descriptors, a full disk) leaves no record behind, and a crash between the two
 leaves only a directory that no record names, which recovery deletes. A queue whose storage
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import enum
 import errno
 import hashlib
@@ -42,6 +50,7 @@ from warrenmq.exchanges.router import Router
 from warrenmq.exchanges.super_stream import PARTITION_ORDER, SUPER_STREAM, SuperStreamExchange
 from warrenmq.log import RawRecord
 from warrenmq.server.metadata import commands as mc
+from warrenmq.server.metadata.records import SINGLE_NODE_ID, QueueRecord, node_name
 from warrenmq.server.metadata.state import strip_cr_lf
 
 from .dead_letter_journal import DeadLetterJournal, Item, digest
@@ -73,6 +82,10 @@ _DIRECTORY_NAME_CHARS_MAX = 200
 # distinct keys just clears it.
 _ENCODED_NAMES_MAX = 1024
 DEAD_LETTER_EXCHANGE = "x-dead-letter-exchange"
+LEADER_LOCATOR_ARGUMENT = "x-queue-leader-locator"
+LEADER_LOCATOR_POLICY_KEY = "queue-leader-locator"
+CLIENT_LOCAL = "client-local"
+BALANCED = "balanced"
 
 
 class Published(enum.Enum):
@@ -143,6 +156,18 @@ BCC keys it keeps and the failed deliveries it carries (`Kept`)."""
 FAILED_DELIVERY_REASONS = frozenset((REJECTED, DELIVERY_LIMIT))
 """For one dead letter: its record, whether persistent, its target queues and delayed
 exchanges (none: dropped), and the BCC keys it keeps in its targets."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnhostedQueue:
+    """What a declare of a queue this node does not host answers with: one another node
+    leads (a new queue's counts, 0 and 0, until forwarding asks the leader for the real
+    ones), or one an entry applied right after the declare deleted."""
+
+    name: str
+    node: int
+    ready_count: int = 0
+    consumer_count: int = 0
 
 
 class DeadLetterHandoff:
@@ -250,8 +275,10 @@ class VirtualHost:
         confirm: Callable[[DeadLetterHandoff | DelayedHandoff, int], None],
         open_delayed: Callable[[Path], DelayedMessageLog],
         dead_letter_counts: DeadLetterCounts,
+        node_id: int = SINGLE_NODE_ID,
     ) -> None:
         self.name = name
+        self.node_id = node_id
         self._dead_letter_counts = dead_letter_counts
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
@@ -296,10 +323,9 @@ class VirtualHost:
         return self.store.state.router(self.name)
 
     async def _apply(self, command: Any) -> Any:
-        outcome = await self.store.apply(command)
-        if outcome.deleted_exchanges:
-            self.delayed.exchanges_deleted(outcome.deleted_exchanges)
-        return outcome
+        # What the entry deleted (queues, delayed exchanges' stores) the broker retires as it
+        # applies, for entries proposed here and elsewhere alike (`Broker.metadata_applied`).
+        return await self.store.apply(command)
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -326,6 +352,8 @@ class VirtualHost:
                 # same as `stage(route(...))`, without the intermediate tuples.
                 queue = self.queues.get(routing_key)
                 if queue is None:
+                    if self._led_elsewhere(routing_key):
+                        return Published.REFUSED
                     return Published.UNROUTABLE
                 routing_key_bytes = self._encoded_names.get(routing_key)
                 if routing_key_bytes is None:
@@ -361,7 +389,8 @@ class VirtualHost:
         if exchange == "" and routing_keys is None:
             # The default exchange routes to the queue named by the key: no Router call (and
             # no set built) on the commonest path.
-            return ((routing_key,) if routing_key in self.queues else ()), properties, bcc
+            routed = routing_key in self.queues or self._led_elsewhere(routing_key)
+            return ((routing_key,) if routed else ()), properties, bcc
         router = self.router
         if routing_keys is None and not internal_allowed:
             return router.route(exchange, routing_key, headers), properties, bcc
@@ -412,6 +441,8 @@ class VirtualHost:
             elif type(name) is DelayedTarget:
                 held += 1
                 refused |= not self.delayed.stage(name, record, persistent, publisher)
+            elif self._led_elsewhere(name):
+                refused = True
         if refused:
             return Published.REFUSED
         # As the plugin: a held message reached no queue yet, so a mandatory one is returned.
@@ -661,11 +692,47 @@ class VirtualHost:
     def queue_directory(self, name: str) -> Path:
         return self.directory / directory_name(name)
 
+    def _led_elsewhere(self, name: str) -> bool:
+        record = self.store.state.queue(self.name, name)
+        return record is not None and record.node != self.node_id
+
+    def led_elsewhere(self, record: QueueRecord) -> Exception:
+        """The refusal of work on a queue another node leads, until forwarding serves it."""
+        rs = queue_arguments.resource("queue", record.name, self.name)
+        leader = node_name(record.node)
+        return precondition_failed(
+            f"{rs} is led by node {leader}, and this node does not forward to it yet: "
+            f"connect to {leader}"
+        )
+
+    def queue_leader_node(self, name: str, arguments: Mapping[str, Any], exclusive: bool) -> int:
+        """Where a new queue goes: the node of the declaring client ("client-local", the
+        default, and always for an exclusive queue, whose connection is here), else the
+        member leading the fewest queues. The policy's queue-leader-locator wins over the
+        argument, as in RabbitMQ 3.10."""
+        if exclusive:
+            return self.node_id
+        locator = arguments.get(LEADER_LOCATOR_ARGUMENT, CLIENT_LOCAL)
+        chosen = policy.queue_policy(
+            name,
+            queue_arguments.queue_type(arguments),
+            self.store.state.policies(self.name).values(),
+        )
+        if chosen is not None:
+            locator = chosen.definition.get(LEADER_LOCATOR_POLICY_KEY, locator)
+        if isinstance(locator, bytes):
+            locator = locator.decode(errors="replace")
+        if locator == CLIENT_LOCAL:
+            return self.node_id
+        return self.store.state.balanced_node(self.node_id)
+
     def get_queue(self, name: str, owner: str) -> WorkQueue:
         """The queue for passive declare, consume, get, bind, purge: 404, or 405 if locked."""
         record = self.store.state.lookup_queue(self.name, name, owner)
         queue = self.queues.get(record.name)
         if queue is None:
+            if record.node != self.node_id:
+                raise self.led_elsewhere(record)
             if record.name not in self._opening:
                 raise self._crashed(record.name)
             queue = self._host(record, self._opening.pop(record.name))
@@ -693,6 +760,7 @@ class VirtualHost:
         """Declare a queue, or redeclare an equivalent one. `user` is whom a client's declare
         acts for (None: the broker's own, as a definitions import), checked as rabbit_channel
         checks a new queue's dead-letter exchange."""
+        node = self.queue_leader_node(strip_cr_lf(name), arguments, exclusive)
         command = mc.DeclareQueue(
             self.name,
             name,
@@ -702,13 +770,70 @@ class VirtualHost:
             arguments=dict(arguments),
             owner=owner,
             server_named=server_named,
+            node=node,
         )
         name = strip_cr_lf(name)
         # A declare of the same new queue still waiting for its command to apply has the
         # storage open already: this one is a redeclaration, checked when it applies after it.
-        if self.store.state.queue(self.name, name) is not None or name in self._opening:
+        existing = self.store.state.queue(self.name, name)
+        if existing is not None or name in self._opening or node != self.node_id:
+            if node != self.node_id and existing is None:
+                self._check_new_queue(
+                    name, durable, exclusive, auto_delete, arguments, server_named, user
+                )
             outcome = await self._apply(command)
-            return self._used(self._hosted(outcome.queue))
+            record = outcome.queue
+            if (
+                record.node != self.node_id
+                or self.store.state.queue(self.name, record.name) is None
+            ):
+                return cast(WorkQueue, UnhostedQueue(record.name, record.node))
+            return self._used(self._hosted(record))
+        self._check_new_queue(name, durable, exclusive, auto_delete, arguments, server_named, user)
+        deleted = self.queues.get(name)
+        if deleted is not None:
+            # A delete of it applied, and its caller resumes later to retire it: retire it now,
+            # or that would take away the directory of the queue declared here.
+            self.retire_queue(deleted)
+        engine = self._open_new(name, arguments)
+        self._opening[name] = engine
+        try:
+            outcome = await self._apply(command)
+        except BaseException:
+            if self._opening.pop(name, None) is engine:
+                engine.delete()
+            raise
+        record = outcome.queue
+        hosted = self.queues.get(record.name)
+        state = self.store.state
+        if (
+            hosted is None
+            and self.name in state.vhosts
+            and state.queue(self.name, record.name) is None
+        ):
+            # Deleted (through another node) by an entry applied right after this one.
+            self._opening.pop(record.name).delete()
+            return cast(WorkQueue, UnhostedQueue(record.name, record.node))
+        if hosted is None:
+            engine = self._opening.pop(record.name)
+            try:
+                hosted = self._host(record, engine)
+            except BaseException:
+                # A command applied right after this one took the vhost away (404).
+                engine.delete()
+                raise
+        return self._used(hosted)
+
+    def _check_new_queue(
+        self,
+        name: str,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: Mapping[str, Any],
+        server_named: bool,
+        user: str | None,
+    ) -> None:
         if queue_arguments.queue_type(arguments) == Stream.queue_type:
             stream_arguments.check_declare(
                 name,
@@ -725,30 +850,27 @@ class VirtualHost:
             queue_arguments.check_declare(
                 name, self.name, durable, exclusive, auto_delete, arguments
             )
-        deleted = self.queues.get(name)
-        if deleted is not None:
-            # A delete of it applied, and its caller resumes later to retire it: retire it now,
-            # or that would take away the directory of the queue declared here.
-            self.retire_queue(deleted)
-        engine = self._open_new(name, arguments)
-        self._opening[name] = engine
+
+    def host_declared(self, record: QueueRecord) -> None:
+        """A queue this node leads was declared through another node: open its storage."""
+        if record.name in self.queues or record.name in self._opening:
+            return
+        directory = self.queue_directory(record.name)
+        if directory.exists():
+            # No record named it before this one: a leftover (see `_open_new`).
+            remove_directory(directory)
         try:
-            outcome = await self._apply(command)
-        except BaseException:
-            if self._opening.pop(name, None) is engine:
-                engine.delete()
-            raise
-        record = outcome.queue
-        hosted = self.queues.get(record.name)
-        if hosted is None:
-            engine = self._opening.pop(record.name)
-            try:
-                hosted = self._host(record, engine)
-            except BaseException:
-                # A command applied right after this one took the vhost away (404).
-                engine.delete()
-                raise
-        return self._used(hosted)
+            queue = self._host(record, self._open_existing(record))
+        except Exception as error:
+            self._failed(record.name, error)
+            return
+        self._used(queue)
+
+    def retire_deleted(self) -> None:
+        """Stop hosting the queues whose records are gone (a `ForgetTransient`)."""
+        records = self.store.state.queues(self.name)
+        for queue in [q for name, q in self.queues.items() if name not in records]:
+            self.retire_queue(queue)
 
     def _check_dead_letter_exchange(
         self, queue: str, arguments: Mapping[str, Any], user: str
@@ -895,6 +1017,8 @@ class VirtualHost:
         kept = []
         now_ms = self._clock()
         for record in self.store.state.queues(self.name).values():
+            if record.node != self.node_id:
+                continue
             kept.append(directory_name(record.name))
             try:
                 queue = self._host(record, self._open_existing(record))
@@ -1181,7 +1305,11 @@ class VirtualHost:
                     durable=True,
                     exclusive=False,
                     auto_delete=False,
-                    arguments={"x-queue-type": Stream.queue_type},
+                    # Spread over the nodes, as rabbitmq-streams add_super_stream places them.
+                    arguments={
+                        "x-queue-type": Stream.queue_type,
+                        LEADER_LOCATOR_ARGUMENT: BALANCED,
+                    },
                     owner="",
                     server_named=False,
                     # The broker's own declare: a stream has no dead-letter exchange to check.

@@ -107,9 +107,10 @@ def test_two_deletes_racing_one_counts_the_messages_the_other_finds_it_gone(tmp_
 def test_a_declare_between_a_deletes_apply_and_its_retiring_keeps_its_own_files(
     tmp_path, start_broker
 ):
-    """The delete's record is gone but its caller has not yet retired the queue (it resumes
-    a loop iteration later): a declare then makes a new queue, whose directory the old
-    queue's retiring must not take away."""
+    """The delete's record is gone but its caller has not resumed yet (a loop iteration
+    later): a declare then makes a new queue, whose directory the old queue's retiring must
+    not take away. The queue is retired as its delete applies (the broker reacts to every
+    applied entry, wherever proposed), so the caller's own retiring finds nothing left."""
     running = start_broker(tmp_path / "data")
     vhost = running.broker.vhosts["/"]
 
@@ -118,7 +119,8 @@ def test_a_declare_between_a_deletes_apply_and_its_retiring_keeps_its_own_files(
         deleting = asyncio.ensure_future(vhost.delete_queue(old))
         while vhost.store.state.queue("/", "q") is not None:
             await asyncio.sleep(0)
-        assert vhost.queues.get("q") is old, "the delete's caller has not resumed yet"
+        assert not deleting.done(), "the delete's caller has not resumed yet"
+        assert "q" not in vhost.queues and old.deleted, "retired as its delete applied"
         new = await vhost.declare_queue("q", **DURABLE_QUEUE)
         await deleting
         return old, new

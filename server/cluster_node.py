@@ -1,0 +1,146 @@
+"""This broker as a node of the cluster: what it does with metadata entries applied here,
+wherever they were proposed, and what it tells others about itself.
+
+Every node applies every metadata entry (`ReplicatedMetadata`); exchanges, bindings, users,
+permissions and policies are read from the state, so they are usable on a node the moment it
+applied them. The running side follows through `applied` (`MetadataMachine.listener`),
+called for each applied entry after the state changed:
+* a vhost declared or deleted: hosted or retired here (`Broker.sync_vhosts`);
+* a queue declared that this node leads: its storage opened here, unless a declare through
+  this node opened it already (`VirtualHost.host_declared`);
+* a queue deleted, or forgotten by `ForgetTransient`: retired here, its consumers
+  cancelled, if this node hosted it; delayed exchanges deleted: their stores dropped;
+* policies set or cleared: the vhost's queues take them;
+* this node forgotten (`ForgetNode`, `warren cluster remove`): it closes its connections and
+  refuses new ones with the reason (`refusal`).
+
+At start (`register`), a node proposes its `NodeRecord` (where clients and nodes reach its
+AMQP and HTTP ports) when the state lacks it or holds another.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from warrenmq.amqp import replies
+from warrenmq.server.metadata import commands as c
+from warrenmq.server.metadata.errors import NotFound
+from warrenmq.server.metadata.records import NodeRecord, node_name
+from warrenmq.server.metadata.state import Outcome
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+_POLICY_COMMANDS = (c.SetPolicy, c.ClearPolicy)
+_DELETING_EXCHANGES = (c.DeleteExchange, c.DeleteQueue, c.Unbind)
+
+
+class ClusterNode:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.node_id = broker.config.node_id
+        self.name = node_name(self.node_id)
+        self.removed = False
+
+    # -- what the broker asks ---------------------------------------------------------------
+
+    def queue_leader(self, vhost: str, name: str) -> int:
+        """The node that leads the queue; NotFound (404) if there is no such queue."""
+        record = self._state().queue(vhost, name)
+        if record is None:
+            raise NotFound(f"no queue '{name}' in vhost '{vhost}'")
+        return record.node
+
+    def node_address(self, node_id: int) -> tuple[str, int]:
+        """(host, AMQP port) where clients and nodes reach the node; NotFound if unknown."""
+        record = self._state().nodes.get(node_id)
+        if record is None:
+            raise NotFound(f"no node {node_name(node_id)} in the cluster")
+        return record.host, record.amqp_port
+
+    def refusal(self) -> str | None:
+        """Why this node refuses to serve, or None."""
+        if self.removed:
+            return f"node {self.name} was removed from the cluster"
+        return None
+
+    def _state(self) -> Any:
+        store = self.broker.store
+        assert store is not None
+        return store.state
+
+    # -- start ------------------------------------------------------------------------------
+
+    def record(self) -> NodeRecord:
+        broker = self.broker
+        http_ports = broker.http.ports()
+        return NodeRecord(
+            self.node_id,
+            broker.config.node_host,
+            broker.port,
+            broker.tls_port,
+            http_ports.get("management", 0),
+        )
+
+    async def register(self) -> None:
+        store = self.broker.store
+        assert store is not None
+        record = self.record()
+        if store.state.nodes.get(self.node_id) != record:
+            await store.apply(
+                c.RegisterNode(
+                    record.node_id,
+                    record.host,
+                    record.amqp_port,
+                    record.amqps_port,
+                    record.http_port,
+                )
+            )
+
+    # -- applied entries --------------------------------------------------------------------
+
+    def applied(self, commands: list[c.Command], outcomes: list[Outcome]) -> None:
+        for command, outcome in zip(commands, outcomes, strict=False):
+            if outcome.changed:
+                self._reconcile(command, outcome)
+
+    def _reconcile(self, command: c.Command, outcome: Outcome) -> None:
+        broker = self.broker
+        if isinstance(command, (c.DeclareVhost, c.DeleteVhost)):
+            broker.sync_vhosts()
+            return
+        if isinstance(command, c.ForgetNode):
+            if command.node_id == self.node_id:
+                self._leave()
+            return
+        if isinstance(command, c.ForgetTransient):
+            for vhost in broker.vhosts.values():
+                vhost.retire_deleted()
+            return
+        vhost_name = getattr(command, "vhost", None)
+        vhost = broker.vhosts.get(vhost_name) if vhost_name is not None else None
+        if vhost is None:
+            return
+        if isinstance(command, c.DeclareQueue):
+            record = outcome.queue
+            if outcome.created and record is not None and record.node == self.node_id:
+                vhost.host_declared(record)
+        elif isinstance(command, c.DeleteQueue):
+            queue = vhost.queues.get(outcome.queue.name) if outcome.queue else None
+            if queue is not None:
+                vhost.retire_queue(queue)
+        elif isinstance(command, _POLICY_COMMANDS):
+            vhost.apply_policies()
+        if outcome.deleted_exchanges and isinstance(command, _DELETING_EXCHANGES):
+            vhost.delayed.exchanges_deleted(outcome.deleted_exchanges)
+
+    def _leave(self) -> None:
+        if self.removed:
+            return
+        self.removed = True
+        reason = self.refusal()
+        log.warning("%s; closing every connection and refusing new ones", reason)
+        for connection in list(self.broker.connections):
+            connection.close(replies.CONNECTION_FORCED, reason or "")
