@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import json
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from aiohttp import web
 from warrenmq.amqp import replies
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import MetadataState, ReplicatedMetadata
+from warrenmq.server.metadata.records import node_name
 from warrenmq.server.vhost import VirtualHost
 
 from . import listing
@@ -70,7 +70,7 @@ class ManagementApi:
         self.host = host
         self.rates = Rates()
         self.started_at_s = time.monotonic()
-        self.node = f"warren@{socket.gethostname()}"
+        self.node = node_name(host.config.node_id)
         self.listeners: dict[str, int] = {}
         """The HTTP listeners that run (MANAGEMENT, METRICS and their _SSL twins) and
         their ports."""

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from warrenmq.log.latency import LatencyHistogram
 from warrenmq.server.alarms import ResourceMonitor
+from warrenmq.server.cluster_node import ClusterNode
 from warrenmq.server.config import BrokerConfig
 from warrenmq.server.metadata import ReplicatedMetadata
 from warrenmq.server.queue.consumer import Consumer
@@ -81,6 +82,8 @@ class Host(Protocol):
     resources: ResourceMonitor
     """The memory and disk alarms."""
     redrives: Redrives
+    node: ClusterNode
+    """This broker as a node of the cluster."""
 
     def sync_vhosts(self) -> None:
         """Host the vhosts the store holds (and drop those it no longer holds)."""

@@ -31,6 +31,7 @@ from warrenmq.exchanges.errors import RoutingError
 
 from . import (
     bindings,
+    cluster,
     connections,
     definitions,
     dlq,
@@ -98,8 +99,15 @@ ANY, ADMIN, MONITOR, VHOST = Access.ANY, Access.ADMIN, Access.MONITOR, Access.VH
 ROUTES: tuple[Route, ...] = (
     route("/api/overview", ANY, GET=overview.overview),
     route("/api/whoami", ANY, GET=users.whoami),
-    route("/api/nodes", MONITOR, GET=overview.nodes),
-    route("/api/nodes/{node}", MONITOR, GET=overview.node),
+    route("/api/nodes", MONITOR, GET=cluster.nodes),
+    route("/api/nodes/{node}", MONITOR, GET=cluster.node),
+    route("/api/cluster-name", ANY, GET=cluster.get_cluster_name),
+    route(
+        "/api/cluster/members/{node_id}",
+        ADMIN,
+        PUT=cluster.add_member,
+        DELETE=cluster.remove_member,
+    ),
     route("/api/definitions", ADMIN, GET=definitions.export_all, POST=definitions.import_all),
     route(
         "/api/all-configuration",

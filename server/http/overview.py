@@ -28,11 +28,12 @@ from warrenmq.server.alarms import (
     disk_free_bytes,
     resident_memory_bytes,
 )
+from warrenmq.server.metadata.records import node_name
 from warrenmq.server.vhost import Published
 
 from .api import PROTOCOLS, RABBITMQ_VERSION, Call, ManagementApi, core, reply, sync
 from .connections import open_connections, visible_to
-from .errors import bad_request, object_not_found
+from .errors import bad_request
 from .stats import (
     CHANNEL_STATS,
     DEPTHS,
@@ -104,7 +105,7 @@ async def overview(call: Call) -> web.Response:
         "product_version": warrenmq.__version__,
         "product_name": "Warren",
         "rabbitmq_version": RABBITMQ_VERSION,
-        "cluster_name": api.node,
+        "cluster_name": cluster_name(api),
         "disable_stats": False,
         "enable_queue_totals": False,
         "message_stats": detailed(
@@ -132,6 +133,12 @@ async def overview(call: Call) -> web.Response:
         item["listeners"] = listeners(api)
         item["contexts"] = []
     return reply(item)
+
+
+def cluster_name(api: ManagementApi) -> str:
+    """As RabbitMQ's default cluster name, the name of a node: the lowest id."""
+    nodes = api.state.nodes
+    return node_name(min(nodes)) if nodes else api.node
 
 
 def _open_files() -> int:
@@ -172,16 +179,6 @@ def node_json(api: ManagementApi) -> dict[str, Any]:
         "enabled_plugins": [],
         "db_dir": str(api.host.data_dir),
     }
-
-
-async def nodes(call: Call) -> web.Response:
-    return call.listing([node_json(call.api)], ("name",))
-
-
-async def node(call: Call) -> web.Response:
-    if call.params["node"] != call.api.node:
-        raise object_not_found()
-    return call.one(node_json(call.api))
 
 
 async def no_alarms(call: Call) -> web.Response:

@@ -15,6 +15,7 @@ from aiohttp import web
 from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import QUEUE
 from warrenmq.server.metadata import QueueRecord
+from warrenmq.server.metadata.records import node_name
 from warrenmq.server.queue.arguments import queue_type
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
@@ -44,9 +45,12 @@ def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None)
         "auto_delete": record.auto_delete,
         "exclusive": record.exclusive,
         "arguments": to_json(dict(record.arguments)),
-        "node": api.node,
+        "node": node_name(record.node),
         "type": queue_type(record.arguments),
-        "state": "running" if queue is not None else "crashed",
+        # A queue another node leads runs there (its figures are that node's to give).
+        "state": "running"
+        if queue is not None or record.node != api.host.node.node_id
+        else "crashed",
         "policy": None,
         "operator_policy": None,
         "effective_policy_definition": {},
