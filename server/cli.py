@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "warrenmq.server.broker_cli",
     "warrenmq.server.streams_cli",
     "warrenmq.server.tls_cli",
+    "warrenmq.server.cluster_cli",
 )
 # Modules that add `warren bench TARGET` scenarios: `register(targets)` likewise.
 BENCH_MODULES: tuple[str, ...] = (

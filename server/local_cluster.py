@@ -1,0 +1,217 @@
+"""Broker nodes (`warren serve --cluster ...`) as processes on loopback: what `warren cluster
+up|down` runs, and what tests start clusters with.
+
+`LocalCluster(directory, size)` gives each node free ports (Raft, AMQP, management), a data
+dir `directory/node-N` and a log `directory/node-N.log`, and records them with the pids in
+`directory/cluster.json`; started again on the same directory, the nodes keep their ports
+(their peers know them by those), unless one was taken meanwhile. The processes run in
+sessions of their own, so they outlive the command that started them; `stop` (or `warren
+cluster down`, from the file) sends SIGTERM and waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from warrenmq.cluster.local_cluster import free_port
+
+STATE_FILE = "cluster.json"
+LISTENING = re.compile(r"Warren listening on ")
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+HOST = "127.0.0.1"
+
+
+@dataclass
+class LocalNode:
+    node_id: int
+    raft_port: int
+    amqp_port: int
+    http_port: int
+    pid: int = 0
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://guest:guest@{HOST}:{self.amqp_port}/"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+
+class LocalCluster:
+    def __init__(self, directory: str | os.PathLike[str], size: int = 3) -> None:
+        self.directory = Path(directory)
+        self.nodes: dict[int, LocalNode] = {}
+        recorded = self._recorded()
+        for node_id in range(1, size + 1):
+            node = recorded.get(node_id)
+            if node is None or not _all_free(node):
+                node = LocalNode(node_id, free_port(), free_port(), free_port())
+            node.pid = 0
+            self.nodes[node_id] = node
+
+    @classmethod
+    def recorded(cls, directory: str | os.PathLike[str]) -> LocalCluster:
+        """The cluster `directory/cluster.json` describes, its pids included."""
+        cluster = cls.__new__(cls)
+        cluster.directory = Path(directory)
+        cluster.nodes = cluster._recorded()
+        if not cluster.nodes:
+            raise FileNotFoundError(f"no cluster recorded in {cluster.directory / STATE_FILE}")
+        return cluster
+
+    def _recorded(self) -> dict[int, LocalNode]:
+        try:
+            document = json.loads((self.directory / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return {}
+        return {item["node_id"]: LocalNode(**item) for item in document["nodes"]}
+
+    def _record(self) -> None:
+        document = {"nodes": [asdict(node) for node in self.nodes.values()]}
+        path = self.directory / STATE_FILE
+        path.with_suffix(".tmp").write_text(json.dumps(document, indent=2))
+        path.with_suffix(".tmp").replace(path)
+
+    @property
+    def cluster_setting(self) -> str:
+        return ",".join(f"{n.node_id}={HOST}:{n.raft_port}" for n in self.nodes.values())
+
+    def log_path(self, node_id: int) -> Path:
+        return self.directory / f"node-{node_id}.log"
+
+    def start(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        command = [
+            sys.executable,
+            "-m",
+            "warrenmq.server.cli",
+            "serve",
+            "--node-id",
+            str(node_id),
+            "--cluster",
+            self.cluster_setting,
+            "--bind",
+            HOST,
+            "--port",
+            str(node.amqp_port),
+            "--management-port",
+            str(node.http_port),
+            "--no-metrics",
+            "--data-dir",
+            str(self.directory / f"node-{node_id}"),
+        ]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_path(node_id)
+        with open(log_path, "ab") as log:
+            log.write(f"--- starting node {node_id}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        node.pid = process.pid
+        self._record()
+
+    def start_all(self) -> None:
+        for node_id in self.nodes:
+            self.start(node_id)
+        for node_id in self.nodes:
+            self.wait_listening(node_id)
+
+    def wait_listening(self, node_id: int, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Until the node's current process printed that it listens (it does once the
+        metadata group has a leader and it caught up)."""
+        deadline_s = time.monotonic() + timeout_s
+        log_path = self.log_path(node_id)
+        marker = f"--- starting node {node_id}\n"
+        while True:
+            text = log_path.read_text(errors="replace")
+            if LISTENING.search(text[text.rfind(marker) :]):
+                return
+            if not self.running(node_id):
+                raise RuntimeError(f"node {node_id} exited: {self.log_tail(node_id)}")
+            if time.monotonic() > deadline_s:
+                raise TimeoutError(f"node {node_id} not listening after {timeout_s} s")
+            time.sleep(0.05)
+
+    def running(self, node_id: int) -> bool:
+        pid = self.nodes[node_id].pid
+        if not pid:
+            return False
+        try:
+            # A child of ours that exited is a zombie until reaped: reap it, if ours.
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return False
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def signal(self, node_id: int, signum: int) -> None:
+        if self.running(node_id):
+            os.kill(self.nodes[node_id].pid, signum)
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL the node and wait until it is gone."""
+        self.signal(node_id, signal.SIGKILL)
+        self._wait_gone([node_id], STOP_TIMEOUT_S)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM every node, then SIGKILL those still running after `timeout_s`."""
+        for node_id in self.nodes:
+            self.signal(node_id, signal.SIGTERM)
+        if not self._wait_gone(list(self.nodes), timeout_s):
+            for node_id in self.nodes:
+                self.signal(node_id, signal.SIGKILL)
+            self._wait_gone(list(self.nodes), timeout_s)
+        for node in self.nodes.values():
+            node.pid = 0
+        self._record()
+
+    def _wait_gone(self, node_ids: list[int], timeout_s: float) -> bool:
+        deadline_s = time.monotonic() + timeout_s
+        while any(self.running(node_id) for node_id in node_ids):
+            if time.monotonic() > deadline_s:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def log_tail(self, node_id: int, lines: int = 20) -> str:
+        path = self.log_path(node_id)
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> LocalCluster:
+        self.start_all()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _all_free(node: LocalNode) -> bool:
+    for port in (node.raft_port, node.amqp_port, node.http_port):
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port))
+            except OSError:
+                return False
+    return True
