@@ -57,24 +57,39 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import heapq
+import itertools
 import logging
 import random
 import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from warrenmq.cluster.raft.core import LEADER, RaftConfig, RaftError, RaftNode, Ready
+from warrenmq.cluster import group_codec as wire
+from warrenmq.cluster.group_codec import GroupState, Reply, ReplyStatus, Request, RequestKind
+from warrenmq.cluster.raft.core import (
+    LEADER,
+    NotLeader,
+    ProposalRefused,
+    RaftConfig,
+    RaftError,
+    RaftNode,
+    Ready,
+)
 from warrenmq.cluster.raft.messages import (
+    CODEC_VERSION,
     DecodeError,
     Entry,
     EntryKind,
     Message,
     MessageKind,
+    Snapshot,
     decode_message,
+    decode_voters,
     encode_message,
 )
 from warrenmq.cluster.storage import RaftStorage
@@ -86,6 +101,7 @@ _READY_ROUNDS_MAX = 64
 # `start` steps through at once to make it leader without waiting in real time.
 _SOLO_ELECTION_TICKS_MAX = 10_000
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+REMOVED_MARKER_FILE = "removed"
 
 
 class StateMachine(Protocol):
@@ -138,6 +154,11 @@ class GroupConfig:
     """Let a steady leader's appends leave before its own fsync (see
     _may_send_before_persisting)."""
     disk_full_retry_s: float = 0.5
+    leader_wait_s: float | None = None
+    """How long a request made while no leader is known waits for one before failing
+    NotLeader (default: four election timeouts, time for an election or two)."""
+    forward_reply_timeout_s: float = 5.0
+    """A forwarded request the leader has not answered in this time fails ProposalLost."""
 
 
 def coalesce_appends(messages: Sequence[Message]) -> list[Message]:
@@ -179,6 +200,21 @@ def _disk_full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS
 
 
+@dataclass(slots=True)
+class _Forwarded:
+    """A request of this member's for the leader: waiting for one to be known, or sent to
+    `leader` over transport connection `link` and waiting for its reply."""
+
+    kind: RequestKind
+    data: bytes
+    future: asyncio.Future[Applied]
+    deadline_s: float
+    leader: int = 0
+    link: int | None = None
+    refused_by: tuple[int, int | None] = field(default=(0, None))
+    """(term, leader) of the last NOT_LEADER answer: not asked again until that changes."""
+
+
 class RaftGroup:
     """One member of one Raft group: core, storage, transport and the host loop."""
 
@@ -204,14 +240,36 @@ class RaftGroup:
             snapshot=self.storage.snapshot,
             entries=self.storage.entries(),
         )
+        # What the group itself keeps of the log (HOST and CONFIG entries), as of the applied
+        # index: every member's address, who was removed. The bootstrap addresses come
+        # first; the log and snapshots win over them.
+        self.group_state = GroupState(addresses=dict(peers))
+        self._applied_voters = tuple(sorted(voters))
         snapshot = self.storage.snapshot
         self.applied_index = 0
         if snapshot is not None:
-            machine.restore(snapshot.index, snapshot.data)
-            self.applied_index = snapshot.index
+            self._restore_snapshot(snapshot)
+        self.removed = (config.data_dir / REMOVED_MARKER_FILE).exists()
+        """This node was removed from the group: it must not serve (see `_set_removed`)."""
+        # Addresses this node proposed as leader, dialled before their entries apply.
+        self._proposed_addresses: dict[int, tuple[str, int]] = {}
+        # Removed members that still talk to us, to be told once (then no longer dialled).
+        self._removed_to_notify: set[int] = set()
+        self._addresses_changed = False
         self.transport: PeerTransport | None = None
-        if len(peers) > 1:
-            self.transport = PeerTransport(node_id, peers, self._on_peer_frame)
+        if peers:
+            self.transport = PeerTransport(node_id, self._peer_addresses(), self._on_peer_frame)
+        self._leader_wait_s = (
+            config.leader_wait_s
+            if config.leader_wait_s is not None
+            else 4 * self.raft_config.election_ticks * config.tick_s
+        )
+        self._request_ids = itertools.count(1)
+        self._unsent: list[_Forwarded] = []
+        self._sent: dict[int, _Forwarded] = {}
+        self._replies: dict[int, list[Reply]] = {}
+        # (index, tie-break, future): resolved once applied up to index, whatever its term
+        self._applied_waiters: list[tuple[int, int, asyncio.Future[Applied]]] = []
         # index -> (term it was proposed in, its future)
         self._proposals: dict[int, tuple[int, asyncio.Future[Applied]]] = {}
         self._kick_scheduled = False
@@ -291,6 +349,7 @@ class RaftGroup:
             # meanwhile answers its proposers.
             await asyncio.shield(self._persisting)
         self._fail_proposals(GroupStopped("the group stopped; outcome unknown"))
+        self._fail_requests(GroupStopped("the group stopped; outcome unknown"))
         self.storage.close()
         self._stopped.set()
 
@@ -320,13 +379,89 @@ class RaftGroup:
     # -- proposals ---------------------------------------------------------------------
 
     def propose(self, data: bytes) -> asyncio.Future[Applied]:
-        """Append `data`; the future resolves once it is applied here (module docstring)."""
-        return self._track(self.raft.propose(data))
+        """Append `data`; the future resolves once it is applied here (module docstring).
+        A member that does not lead forwards it to the leader."""
+        try:
+            return self._track(self.raft.propose(data))
+        except NotLeader:
+            if self.transport is None:
+                raise
+        return self._forward(RequestKind.PROPOSE, data)
+
+    def add_member(self, node_id: int, host: str, port: int) -> asyncio.Future[Applied]:
+        """Make `node_id`, whose Raft transport listens on host:port, a voter; from any
+        member. Its address goes into the log first, so every member (and every restart)
+        knows it. Adding a voter again is a no-op success (with a new address: a move),
+        so retrying after ProposalLost is safe."""
+        return self._request(RequestKind.ADD_MEMBER, wire.encode_member(node_id, host, port))
+
+    def remove_member(self, node_id: int) -> asyncio.Future[Applied]:
+        """Remove the voter `node_id`, from any member; removing a non-voter is a no-op
+        success. The removed node learns it (`removed`) once it hears from a member."""
+        return self._request(RequestKind.REMOVE_MEMBER, wire.encode_node(node_id))
 
     def propose_membership(
         self, add: int | None = None, remove: int | None = None
     ) -> asyncio.Future[Applied]:
+        """Leader only, addresses not logged (the KV demo's bootstrap map has them all)."""
         return self._track(self.raft.propose_membership(add=add, remove=remove))
+
+    def _request(self, kind: RequestKind, data: bytes) -> asyncio.Future[Applied]:
+        if self.transport is None:
+            raise ProposalRefused("a group started without peer addresses has no other members")
+        if self.raft.role != LEADER:
+            return self._forward(kind, data)
+        self._check_running()
+        index, term = self._propose_request(kind, data)
+        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
+        self._await_applied(index, term, future)
+        self._kick()
+        return future
+
+    def _propose_request(self, kind: RequestKind, data: bytes) -> tuple[int, int | None]:
+        """Propose a request as leader: (index, term) of its entry, or (index, None) when
+        nothing had to be appended and it is done once applied up to index. Raises
+        NotLeader, ProposalRefused, or DecodeError on malformed data."""
+        raft = self.raft
+        if raft.role != LEADER:
+            raise NotLeader(raft.leader_id)
+        if kind is RequestKind.PROPOSE:
+            return raft.propose(data), raft.term
+        if kind is RequestKind.REMOVE_MEMBER:
+            node = wire.decode_node(data)
+            if node not in raft.voters:
+                return raft.last_index, None
+            return raft.propose_membership(remove=node), raft.term
+        node, host, port = wire.decode_member(data)
+        address = (host, port)
+        known = self._proposed_addresses.get(node) or self.group_state.addresses.get(node)
+        if node in raft.voters:
+            if known == address:
+                return raft.last_index, None
+            index = raft.propose_host(data)  # a voter moved: only its address changes
+        else:
+            raft.membership_change(add=node)
+            raft.propose_host(data)
+            index = raft.propose_membership(add=node)
+        self._proposed_addresses[node] = address
+        self._addresses_changed = True
+        return index, raft.term
+
+    def _forward(self, kind: RequestKind, data: bytes) -> asyncio.Future[Applied]:
+        """Queue a request for the leader; it leaves with the others of this loop
+        iteration in one frame (`_dispatch_requests`)."""
+        self._check_running()
+        if self.removed:
+            raise ProposalRefused("this node was removed from the group")
+        loop = asyncio.get_running_loop()
+        request = _Forwarded(kind, data, loop.create_future(), loop.time() + self._leader_wait_s)
+        self._unsent.append(request)
+        self._kick()
+        return request.future
+
+    def _check_running(self) -> None:
+        if self.fatal_error is not None or self._stopped.is_set():
+            raise GroupStopped("the group stopped")
 
     @property
     def proposals_pending(self) -> int:
@@ -350,16 +485,231 @@ class RaftGroup:
             if not future.done():
                 future.set_exception(error)
 
+    def _fail_requests(self, error: Exception) -> None:
+        """Fail what waits for a leader or for the index it was told (a group that stops)."""
+        futures = [r.future for r in self._unsent] + [r.future for r in self._sent.values()]
+        futures += [future for _, _, future in self._applied_waiters]
+        self._unsent, self._sent, self._applied_waiters = [], {}, []
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+
+    def _await_applied(self, index: int, term: int | None, future: asyncio.Future[Applied]) -> None:
+        """Resolve `future` once `index` is applied here: with the machine's result if its
+        entry has `term`, ProposalLost if another entry took the index. With term None,
+        once applied up to index (nothing of the caller's own to apply)."""
+        if term is None:
+            if self.applied_index >= index:
+                future.set_result(Applied(index, None))
+            else:
+                heapq.heappush(self._applied_waiters, (index, next(self._request_ids), future))
+            return
+        if index <= self.applied_index:
+            # Only a snapshot installed before the leader's reply arrived gets here: the
+            # reply leaves the leader before any append carrying the entry.
+            _lose(future, "applied before the leader's answer arrived; outcome unknown")
+            return
+        superseded = self._proposals.get(index)
+        if superseded is not None:
+            older, newer = (superseded, (term, future))
+            if superseded[0] > term:
+                older, newer = newer, older
+            _lose(older[1], "entry was overwritten")
+            self._proposals[index] = newer
+            return
+        self._proposals[index] = (term, future)
+
+    def _release_applied_waiters(self) -> None:
+        waiters = self._applied_waiters
+        while waiters and waiters[0][0] <= self.applied_index:
+            index, _, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(Applied(index, None))
+
+    # -- forwarding ----------------------------------------------------------------------
+
+    def _dispatch_requests(self) -> None:
+        """Send the requests waiting for a leader to the one now known, one frame for all;
+        or propose them here if this node leads."""
+        raft = self.raft
+        leader = raft.leader_id
+        if leader is None:
+            return
+        if leader == raft.node_id:
+            unsent, self._unsent = self._unsent, []
+            for request in unsent:
+                self._propose_forwarded_here(request)
+            return
+        transport = self.transport
+        assert transport is not None
+        link = transport.link(leader)
+        if link is None:
+            return  # a frame would be dropped; wait for the connection (bounded)
+        now_s = asyncio.get_running_loop().time()
+        sending = []
+        waiting = []
+        for request in self._unsent:
+            if request.refused_by == (raft.term, leader):
+                waiting.append(request)
+                continue
+            request.leader = leader
+            request.link = link
+            request.deadline_s = now_s + self.config.forward_reply_timeout_s
+            request_id = next(self._request_ids)
+            self._sent[request_id] = request
+            sending.append(Request(request_id, request.kind, request.data))
+        self._unsent = waiting
+        if not sending:
+            return
+        if not transport.send(leader, wire.encode_propose(raft.node_id, sending)):
+            # Dropped unsent (the connection is backed up): surely not proposed.
+            for item in sending:
+                self._unsent.append(self._sent.pop(item.id))
+
+    def _propose_forwarded_here(self, request: _Forwarded) -> None:
+        if request.future.done():
+            return
+        try:
+            index, term = self._propose_request(request.kind, request.data)
+        except (RaftError, DecodeError) as exc:
+            request.future.set_exception(exc)
+            return
+        self._await_applied(index, term, request.future)
+
+    def _answer_requests(self, src: int, requests: list[Request]) -> None:
+        """As leader (or not): answer a member's forwarded requests, in one frame."""
+        replies = self._replies.setdefault(src, [])
+        for request in requests:
+            try:
+                index, term = self._propose_request(request.kind, request.data)
+            except NotLeader as exc:
+                replies.append(Reply(request.id, ReplyStatus.NOT_LEADER, leader=exc.leader_id or 0))
+                continue
+            except (ProposalRefused, DecodeError) as exc:
+                replies.append(Reply(request.id, ReplyStatus.REFUSED, reason=str(exc)))
+                continue
+            if term is None:
+                replies.append(Reply(request.id, ReplyStatus.IN_EFFECT, index=index))
+            else:
+                replies.append(Reply(request.id, ReplyStatus.APPENDED, index=index, term=term))
+
+    def _send_replies(self) -> None:
+        # Called before the Ready's messages are sent: a reply leaves before any append
+        # carrying its entry, so the requester knows the index before it can apply it.
+        replies, self._replies = self._replies, {}
+        assert self.transport is not None
+        for dst, items in replies.items():
+            self.transport.send(dst, wire.encode_replies(self.raft.node_id, items))
+
+    def _on_replies(self, replies: list[Reply]) -> None:
+        for reply in replies:
+            request = self._sent.pop(reply.id, None)
+            if request is None or request.future.done():
+                continue  # timed out or its link was lost meanwhile
+            status = reply.status
+            if status is ReplyStatus.APPENDED:
+                self._await_applied(reply.index, reply.term, request.future)
+            elif status is ReplyStatus.IN_EFFECT:
+                self._await_applied(reply.index, None, request.future)
+            elif status is ReplyStatus.REFUSED:
+                request.future.set_exception(ProposalRefused(reply.reason))
+            else:
+                # Surely not proposed: ask the leader we learn of next (bounded wait).
+                request.refused_by = (self.raft.term, request.leader)
+                request.deadline_s = asyncio.get_running_loop().time() + self._leader_wait_s
+                self._unsent.append(request)
+
+    def _expire_requests(self, now_s: float) -> None:
+        transport = self.transport
+        assert transport is not None
+        if self._unsent:
+            waiting = []
+            for request in self._unsent:
+                if request.future.done():
+                    continue
+                if request.deadline_s <= now_s:
+                    request.future.set_exception(NotLeader(self.raft.leader_id))
+                else:
+                    waiting.append(request)
+            self._unsent = waiting
+        for request_id in [
+            i
+            for i, r in self._sent.items()
+            if r.deadline_s <= now_s or transport.link(r.leader) != r.link or r.future.done()
+        ]:
+            # The frame may or may not have reached the leader, which may have appended it.
+            _lose(self._sent.pop(request_id).future, "lost the leader before its answer")
+
+    # -- membership and addresses --------------------------------------------------------
+
+    def _peer_addresses(self) -> dict[int, tuple[str, int]]:
+        """Whom the transport dials: every known member but the removed ones (unless one
+        still has to be told), and this node's own listening address."""
+        state = self.group_state
+        addresses = {
+            n: a
+            for n, a in state.addresses.items()
+            if n not in state.removed or n in self._removed_to_notify
+        }
+        addresses.update(self._proposed_addresses)
+        assert self.config.peers is not None
+        addresses[self.raft.node_id] = self.config.peers[self.raft.node_id]
+        return addresses
+
+    def _apply_own(self, entry: Entry) -> None:
+        """A CONFIG or HOST entry is applied: keep the group's state of them."""
+        state = self.group_state
+        if entry.kind == EntryKind.HOST:
+            node, host, port = wire.decode_member(entry.data)
+            state.addresses[node] = (host, port)
+            if self._proposed_addresses.get(node) == (host, port):
+                del self._proposed_addresses[node]
+        else:
+            voters = decode_voters(entry.data)
+            state.removed |= set(self._applied_voters) - set(voters)
+            state.removed -= set(voters)
+            self._applied_voters = voters
+            if self.raft.node_id in state.removed:
+                self._set_removed(True)
+            elif self.removed and self.raft.node_id in voters:
+                self._set_removed(False)
+        self._addresses_changed = True
+
+    def _set_removed(self, removed: bool) -> None:
+        """Its removal is committed (or it was added back). The marker file keeps a
+        restarted node from serving before it hears of it again."""
+        if removed == self.removed:
+            return
+        self.removed = removed
+        marker = self.config.data_dir / REMOVED_MARKER_FILE
+        if removed:
+            _log.warning("raft node %d was removed from the group", self.raft.node_id)
+            marker.touch()
+        else:
+            marker.unlink(missing_ok=True)
+
+    def _notify_removed(self) -> None:
+        """Tell the removed members that still talk to us, once each, when dialled."""
+        transport = self.transport
+        assert transport is not None
+        for node in [n for n in self._removed_to_notify if transport.connected(n)]:
+            transport.send(node, wire.encode_removed(self.raft.node_id))
+            self._removed_to_notify.discard(node)
+            self._addresses_changed = True
+
     # -- inputs ------------------------------------------------------------------------
 
     def _on_tick(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self.raft.tick()
+            if not self.removed:  # a removed node must not campaign
+                self.raft.tick()
         except Exception as exc:
             self._fail(exc)
             return
         now_s = loop.time()
+        if self._unsent or self._sent:
+            self._expire_requests(now_s)
         # Keep the tick rate steady: a late tick does not push every later one back.
         self._next_tick_s = max(self._next_tick_s + self.config.tick_s, now_s)
         self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
@@ -373,17 +723,53 @@ class RaftGroup:
         if self.fatal_error is not None or self._stopped.is_set():
             return
         try:
-            message = decode_message(frame)
+            if frame and frame[0] == CODEC_VERSION:
+                message = decode_message(frame)
+            else:
+                self._on_group_frame(frame)
+                return
         except DecodeError as exc:
             raise ValueError(str(exc)) from exc  # the transport drops the connection
         if message.dst != self.config.node_id:
             raise ValueError(f"message for node {message.dst} reached node {self.config.node_id}")
+        if message.src in self.group_state.removed and message.src not in self.raft.voters:
+            self._heard_from_removed(message.src)
+            return
         try:
             self.raft.step(message)
         except Exception as exc:
             self._fail(exc)
             return
         self._kick()
+
+    def _on_group_frame(self, frame: bytes) -> None:
+        kind = wire.frame_kind(frame)
+        if kind == wire.PROPOSE:
+            src, requests = wire.decode_propose(frame)
+            if src in self.group_state.removed and src not in self.raft.voters:
+                self._heard_from_removed(src)
+                return
+            try:
+                self._answer_requests(src, requests)
+            except Exception as exc:
+                self._fail(exc)
+                return
+        elif kind == wire.PROPOSE_REPLY:
+            _, replies = wire.decode_replies(frame)
+            self._on_replies(replies)
+        elif kind == wire.REMOVED:
+            src = wire.decode_removed(frame)
+            if src in self.raft.voters:
+                self._set_removed(True)
+        else:
+            raise DecodeError(f"unknown frame kind {kind:#x}")
+        self._kick()
+
+    def _heard_from_removed(self, node: int) -> None:
+        if node not in self._removed_to_notify:
+            self._removed_to_notify.add(node)
+            self._addresses_changed = True
+            self._kick()
 
     # -- the host loop -----------------------------------------------------------------
 
@@ -407,6 +793,10 @@ class RaftGroup:
     def _drive_once(self) -> None:
         """Step what is batched into the core, then handle its Ready until it has none."""
         raft = self.raft
+        if self._unsent:
+            self._dispatch_requests()
+        if self._replies:
+            self._send_replies()
         self._before_ready()
         for _ in range(_READY_ROUNDS_MAX):
             if (
@@ -440,10 +830,18 @@ class RaftGroup:
                 raft.role,
             )
             self._on_leadership_change()
+            if self._unsent:
+                self._kick()  # a leader is known now: the requests waiting for one go
         # Everything this iteration had to say is queued: write it now rather than one
         # loop iteration later.
-        if self.transport is not None:
-            self.transport.flush()
+        transport = self.transport
+        if transport is not None:
+            if self._removed_to_notify:
+                self._notify_removed()
+            if self._addresses_changed:
+                self._addresses_changed = False
+                transport.set_addresses(self._peer_addresses())
+            transport.flush()
 
     def _on_leadership_change(self) -> None:
         """Subclasses drop what only the old leader could have answered."""
@@ -463,6 +861,7 @@ class RaftGroup:
         stopped = GroupStopped(f"the raft group halted: {exc!r}")
         stopped.__cause__ = exc
         self._fail_proposals(stopped)
+        self._fail_requests(stopped)
         self._stopped.set()
 
     def _handle_ready(self, ready: Ready) -> bool:
@@ -529,7 +928,7 @@ class RaftGroup:
         self.persist_s_max = max(self.persist_s_max, persist_s)
         self.entries_persisted += len(ready.entries)
         if ready.snapshot is not None:
-            self._install_snapshot_state(ready.snapshot.index, ready.snapshot.data)
+            self._install_snapshot_state(ready.snapshot)
         self._send(messages)
         if ready.committed:
             self._apply(ready.committed)
@@ -598,12 +997,28 @@ class RaftGroup:
             hard_state.term, hard_state.vote
         )
 
-    def _install_snapshot_state(self, index: int, data: bytes) -> None:
-        self.machine.restore(index, data)
-        self.applied_index = index
+    def _restore_snapshot(self, snapshot: Snapshot) -> None:
+        """The machine's state and the group's own become the snapshot's."""
+        state, machine_data = wire.unwrap_snapshot(snapshot.data)
+        self.machine.restore(snapshot.index, machine_data)
+        self.applied_index = snapshot.index
+        if state is not None:
+            state.addresses = {**(self.config.peers or {}), **state.addresses}
+            self.group_state = state
+        self._applied_voters = snapshot.voters
+        self._addresses_changed = True
+
+    def _install_snapshot_state(self, snapshot: Snapshot) -> None:
+        self._restore_snapshot(snapshot)
+        if self.raft.node_id in self.group_state.removed:
+            self._set_removed(True)
+        elif self.raft.node_id in snapshot.voters:
+            self._set_removed(False)
+        index = snapshot.index
         for proposal_index in [i for i in self._proposals if i <= index]:
             _, future = self._proposals.pop(proposal_index)
             _lose(future, "replaced by a snapshot; outcome unknown")
+        self._release_applied_waiters()
 
     def _apply(self, entries: Sequence[Entry]) -> None:
         machine = self.machine
@@ -617,6 +1032,8 @@ class RaftGroup:
                 result = machine.apply(index, entry.data)
             else:
                 machine.skip(index)
+                if entry.kind != EntryKind.NOOP:
+                    self._apply_own(entry)
                 result = None
             self.applied_index = index
             proposal = proposals.pop(index, None)
@@ -628,6 +1045,8 @@ class RaftGroup:
                     future.set_result(Applied(index, result))
                 else:
                     _lose(future, "a new leader replaced the entry")
+        if self._applied_waiters:
+            self._release_applied_waiters()
         self._after_apply()
 
     def _after_apply(self) -> None:
@@ -654,11 +1073,14 @@ class RaftGroup:
         applied = self.applied_index
         if applied <= (self.storage.snapshot.index if self.storage.snapshot else 0):
             return
-        snapshot = self.raft.compact(applied, self.machine.snapshot())
+        data = wire.wrap_snapshot(self.group_state, self.machine.snapshot())
+        snapshot = self.raft.compact(applied, data)
         self.storage.compact(snapshot)
 
     def status(self) -> dict[str, object]:
         raft = self.raft
+        transport = self.transport
+        addresses = {**self.group_state.addresses, **self._proposed_addresses}
         return {
             "id": raft.node_id,
             "role": raft.role,
@@ -669,6 +1091,21 @@ class RaftGroup:
             "last_index": raft.last_index,
             "first_index": raft.first_index,
             "voters": list(raft.voters),
+            "members": [
+                {
+                    "id": node,
+                    "address": f"{addresses[node][0]}:{addresses[node][1]}"
+                    if node in addresses
+                    else None,
+                    "connected": node == raft.node_id
+                    or (transport is not None and transport.connected(node)),
+                }
+                for node in raft.voters
+            ],
+            "peers_connected": sorted(
+                n for n in (transport.addresses if transport else ()) if transport.connected(n)
+            ),
+            "removed": self.removed,
             "ready_count": self.ready_count,
             "entries_persisted": self.entries_persisted,
             "persist_ms_total": round(self.persist_s_total * 1000, 3),

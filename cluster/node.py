@@ -208,7 +208,9 @@ class RaftServer(RaftGroup):
     ) -> None:
         try:
             if membership is None:
-                future = self.propose(command)
+                # Leader only: the demo redirects its clients to the leader (NOT_LEADER)
+                # rather than forwarding their writes.
+                future = self._track(self.raft.propose(command))
             else:
                 future = self.propose_membership(add=membership[0], remove=membership[1])
         except NotLeader:

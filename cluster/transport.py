@@ -166,7 +166,9 @@ class PeerTransport:
         self._pending: dict[int, list[bytes]] = {}
         self._pending_bytes: dict[int, int] = {}
         self._flush_scheduled = False
-        self._dialers: list[asyncio.Task[None]] = []
+        self._dialers: dict[int, asyncio.Task[None]] = {}
+        # peer -> the number of the connection dialled to it (stats.connects at the time)
+        self._links: dict[int, int] = {}
         self._closing = False
 
     @property
@@ -177,6 +179,12 @@ class PeerTransport:
     def connected(self, peer: int) -> bool:
         return peer in self._outbound
 
+    def link(self, peer: int) -> int | None:
+        """The number of the live connection to `peer`, None if there is none. A frame
+        queued on one connection was surely delivered or lost by the time another carries
+        a different number."""
+        return self._links.get(peer) if peer in self._outbound else None
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         host, port = self.addresses[self.node_id]
@@ -185,7 +193,33 @@ class PeerTransport:
         )
         for peer in self.addresses:
             if peer != self.node_id:
-                self._dialers.append(loop.create_task(self._dial_forever(peer)))
+                self._dialers[peer] = loop.create_task(self._dial_forever(peer))
+
+    def set_addresses(self, addresses: dict[int, tuple[str, int]]) -> None:
+        """Dial exactly the peers of `addresses` from now on: a new one is dialled, a moved
+        one redialled at its new address, and a dropped one's connection closes once what
+        was queued for it is written. This node's own entry (its listener) stays."""
+        addresses = {**addresses, self.node_id: self.addresses[self.node_id]}
+        self.flush()
+        started = self._server is not None and not self._closing
+        for peer, address in addresses.items():
+            if peer == self.node_id or self.addresses.get(peer) == address:
+                continue
+            self._stop_dialing(peer)
+            self.addresses[peer] = address
+            if started:
+                self._dialers[peer] = asyncio.get_running_loop().create_task(
+                    self._dial_forever(peer)
+                )
+        for peer in [p for p in self.addresses if p not in addresses]:
+            self._stop_dialing(peer)
+            del self.addresses[peer]
+
+    def _stop_dialing(self, peer: int) -> None:
+        # Its task closes the connection (close, not abort: the written frames still leave).
+        task = self._dialers.pop(peer, None)
+        if task is not None:
+            task.cancel()
 
     def send(self, dst: int, payload: bytes) -> bool:
         """Queue one frame for `dst`; False if it was dropped (peer down or backed up)."""
@@ -234,6 +268,7 @@ class PeerTransport:
             self.stats.connects += 1
             backoff_s = self.backoff_s_min
             self._outbound[peer] = transport  # type: ignore[assignment]
+            self._links[peer] = self.stats.connects
             try:
                 await closed
             finally:
@@ -248,9 +283,10 @@ class PeerTransport:
 
     async def close(self) -> None:
         self._closing = True
-        for task in self._dialers:
+        dialers = list(self._dialers.values())
+        for task in dialers:
             task.cancel()
-        for task in self._dialers:
+        for task in dialers:
             try:
                 await task
             except asyncio.CancelledError:

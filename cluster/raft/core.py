@@ -50,7 +50,8 @@ Public API (beyond the issue's contract, all optional to use):
   commit_index, applied_index (last committed index handed out in a Ready), first_index,
   last_index, snapshot, voters, lead_transferee; term_at(index) and
   entries_between(lo, hi) for inspection.
-* Methods: tick, step, propose, propose_membership(add= | remove=), transfer_leadership,
+* Methods: tick, step, propose, propose_host, propose_membership(add= | remove=),
+  membership_change (its checks alone), transfer_leadership,
   read_index, compact (returns the Snapshot), has_ready, ready, advance.
 * `RaftConfig` bounds: max_entries_per_append, max_append_bytes, max_inflight_appends,
   max_pending_reads, max_uncommitted_entries (propose raises ProposalRefused beyond it),
@@ -472,7 +473,19 @@ class RaftNode:
     def propose(self, data: bytes) -> int:
         return self._propose(EntryKind.NORMAL, data)
 
+    def propose_host(self, data: bytes) -> int:
+        """Append a HOST entry: data for the host itself, not its state machine."""
+        return self._propose(EntryKind.HOST, data)
+
     def propose_membership(self, add: int | None = None, remove: int | None = None) -> int:
+        voters = self.membership_change(add=add, remove=remove)
+        return self._propose(EntryKind.CONFIG, encode_voters(voters))
+
+    def membership_change(
+        self, add: int | None = None, remove: int | None = None
+    ) -> tuple[int, ...]:
+        """The voter set that `propose_membership` would propose; raises NotLeader or
+        ProposalRefused, as it would, if the change cannot be proposed now."""
         if (add is None) == (remove is None):
             raise ProposalRefused("give exactly one of add= or remove=")
         self._check_leader()
@@ -489,7 +502,7 @@ class RaftNode:
             if remove not in voters or len(voters) == 1:
                 raise ProposalRefused(f"cannot remove {remove} from {sorted(voters)}")
             voters.discard(remove)
-        return self._propose(EntryKind.CONFIG, encode_voters(tuple(voters)))
+        return tuple(sorted(voters))
 
     def transfer_leadership(self, to: int) -> None:
         self._check_leader()

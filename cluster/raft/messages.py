@@ -29,6 +29,7 @@ class EntryKind(IntEnum):
     NORMAL = 0
     NOOP = 1  # appended by every new leader so that it can commit its term (Raft §5.4.2)
     CONFIG = 2  # data is encode_voters(new voter set); takes effect when appended (§4.1)
+    HOST = 3  # the hosting group's own data (group_codec), never its state machine's
 
 
 @dataclass(frozen=True, slots=True)
