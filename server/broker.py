@@ -250,7 +250,9 @@ class Broker:
                 self.tls_port = self.tls_server.sockets[0].getsockname()[1]
                 log.info("AMQP over TLS listening on %s:%d", self.config.bind, self.tls_port)
             await self.http.start()
-            await self.node.register()
+            self.node.check_removed()
+            if not self.node.removed:
+                await self.node.register()
         except BaseException:
             await self._abandon_start()
             raise
@@ -400,6 +402,7 @@ class Broker:
                 log.error("reading metadata changes made by other processes failed: %r", error)
             self.sync_vhosts()
             self.apply_policies()
+            self.node.check_removed()
 
     async def stop(self) -> None:
         """SIGTERM: stop accepting, close clients with 320, flush and fsync, close queues."""

@@ -11,8 +11,9 @@ called for each applied entry after the state changed:
 * a queue deleted, or forgotten by `ForgetTransient`: retired here, its consumers
   cancelled, if this node hosted it; delayed exchanges deleted: their stores dropped;
 * policies set or cleared: the vhost's queues take them;
-* this node forgotten (`ForgetNode`, `warren cluster remove`): it closes its connections and
-  refuses new ones with the reason (`refusal`).
+* this node forgotten (`ForgetNode`, `warren cluster remove`), or removed from the metadata
+  group (`check_removed`, polled: a removed node no longer hears of the `ForgetNode`): it
+  closes its connections and refuses new ones with the reason (`refusal`).
 
 At start (`register`), a node proposes its `NodeRecord` (where clients and nodes reach its
 AMQP and HTTP ports) when the state lacks it or holds another.
@@ -65,6 +66,13 @@ class ClusterNode:
         if self.removed:
             return f"node {self.name} was removed from the cluster"
         return None
+
+    def check_removed(self) -> None:
+        """Leave if the metadata group learnt that this node was removed (the removed node
+        does not apply the `ForgetNode` that follows its removal)."""
+        store = self.broker.store
+        if store is not None and store.group.removed:
+            self._leave()
 
     def _state(self) -> Any:
         store = self.broker.store

@@ -38,7 +38,8 @@ def nodes_json(api: ManagementApi) -> list[dict[str, Any]]:
     host = api.host
     store = host.store
     assert store is not None
-    status = store.status()
+    status = store.group.status()
+    connected = {member["id"] for member in status["members"] if member["connected"]}
     local = host.node.node_id
     records = dict(api.state.nodes)
     if local not in records:
@@ -47,7 +48,7 @@ def nodes_json(api: ManagementApi) -> list[dict[str, Any]]:
     items = []
     for node_id in sorted(members):
         record = records.get(node_id)
-        reachable = node_id == local or node_id in status["connected"]
+        reachable = node_id == local or node_id in connected
         item = node_json(api) if node_id == local else {"name": node_name(node_id), "type": "disc"}
         item["running"] = reachable
         item.update(

@@ -236,6 +236,10 @@ class ReplicatedMetadata:
             new_log = group.storage.snapshot is None and group.storage.last_index == 0
             await group.start()
             metadata = cls(rows, group, machine)
+            if group.removed:
+                # It must not serve (the broker refuses clients) nor change anything.
+                logger.warning("node %d was removed from the cluster", node_id)
+                return metadata
             if clustered:
                 await metadata._wait_caught_up()
             else:
@@ -351,17 +355,6 @@ class ReplicatedMetadata:
                 if loop.time() > deadline_s:
                     raise
             await asyncio.sleep(self.group.config.tick_s * 5)
-
-    def status(self) -> dict[str, Any]:
-        """The group's status (`RaftGroup.status`) with which peers are connected."""
-        status = self.group.status()
-        transport = self.group.transport
-        status["connected"] = (
-            [node for node in self.group.raft.voters if transport.connected(node)]
-            if transport is not None
-            else []
-        )
-        return status
 
     # --- authentication --------------------------------------------------------------------
 
