@@ -1,0 +1,178 @@
+"""Three `warren serve` processes as one cluster (started by `warren cluster up`): metadata
+declared through one node is usable there at once and seen by the others, placement, a
+metadata leader SIGKILLed, the whole cluster restarted, `warren cluster status`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pika
+import pytest
+from brokers import connect
+from http_api import HttpApi, eventually, name, path
+
+from warrenmq.server.local_cluster import LocalCluster
+
+WARREN = [sys.executable, "-m", "warrenmq.server.cli"]
+ELECTION_WAIT_S = 30.0
+
+
+def warren(*args: str) -> str:
+    done = subprocess.run([*WARREN, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    directory = tmp_path / "cluster"
+    printed = warren("cluster", "up", "--nodes", "3", "--data-dir", str(directory))
+    assert printed.count("amqp://guest:guest@127.0.0.1:") == 3
+    running = LocalCluster.recorded(directory)
+    yield running
+    warren("cluster", "down", "--data-dir", str(directory))
+    assert not any(running.running(node) for node in running.nodes)
+
+
+def api(cluster, node: int) -> HttpApi:
+    return HttpApi(cluster.nodes[node].http_url)
+
+
+def amqp(cluster, node: int) -> pika.BlockingConnection:
+    return connect(cluster.nodes[node].amqp_port)
+
+
+def leader(cluster, among=(1, 2, 3)) -> int:
+    for node in among:
+        for item in api(cluster, node).get("/api/nodes").json:
+            if item["raft"]["role"] == "leader" and item["node_id"] in among:
+                return item["node_id"]
+    raise AssertionError("no leader known")
+
+
+def queue_nodes(cluster, node: int) -> dict[str, str]:
+    return {q["name"]: q["node"] for q in api(cluster, node).get("/api/queues").json}
+
+
+def test_what_a_follower_declares_is_usable_there_at_once_and_seen_everywhere(cluster):
+    follower = next(node for node in (1, 2, 3) if node != leader(cluster))
+    connection = amqp(cluster, follower)
+    channel = connection.channel()
+    exchange, queue = name("ex"), name("q")
+    channel.exchange_declare(exchange, "direct", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "key")
+    channel.confirm_delivery()
+    channel.basic_publish(exchange, "key", b"at once")
+    assert channel.basic_get(queue, auto_ack=True)[2] == b"at once"
+    connection.close()
+    for other in {1, 2, 3} - {follower}:
+        http = api(cluster, other)
+        seen = eventually(lambda h=http: h.get(path("api", "exchanges", "/", exchange)).status, 200)
+        assert seen == 200
+        placed = eventually(
+            lambda n=other: queue_nodes(cluster, n).get(queue), f"warren@{follower}"
+        )
+        assert placed == f"warren@{follower}"
+        bindings = http.get(path("api", "queues", "/", queue, "bindings")).json
+        assert [b["source"] for b in bindings if b["source"]] == [exchange]
+
+
+def test_client_local_queues_land_on_the_connected_node_and_balanced_ones_spread(cluster):
+    for node in (1, 2, 3):
+        connection = amqp(cluster, node)
+        local = name(f"local{node}")
+        connection.channel().queue_declare(local, durable=True)
+        connection.close()
+        assert queue_nodes(cluster, node)[local] == f"warren@{node}"
+    counts = {node: 0 for node in (1, 2, 3)}
+    for placed in queue_nodes(cluster, 1).values():
+        counts[int(placed.partition("@")[2])] += 1
+    connection = amqp(cluster, 2)
+    channel = connection.channel()
+    declared = [name("balanced") for _ in range(6)]
+    expected = {}
+    for queue in declared:
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-leader-locator": "balanced"})
+        # The member leading the fewest queues, ties to the lowest id.
+        chosen = min(counts, key=lambda node: (counts[node], node))
+        counts[chosen] += 1
+        expected[queue] = f"warren@{chosen}"
+    connection.close()
+    placed = queue_nodes(cluster, 2)
+    assert {queue: placed[queue] for queue in declared} == expected
+    assert len(set(expected.values())) == 3
+    # Each leader hosts its queue: a publish and a get through it work.
+    for queue, node in expected.items():
+        connection = amqp(cluster, int(node.partition("@")[2]))
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.basic_publish("", queue, b"m")
+        assert channel.basic_get(queue, auto_ack=True)[2] == b"m"
+        connection.close()
+
+
+def test_work_on_a_queue_led_elsewhere_is_refused_with_the_leaders_name(cluster):
+    connection = amqp(cluster, 1)
+    queue = name("q")
+    connection.channel().queue_declare(queue, durable=True)
+    connection.close()
+    connection = amqp(cluster, 2)
+    channel = connection.channel()
+    eventually(lambda: queue in queue_nodes(cluster, 2), True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.basic_get(queue)
+    assert refused.value.reply_code == 406
+    assert "led by node warren@1" in refused.value.reply_text
+    connection.close()
+
+
+def declare_until_it_works(cluster, node: int, queue: str) -> None:
+    """Declare through `node`, again while the cluster elects a new leader."""
+    deadline_s = time.monotonic() + ELECTION_WAIT_S
+    while True:
+        try:
+            connection = amqp(cluster, node)
+            connection.channel().queue_declare(queue, durable=True)
+            connection.close()
+            return
+        except pika.exceptions.AMQPError:
+            if time.monotonic() > deadline_s:
+                raise
+            time.sleep(0.2)
+
+
+def test_declares_through_the_survivors_work_after_the_metadata_leader_is_killed(cluster):
+    killed = leader(cluster)
+    cluster.kill(killed)
+    survivors = [node for node in (1, 2, 3) if node != killed]
+    for node in survivors:
+        queue = name(f"after-kill-{node}")
+        declare_until_it_works(cluster, node, queue)
+        assert queue_nodes(cluster, node)[queue] == f"warren@{node}"
+    status = warren("cluster", "status", "--url", cluster.nodes[survivors[0]].http_url)
+    assert "leader" in status and f"warren@{killed}" in status
+
+
+def test_the_whole_cluster_restarted_keeps_its_metadata(cluster):
+    connection = amqp(cluster, 3)
+    channel = connection.channel()
+    exchange, queue = name("ex"), name("q")
+    channel.exchange_declare(exchange, "topic", durable=True)
+    channel.queue_declare(queue, durable=True)
+    channel.queue_bind(queue, exchange, "a.#")
+    channel.confirm_delivery()
+    channel.basic_publish(exchange, "a.b", b"kept", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    cluster.stop()
+    cluster.start_all()
+    for node in (1, 2, 3):
+        http = api(cluster, node)
+        placed = eventually(lambda n=node: queue_nodes(cluster, n).get(queue), "warren@3")
+        assert placed == "warren@3"
+        assert http.get(path("api", "exchanges", "/", exchange)).json["type"] == "topic"
+    connection = amqp(cluster, 3)
+    assert connection.channel().basic_get(queue, auto_ack=True)[2] == b"kept"
+    connection.close()
