@@ -22,7 +22,7 @@ AMQP and HTTP ports) when the state lacks it or holds another.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from warrenmq.amqp import replies
 from warrenmq.server.metadata import commands as c
@@ -30,16 +30,14 @@ from warrenmq.server.metadata.errors import NotFound
 from warrenmq.server.metadata.records import NodeRecord, node_name
 from warrenmq.server.metadata.state import Outcome
 
-if TYPE_CHECKING:
-    from .broker import Broker
-
 log = logging.getLogger(__name__)
 _POLICY_COMMANDS = (c.SetPolicy, c.ClearPolicy)
 _DELETING_EXCHANGES = (c.DeleteExchange, c.DeleteQueue, c.Unbind)
 
 
 class ClusterNode:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Any) -> None:
+        # The Broker (not imported: it imports this module).
         self.broker = broker
         self.node_id = broker.config.node_id
         self.name = node_name(self.node_id)
