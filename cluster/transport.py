@@ -7,7 +7,8 @@ of `messages.encode_message`). The frame codec (`encode_frame`, `FrameDecoder`) 
 Every node dials every peer and sends only on the connection it dialled; the connections a
 node accepts only receive. So each ordered pair (src, dst) has exactly one TCP stream and
 there is never a race over which of two crossing connections wins. A dialler that loses
-its connection redials with exponential backoff and jitter.
+its connection redials with exponential backoff and jitter. The set of peers may change at
+runtime (`set_addresses`): members join, move and leave.
 
 Raft tolerates lost messages (it retries on heartbeats and timeouts), so the transport never
 waits: a frame for a peer that is not connected, or whose socket buffer is over its bound,
