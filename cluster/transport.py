@@ -217,10 +217,13 @@ class PeerTransport:
             del self.addresses[peer]
 
     def _stop_dialing(self, peer: int) -> None:
-        # Its task closes the connection (close, not abort: the written frames still leave).
         task = self._dialers.pop(peer, None)
         if task is not None:
             task.cancel()
+        # Close, not abort: the frames written to it still leave.
+        transport = self._outbound.pop(peer, None)
+        if transport is not None:
+            transport.close()
 
     def send(self, dst: int, payload: bytes) -> bool:
         """Queue one frame for `dst`; False if it was dropped (peer down or backed up)."""
