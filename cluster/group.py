@@ -10,12 +10,17 @@ key-value node (`node.RaftServer`, a subclass adding a client protocol and ReadI
 and the broker's metadata (`warrenmq.server.metadata.replicated`, which holds one by
 composition). Both see the same interface:
 
-* `propose(data) -> Future[Applied]`: appends `data` as a log entry and resolves once that
-  entry is committed *and applied here*, with `Applied(index, result)` where `result` is what
-  `machine.apply` returned. So a caller that awaits its proposal reads its own write from the
-  local state machine. Raises `NotLeader` / `ProposalRefused` at once (nothing was appended);
-  the future fails with `ProposalLost` when the entry's fate is unknown (leadership lost, the
-  entry overwritten or replaced by a snapshot).
+* `propose(data) -> Future[Applied]`, on ANY member: appends `data` as a log entry and
+  resolves once that entry is committed *and applied here*, with `Applied(index, result)`
+  where `result` is what this member's `machine.apply` returned. So a caller that awaits its
+  proposal reads its own write from the local state machine. On the leader it raises
+  `ProposalRefused` at once (nothing was appended); the future fails with `ProposalLost`
+  when the entry's fate is unknown (leadership lost, the entry overwritten or replaced by a
+  snapshot, the leader lost before it answered a forwarded proposal), with `NotLeader` only
+  when no leader became known within `leader_wait_s`. A group of one (no transport) raises
+  NotLeader at once when it does not lead, as it never forwards.
+* `add_member(node_id, host, port)` / `remove_member(node_id)` from any member, futures of
+  the same kind (see "Membership" below); `removed` tells a member it was removed.
 * The state machine (`StateMachine`): `apply(index, data)` for every committed NORMAL entry,
   in log order, exactly once per incarnation; `skip(index)` for the others (leader no-ops,
   membership changes); `snapshot()` returns its state as bytes as of the last applied entry;
@@ -28,6 +33,30 @@ composition). Both see the same interface:
   hard state and the log after the snapshot; the core re-delivers the committed entries in
   its first Readys, which re-applies them. The machine's state is therefore a pure function
   of the log, not a second durable copy that could disagree with it.
+
+Forwarding: a member that does not lead queues its requests (proposals, membership
+changes) and, in its next pass of the host loop, sends all of them to the leader in one
+PROPOSE frame (`group_codec`; the transport carries these frames beside the Raft messages).
+The leader proposes each and answers in one PROPOSE_REPLY frame where it appended it (index,
+term), or NOT_LEADER (the requester then asks the next leader it learns of), or why it
+refused. Its answer leaves before any append carrying the entry, so the requester knows the
+index before it can apply it; it then waits for that index like a local proposal does, and
+its own `apply` result resolves the future (ProposalLost if the entry at that index has
+another term). A forwarded request whose connection to the leader drops before the answer,
+or that is not answered within `forward_reply_timeout_s`, fails with ProposalLost.
+
+Membership: the core changes voters one at a time by CONFIG entries. Adding a member first
+appends a HOST entry with its transport address: the group interprets HOST entries itself
+(the machine only sees `skip`), so every member's transport learns the address in log order
+and dials the new member, and a restart recovers it. The group's own state (the addresses
+learned from the log, the ids removed) travels in snapshots in an envelope around the
+machine's bytes (`group_codec.wrap_snapshot`; snapshots from before it are the machine's
+bytes alone). A joining node is started with the voters it joins (GroupConfig.voters without
+itself) and catches up by log or snapshot once a member adds it. A removed node may not even
+receive the entry that removes it (the leader stops replicating to it at once): the members
+that applied its removal answer its next message (a vote request, once it times out) with a
+REMOVED frame; it then sets `removed`, stops campaigning and leaves a marker file so that a
+restart keeps it removed.
 
 The host loop (`_drive`): everything that arrives in one event-loop iteration (peer frames,
 proposals, a tick) is stepped into the core first; the resulting Ready is then handled once.
@@ -211,8 +240,9 @@ class _Forwarded:
     deadline_s: float
     leader: int = 0
     link: int | None = None
-    refused_by: tuple[int, int | None] = field(default=(0, None))
-    """(term, leader) of the last NOT_LEADER answer: not asked again until that changes."""
+    refused_by: tuple[int, int | None, float] = field(default=(0, None, 0.0))
+    """(term, leader, until) of the last NOT_LEADER answer: that leader is not asked again
+    in that term before `until` (an election timeout later)."""
 
 
 class RaftGroup:
@@ -241,9 +271,8 @@ class RaftGroup:
             entries=self.storage.entries(),
         )
         # What the group itself keeps of the log (HOST and CONFIG entries), as of the applied
-        # index: every member's address, who was removed. The bootstrap addresses come
-        # first; the log and snapshots win over them.
-        self.group_state = GroupState(addresses=dict(peers))
+        # index: the addresses of the members added through it, who was removed.
+        self.group_state = GroupState()
         self._applied_voters = tuple(sorted(voters))
         snapshot = self.storage.snapshot
         self.applied_index = 0
@@ -434,9 +463,8 @@ class RaftGroup:
             return raft.propose_membership(remove=node), raft.term
         node, host, port = wire.decode_member(data)
         address = (host, port)
-        known = self._proposed_addresses.get(node) or self.group_state.addresses.get(node)
         if node in raft.voters:
-            if known == address:
+            if self.member_addresses().get(node) == address:
                 return raft.last_index, None
             index = raft.propose_host(data)  # a voter moved: only its address changes
         else:
@@ -549,7 +577,8 @@ class RaftGroup:
         sending = []
         waiting = []
         for request in self._unsent:
-            if request.refused_by == (raft.term, leader):
+            term, refuser, until_s = request.refused_by
+            if (term, refuser) == (raft.term, leader) and now_s < until_s:
                 waiting.append(request)
                 continue
             request.leader = leader
@@ -579,7 +608,13 @@ class RaftGroup:
     def _answer_requests(self, src: int, requests: list[Request]) -> None:
         """As leader (or not): answer a member's forwarded requests, in one frame."""
         replies = self._replies.setdefault(src, [])
+        raft = self.raft
         for request in requests:
+            if raft.role == LEADER and raft.lead_transferee is not None:
+                # Soon not the leader: the requester waits for the next one, as a refusal
+                # here would make it fail what the next leader will take.
+                replies.append(Reply(request.id, ReplyStatus.NOT_LEADER, leader=raft.node_id))
+                continue
             try:
                 index, term = self._propose_request(request.kind, request.data)
             except NotLeader as exc:
@@ -615,8 +650,10 @@ class RaftGroup:
                 request.future.set_exception(ProposalRefused(reply.reason))
             else:
                 # Surely not proposed: ask the leader we learn of next (bounded wait).
-                request.refused_by = (self.raft.term, request.leader)
-                request.deadline_s = asyncio.get_running_loop().time() + self._leader_wait_s
+                now_s = asyncio.get_running_loop().time()
+                election_timeout_s = self.raft_config.election_ticks * self.config.tick_s
+                request.refused_by = (self.raft.term, request.leader, now_s + election_timeout_s)
+                request.deadline_s = now_s + self._leader_wait_s
                 self._unsent.append(request)
 
     def _expire_requests(self, now_s: float) -> None:
@@ -642,16 +679,24 @@ class RaftGroup:
 
     # -- membership and addresses --------------------------------------------------------
 
+    def member_addresses(self) -> dict[int, tuple[str, int]]:
+        """The transport address of every node known: the bootstrap map, overridden by what
+        the log says (and, on a leader, by the additions it just proposed)."""
+        return {
+            **(self.config.peers or {}),
+            **self.group_state.addresses,
+            **self._proposed_addresses,
+        }
+
     def _peer_addresses(self) -> dict[int, tuple[str, int]]:
-        """Whom the transport dials: every known member but the removed ones (unless one
+        """Whom the transport dials: every known node but the removed ones (unless one
         still has to be told), and this node's own listening address."""
-        state = self.group_state
+        removed = self.group_state.removed
         addresses = {
             n: a
-            for n, a in state.addresses.items()
-            if n not in state.removed or n in self._removed_to_notify
+            for n, a in self.member_addresses().items()
+            if n not in removed or n in self._removed_to_notify
         }
-        addresses.update(self._proposed_addresses)
         assert self.config.peers is not None
         addresses[self.raft.node_id] = self.config.peers[self.raft.node_id]
         return addresses
@@ -1003,7 +1048,6 @@ class RaftGroup:
         self.machine.restore(snapshot.index, machine_data)
         self.applied_index = snapshot.index
         if state is not None:
-            state.addresses = {**(self.config.peers or {}), **state.addresses}
             self.group_state = state
         self._applied_voters = snapshot.voters
         self._addresses_changed = True
@@ -1080,7 +1124,7 @@ class RaftGroup:
     def status(self) -> dict[str, object]:
         raft = self.raft
         transport = self.transport
-        addresses = {**self.group_state.addresses, **self._proposed_addresses}
+        addresses = self.member_addresses()
         return {
             "id": raft.node_id,
             "role": raft.role,

@@ -7,7 +7,8 @@ of `messages.encode_message`). The frame codec (`encode_frame`, `FrameDecoder`) 
 Every node dials every peer and sends only on the connection it dialled; the connections a
 node accepts only receive. So each ordered pair (src, dst) has exactly one TCP stream and
 there is never a race over which of two crossing connections wins. A dialler that loses
-its connection redials with exponential backoff and jitter.
+its connection redials with exponential backoff and jitter. The set of peers may change at
+runtime (`set_addresses`): members join, move and leave.
 
 Raft tolerates lost messages (it retries on heartbeats and timeouts), so the transport never
 waits: a frame for a peer that is not connected, or whose socket buffer is over its bound,
@@ -216,10 +217,13 @@ class PeerTransport:
             del self.addresses[peer]
 
     def _stop_dialing(self, peer: int) -> None:
-        # Its task closes the connection (close, not abort: the written frames still leave).
         task = self._dialers.pop(peer, None)
         if task is not None:
             task.cancel()
+        # Close, not abort: the frames written to it still leave.
+        transport = self._outbound.pop(peer, None)
+        if transport is not None:
+            transport.close()
 
     def send(self, dst: int, payload: bytes) -> bool:
         """Queue one frame for `dst`; False if it was dropped (peer down or backed up)."""

@@ -192,3 +192,21 @@ def test_stop_waits_for_the_fsync_under_way(tmp_path):
         await group.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_snapshot_written_before_the_group_kept_state_of_its_own_restores(tmp_path):
+    """Data dirs of older versions hold the machine's bytes alone as their snapshot."""
+
+    async def scenario():
+        group, journal = await started(tmp_path)
+        for i in range(5):
+            await group.propose(b"v%d" % i)
+        snapshot = group.raft.compact(group.applied_index, journal.snapshot())
+        group.storage.compact(snapshot)
+        await group.stop()
+        group, journal = await started(tmp_path)
+        assert journal.restored_at == snapshot.index
+        assert journal.values() == [b"v%d" % i for i in range(5)]
+        await group.stop()
+
+    asyncio.run(scenario())

@@ -9,9 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from ports import free_port
 from test_raft_group import Journal
 
+from warrenmq.cluster import group_codec as wire
 from warrenmq.cluster.group import (
     REMOVED_MARKER_FILE,
     GroupConfig,
@@ -19,9 +22,66 @@ from warrenmq.cluster.group import (
     ProposalLost,
     RaftGroup,
 )
+from warrenmq.cluster.group_codec import GroupState, Reply, ReplyStatus, Request, RequestKind
 from warrenmq.cluster.raft.core import LEADER, NotLeader, ProposalRefused, RaftConfig
+from warrenmq.cluster.raft.messages import DecodeError
 
 WAIT_S = 20.0
+ids = st.integers(min_value=1, max_value=(1 << 64) - 1)
+
+# -- codecs ----------------------------------------------------------------------------
+
+
+@given(
+    src=ids,
+    requests=st.lists(
+        st.builds(Request, ids, st.sampled_from(RequestKind), st.binary(max_size=50)), max_size=20
+    ),
+    replies=st.lists(
+        st.builds(Reply, ids, st.sampled_from(ReplyStatus), ids, ids, ids, st.text(max_size=30)),
+        max_size=20,
+    ),
+)
+def test_frames_round_trip(src, requests, replies):
+    assert wire.decode_propose(wire.encode_propose(src, requests)) == (src, requests)
+    assert wire.decode_replies(wire.encode_replies(src, replies)) == (src, replies)
+    assert wire.decode_removed(wire.encode_removed(src)) == src
+
+
+@given(data=st.binary(max_size=80))
+def test_garbage_frames_raise_decode_errors_only(data):
+    for decode in (wire.decode_propose, wire.decode_replies, wire.decode_removed):
+        for frame in (data, bytes([wire.PROPOSE]) + data, bytes([wire.PROPOSE_REPLY]) + data):
+            try:
+                decode(frame)
+            except DecodeError:
+                pass
+
+
+@given(
+    node=ids,
+    host=st.text(min_size=1, max_size=40),
+    port=st.integers(0, 65535),
+    addresses=st.dictionaries(
+        ids, st.tuples(st.text(min_size=1, max_size=20), st.integers(0, 65535)), max_size=5
+    ),
+    removed=st.sets(ids, max_size=5),
+    machine=st.binary(max_size=100),
+)
+def test_member_addresses_and_snapshot_envelopes_round_trip(
+    node, host, port, addresses, removed, machine
+):
+    assert wire.decode_member(wire.encode_member(node, host, port)) == (node, host, port)
+    assert wire.decode_node(wire.encode_node(node)) == node
+    state, data = wire.unwrap_snapshot(wire.wrap_snapshot(GroupState(addresses, removed), machine))
+    assert (state, data) == (GroupState(addresses, removed), machine)
+
+
+def test_a_snapshot_from_before_the_envelope_is_the_machine_bytes():
+    assert wire.unwrap_snapshot(b"raw machine state") == (None, b"raw machine state")
+
+
+# -- groups of three or four -------------------------------------------------------------
 
 
 def _config(tmp_path: Path, node: int, peers: dict, **settings) -> GroupConfig:
@@ -111,6 +171,17 @@ def test_a_follower_proposal_is_applied_on_that_follower_when_it_resolves(tmp_pa
         assert applied.result == 1
         assert cluster.journals[follower].entries[-1][0] == applied.index
         await cluster.all_applied([b"first"])
+        leader = await cluster.leader()
+        status = cluster.groups[follower].status()
+        assert (status["role"], status["leader"]) == ("follower", leader)
+        assert status["term"] == cluster.groups[leader].raft.term
+        assert status["applied"] >= applied.index and status["commit"] >= applied.index
+        assert status["peers_connected"] == sorted(set(cluster.peers) - {follower})
+        assert status["members"] == [
+            {"id": node, "address": f"{host}:{port}", "connected": True}
+            for node, (host, port) in sorted(cluster.peers.items())
+        ]
+        assert status["removed"] is False
 
     run(tmp_path, 3, scenario)
 
@@ -136,22 +207,33 @@ def test_concurrent_proposals_from_every_member_apply_once_in_one_order(tmp_path
     run(tmp_path, 3, scenario)
 
 
-def test_a_follower_proposal_when_the_leader_dies_resolves_or_is_lost(tmp_path):
+@pytest.mark.parametrize("answered", [False, True], ids=["before-answer", "after-answer"])
+def test_a_follower_proposal_when_the_leader_dies_resolves_or_is_lost(tmp_path, answered):
     async def scenario(cluster: Cluster):
         leader = await cluster.leader()
         follower = next(i for i in cluster.groups if i != leader)
-        futures = [cluster.groups[follower].propose(b"v%d" % i) for i in range(50)]
+        group = cluster.groups[follower]
+        futures = [group.propose(b"v%d" % i) for i in range(50)]
         await asyncio.sleep(0)
+        if answered:
+            # The leader appended them all and said where; none need be committed yet.
+            await cluster.until(lambda: not group._sent and not group._unsent, "answers")
         # Killed, not stopped: no leadership handover, connections just drop.
-        cluster.groups[leader]._fail(RuntimeError("killed"))
-        cluster.groups.pop(leader)
+        cluster.groups.pop(leader)._fail(RuntimeError("killed"))
         outcomes = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), WAIT_S)
-        for outcome in outcomes:
-            assert not isinstance(outcome, BaseException) or isinstance(
-                outcome, (ProposalLost, NotLeader)
-            ), outcome
-        # The survivors elect a leader and serve proposals from the follower again.
-        applied = await asyncio.wait_for(cluster.groups[follower].propose(b"after"), WAIT_S)
+        journal = dict(cluster.journals[follower].entries)
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, BaseException):
+                assert isinstance(outcome, ProposalLost), outcome
+            else:
+                assert journal[outcome.index] == b"v%d" % i
+        if not answered:
+            assert all(isinstance(o, ProposalLost) for o in outcomes), "the link dropped"
+        # The survivors elect a leader and serve proposals from the follower again. (Not
+        # before: the dead group's listener closes a moment after it halts, and a proposal
+        # sent to it meanwhile is lost.)
+        await cluster.leader()
+        applied = await asyncio.wait_for(group.propose(b"after"), WAIT_S)
         assert cluster.journals[follower].values()[-1] == b"after"
         assert applied.result == len(cluster.journals[follower].values())
 

@@ -196,3 +196,43 @@ def test_frames_for_a_peer_that_stops_reading_are_dropped_at_the_buffer_bound():
             await stalled.wait_closed()
 
     asyncio.run(scenario())
+
+
+def test_peers_join_move_and_leave_at_runtime():
+    async def scenario():
+        transports, received = _make_transports(3)
+        first = transports[1]
+        first.set_addresses({1: first.addresses[1], 2: first.addresses[2]})  # 3 not yet known
+        for t in transports.values():
+            await t.start()
+        try:
+            await _until(lambda: first.connected(2))
+            assert not first.connected(3) and first.send(3, b"unknown") is False
+            first.set_addresses({**first.addresses, 3: transports[3].addresses[3]})
+            await _until(lambda: first.connected(3))
+            link = first.link(3)
+            assert link is not None
+            # What was queued before a peer is dropped is still written, then it is closed.
+            first.send(3, b"last words")
+            first.set_addresses({2: first.addresses[2]})
+            await _until(lambda: received[3] == [b"last words"] and not first.connected(3))
+            assert first.link(3) is None and first.send(3, b"gone") is False
+
+            # Peer 2 moves: a new transport for it listens elsewhere, and is dialled there.
+            await transports[2].close()
+            moved_to = ("127.0.0.1", free_port())
+            moved: list[bytes] = []
+            transports[2] = PeerTransport(
+                2, {**transports[2].addresses, 2: moved_to}, moved.append, backoff_s_min=0.01
+            )
+            await transports[2].start()
+            first.set_addresses({2: moved_to})
+            await _until(lambda: first.connected(2))
+            first.send(2, b"found")
+            await _until(lambda: moved == [b"found"])
+            assert first.addresses == {1: transports[1].addresses[1], 2: moved_to}
+        finally:
+            for t in transports.values():
+                await t.close()
+
+    asyncio.run(scenario())
