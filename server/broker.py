@@ -51,6 +51,7 @@ from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .descriptor_alarm import DescriptorAlarm
+from .forward.forwarding import Forwarding
 from .http import HttpListeners
 from .queue.arguments import queue_type
 from .queue.dead_letter_counts import DeadLetterCounts
@@ -193,6 +194,9 @@ class Broker:
         self.redrives = Redrives(
             self.data_dir / REDRIVES_DIRECTORY, self.vhosts, self.after_commit, now_ms
         )
+        self.node_id = config.node_id
+        # Links to the nodes leading queues this node's clients use, and from other nodes.
+        self.forwarding = Forwarding(self)
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -407,6 +411,7 @@ class Broker:
         await self.redrives.shutdown()
         for connection in list(self.connections):
             connection.close()
+        self.forwarding.close()
         self._tick()
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         while self.connections and time.monotonic() < deadline:
@@ -425,6 +430,18 @@ class Broker:
         for server in (self.server, self.tls_server):
             if server is not None:
                 await server.wait_closed()
+
+    # -- the cluster ------------------------------------------------------------------------
+
+    def queue_leader(self, vhost: str, name: str) -> int:
+        """The node that leads a queue (a single node leads every queue)."""
+        return self.node_id
+
+    def node_address(self, node_id: int) -> tuple[str, int]:
+        """Where a node's AMQP listener is (which also takes its links)."""
+        if node_id != self.node_id:
+            raise LookupError(f"node {node_id} is not known here")
+        return self.config.bind, self.port
 
     # -- connections ----------------------------------------------------------------------
 

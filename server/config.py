@@ -146,6 +146,11 @@ class BrokerConfig:
     disk_free_limit_relative: float = 0.0
     """The limit as a multiple of the machine's memory instead (disk_free_limit.relative, e.g.
     1.0); 0: the absolute one."""
+    node_id: int = 1
+    """This node's id in the cluster (1 for a single node)."""
+    cluster_secret: str = ""
+    """Shared by the nodes of a cluster: a node proves it (an HMAC, never the secret itself)
+    when it opens a link to forward queue work to another (`server/forward`)."""
     resource_check_interval_ms: int = 100
     """How often memory and free disk space are sampled. RabbitMQ checks memory every second
     and disk space up to ten times a second near the limit; both samples cost microseconds

@@ -118,6 +118,12 @@ def register(commands: Any) -> None:
         type=int,
         help="the metrics over HTTPS (default 15691; 0 picks a free one)",
     )
+    parser.add_argument(
+        "--cluster-secret",
+        dest="cluster_secret",
+        help="the secret every node of the cluster shares, checked when a node links to another "
+        "(also WARREN_CLUSTER_SECRET)",
+    )
     parser.set_defaults(handler=run_command)
 
 
@@ -135,6 +141,7 @@ def run_command(args: argparse.Namespace) -> int:
                 "metrics_port": args.metrics_port,
                 "metrics_enabled": args.metrics_enabled,
                 **{name: getattr(args, name) for name in TLS_FLAGS},
+                "cluster_secret": args.cluster_secret,
             },
         )
     except ConfigError as error:
