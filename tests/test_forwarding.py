@@ -7,6 +7,9 @@ who leads it through the two lookups placement will answer (`queue_leader`, `nod
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pika
 import pika.exceptions
 import pytest
@@ -83,6 +86,46 @@ def test_published_via_b_is_stored_on_a_before_the_confirm(nodes):
     assert _ready_on(a) == 50
     assert b.broker.vhosts["/"].queues.get(QUEUE) is None
     assert [body for _, body in _consume(a, 50)] == bodies
+
+
+def test_confirm_via_b_waits_for_the_owners_fsync(nodes):
+    a, b = nodes
+    engine = a.broker.vhosts["/"].queues[QUEUE].engine
+    fsync = engine.commit
+    fsync_started = threading.Event()
+    release = a.call(_event())
+
+    async def held_commit():
+        fsync_started.set()
+        await release.wait()
+        return await fsync()
+
+    engine.commit = held_commit
+    publisher = threading.Thread(target=_publish, args=(b, [b"durable"]))
+    publisher.start()
+    assert fsync_started.wait(10)
+    # A has the message and its fsync has not finished: B's client has no confirm yet.
+    assert publisher.is_alive()
+    a.loop.call_soon_threadsafe(release.set)
+    publisher.join(10)
+    assert not publisher.is_alive()
+    assert _ready_on(a) == 1
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+def test_transaction_via_b(nodes):
+    a, b = nodes
+    connection = b.connect()
+    channel = connection.channel()
+    channel.tx_select()
+    channel.basic_publish("", QUEUE, b"in-tx")
+    assert _ready_on(a) == 0
+    channel.tx_commit()
+    assert _ready_on(a) == 1
+    connection.close()
 
 
 def test_transient_publish_via_b(nodes):
