@@ -1053,24 +1053,6 @@ class VirtualHost:
             self._wake(consumer.queue)  # type: ignore[arg-type]
             return consumer
         queue_arguments.check_consume(queue.name, self.name, arguments)
-        if isinstance(queue, RemoteQueue):
-            # Exclusivity is the owner's to check; the caller wakes the queue (its first
-            # credit) once the client has its consume-ok.
-            return queue.consume(  # type: ignore[return-value]
-                Consumer(
-                    tag,
-                    channel,
-                    queue,
-                    no_ack,
-                    exclusive,
-                    int(arguments.get("x-priority", 0)),
-                    prefetch_count,
-                ),
-                arguments,
-            )
-        if queue.exclusive_consumer() is not None or (exclusive and queue.consumer_count):
-            rs = queue_arguments.resource("queue", queue.name, self.name)
-            raise AccessRefused(f"{rs} in exclusive use")
         consumer = Consumer(
             tag,
             channel,
@@ -1080,6 +1062,13 @@ class VirtualHost:
             int(arguments.get("x-priority", 0)),
             prefetch_count,
         )
+        if isinstance(queue, RemoteQueue):
+            # Exclusivity is the owner's to check; the caller wakes the queue (its first
+            # credit) once the client has its consume-ok.
+            return queue.consume(consumer, arguments)
+        if queue.exclusive_consumer() is not None or (exclusive and queue.consumer_count):
+            rs = queue_arguments.resource("queue", queue.name, self.name)
+            raise AccessRefused(f"{rs} in exclusive use")
         queue.add_consumer(consumer)
         self._wake(queue)
         return consumer

@@ -157,12 +157,22 @@ def test_prefetch_holds_through_the_link(nodes):
     channel.basic_qos(prefetch_count=3)
     received = []
     channel.basic_consume(QUEUE, lambda ch, method, props, body: received.append(method))
-    connection.process_data_events(time_limit=1.0)
+    _pump(connection, lambda: len(received) >= 3)
+    connection.process_data_events(time_limit=0.5)
     assert len(received) == 3
     channel.basic_ack(received[-1].delivery_tag, multiple=True)
-    connection.process_data_events(time_limit=1.0)
+    _pump(connection, lambda: len(received) >= 6)
+    connection.process_data_events(time_limit=0.5)
     assert len(received) == 6
     connection.close()
+
+
+def _pump(connection, done, rounds_max: int = 100) -> None:
+    """Process a blocking connection's events until `done()` (or give up after a while)."""
+    for _ in range(rounds_max):
+        if done():
+            return
+        connection.process_data_events(time_limit=0.1)
 
 
 def test_nack_via_b_redelivers(nodes):
@@ -256,10 +266,10 @@ def test_owner_gone_nacks_publishes_and_cancels_consumers(nodes):
     consumer_channel.add_on_cancel_callback(cancelled.append)
     received = []
     consumer_channel.basic_consume(QUEUE, lambda ch, method, props, body: received.append(body))
-    consuming.process_data_events(time_limit=1.0)
+    _pump(consuming, lambda: received)
     assert received == [b"before"]
     a.stop()
-    consuming.process_data_events(time_limit=1.0)
+    _pump(consuming, lambda: cancelled)
     assert len(cancelled) == 1
     publishing = b.connect()
     channel = publishing.channel()
