@@ -52,6 +52,7 @@ from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .descriptor_alarm import DescriptorAlarm
+from .forward.forwarding import Forwarding
 from .http import HttpListeners
 from .queue.arguments import queue_type
 from .queue.dead_letter_counts import DeadLetterCounts
@@ -195,6 +196,9 @@ class Broker:
         self.redrives = Redrives(
             self.data_dir / REDRIVES_DIRECTORY, self.vhosts, self.after_commit, now_ms
         )
+        self.node_id = config.node_id
+        # Links to the nodes leading queues this node's clients use, and from other nodes.
+        self.forwarding = Forwarding(self)
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -348,6 +352,9 @@ class Broker:
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
             kept = set(vhost.recover())
+            for record in self.store.state.queues(name).values():
+                if record.node != self.node_id:
+                    self.forwarding.place(vhost, record.name)
             if vhost.directory.exists():
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:
@@ -372,7 +379,7 @@ class Broker:
             for connection in list(self.connections):
                 if connection.vhost is vhost:
                     connection.close(320, f"vhost '{name}' is deleted")
-            for queue in list(vhost.queues.values()):
+            for _, queue in vhost.all_queues():
                 vhost.retire_queue(queue)
             vhost.delayed.retire()
 
@@ -422,6 +429,7 @@ class Broker:
         await self.redrives.shutdown()
         for connection in list(self.connections):
             connection.close()
+        self.forwarding.close()
         self._tick()
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         while self.connections and time.monotonic() < deadline:

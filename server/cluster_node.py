@@ -7,7 +7,8 @@ applied them. The running side follows through `applied` (`MetadataMachine.liste
 called for each applied entry after the state changed:
 * a vhost declared or deleted: hosted or retired here (`Broker.sync_vhosts`);
 * a queue declared that this node leads: its storage opened here, unless a declare through
-  this node opened it already (`VirtualHost.host_declared`);
+  this node opened it already (`VirtualHost.host_declared`); one another node leads: a
+  `RemoteQueue` here, forwarding to that node (`Forwarding.place`);
 * a queue deleted, or forgotten by `ForgetTransient`: retired here, its consumers
   cancelled, if this node hosted it; delayed exchanges deleted: their stores dropped;
 * policies set or cleared: the vhost's queues take them;
@@ -131,10 +132,13 @@ class ClusterNode:
             return
         if isinstance(command, c.DeclareQueue):
             record = outcome.queue
-            if outcome.created and record is not None and record.node == self.node_id:
-                vhost.host_declared(record)
+            if outcome.created and record is not None:
+                if record.node == self.node_id:
+                    vhost.host_declared(record)
+                else:
+                    broker.forwarding.place(vhost, record.name)
         elif isinstance(command, c.DeleteQueue):
-            queue = vhost.queues.get(outcome.queue.name) if outcome.queue else None
+            queue = vhost.served_queue(outcome.queue.name) if outcome.queue else None
             if queue is not None:
                 vhost.retire_queue(queue)
         elif isinstance(command, _POLICY_COMMANDS):

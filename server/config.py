@@ -165,6 +165,9 @@ class BrokerConfig:
     join: bool = False
     """Start as a non-voter waiting to be added to the running cluster (`warren cluster
     join`), rather than as a bootstrap voter."""
+    cluster_secret: str = ""
+    """Shared by the nodes of a cluster: a node proves it (an HMAC, never the secret itself)
+    when it opens a link to forward queue work to another (`server/forward`)."""
     resource_check_interval_ms: int = 100
     """How often memory and free disk space are sampled. RabbitMQ checks memory every second
     and disk space up to ten times a second near the limit; both samples cost microseconds

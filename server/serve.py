@@ -39,7 +39,7 @@ TLS_FLAGS = (
     "metrics_ssl_port",
 )
 # The cluster settings `warren serve` takes as flags of the same names.
-CLUSTER_FLAGS = ("node_id", "cluster", "advertise_host", "join")
+CLUSTER_FLAGS = ("node_id", "cluster", "advertise_host", "join", "cluster_secret")
 
 
 def register(commands: Any) -> None:
@@ -139,6 +139,12 @@ def register(commands: Any) -> None:
         action="store_const",
         const=True,
         help="start as a non-voter waiting for `warren cluster join` to add it",
+    )
+    parser.add_argument(
+        "--cluster-secret",
+        dest="cluster_secret",
+        help="the secret every node of the cluster shares, checked when a node links to another "
+        "(also WARREN_CLUSTER_SECRET)",
     )
     parser.set_defaults(handler=run_command)
 

@@ -12,9 +12,8 @@ durable entity means it survives a restart.
 In a cluster, every queue record names the node that leads it (`QueueRecord.node`, chosen
 here when a declare proposes it: `queue_leader_node`); a vhost hosts the queues its node
 leads, and the broker opens and retires them as entries proposed anywhere apply
-(`host_declared`, `retire_queue`). Work on a queue another node leads is refused with 406
-and the leader's name (`led_elsewhere`) until forwarding serves it; a publish routed to one
-is refused (nacked under confirms).
+(`host_declared`, `retire_queue`). A queue another node leads is a `RemoteQueue` here
+(`self.remote`, placed by `server/forward`), which forwards its work to that node.
 
 A new queue's storage is opened before its record is written: a declare that cannot be
 honoured (no descriptors, a full disk) leaves no record behind, and a crash between the two
@@ -57,6 +56,7 @@ from .dead_letter_journal import DeadLetterJournal, Item, digest
 from .delayed import DelayedExchanges, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .errors import internal_error, not_implemented, precondition_failed
+from .forward.entry import RemoteQueue
 from .queue import arguments as queue_arguments
 from .queue import policy
 from .queue.consumer import Consumer, ConsumerChannel
@@ -282,6 +282,8 @@ class VirtualHost:
         self._dead_letter_counts = dead_letter_counts
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
+        self.remote: dict[str, RemoteQueue] = {}
+        """Queues another node leads, which this node forwards to (`server/forward`)."""
         self._staged = staged
         self._wake = wake
         self._deliver_reply = deliver_reply
@@ -352,9 +354,9 @@ class VirtualHost:
                 # same as `stage(route(...))`, without the intermediate tuples.
                 queue = self.queues.get(routing_key)
                 if queue is None:
-                    if self._led_elsewhere(routing_key):
-                        return Published.REFUSED
-                    return Published.UNROUTABLE
+                    queue = self.remote.get(routing_key)  # type: ignore[assignment]
+                    if queue is None:
+                        return Published.UNROUTABLE
                 routing_key_bytes = self._encoded_names.get(routing_key)
                 if routing_key_bytes is None:
                     routing_key_bytes = self._encoded(routing_key)
@@ -389,8 +391,8 @@ class VirtualHost:
         if exchange == "" and routing_keys is None:
             # The default exchange routes to the queue named by the key: no Router call (and
             # no set built) on the commonest path.
-            routed = routing_key in self.queues or self._led_elsewhere(routing_key)
-            return ((routing_key,) if routed else ()), properties, bcc
+            hosted = routing_key in self.queues or routing_key in self.remote
+            return ((routing_key,) if hosted else ()), properties, bcc
         router = self.router
         if routing_keys is None and not internal_allowed:
             return router.route(exchange, routing_key, headers), properties, bcc
@@ -428,6 +430,8 @@ class VirtualHost:
         staged = self._staged
         for name in queue_names:
             queue = queues.get(name)
+            if queue is None:
+                queue = self.remote.get(name)  # type: ignore[assignment]
             if queue is not None:
                 if (
                     queue.stage_kept(record, persistent, expiring, publisher, bcc=bcc)
@@ -441,8 +445,6 @@ class VirtualHost:
             elif type(name) is DelayedTarget:
                 held += 1
                 refused |= not self.delayed.stage(name, record, persistent, publisher)
-            elif self._led_elsewhere(name):
-                refused = True
         if refused:
             return Published.REFUSED
         # As the plugin: a held message reached no queue yet, so a mandatory one is returned.
@@ -692,19 +694,6 @@ class VirtualHost:
     def queue_directory(self, name: str) -> Path:
         return self.directory / directory_name(name)
 
-    def _led_elsewhere(self, name: str) -> bool:
-        record = self.store.state.queue(self.name, name)
-        return record is not None and record.node != self.node_id
-
-    def led_elsewhere(self, record: QueueRecord) -> Exception:
-        """The refusal of work on a queue another node leads, until forwarding serves it."""
-        rs = queue_arguments.resource("queue", record.name, self.name)
-        leader = node_name(record.node)
-        return precondition_failed(
-            f"{rs} is led by node {leader}, and this node does not forward to it yet: "
-            f"connect to {leader}"
-        )
-
     def queue_leader_node(self, name: str, arguments: Mapping[str, Any], exclusive: bool) -> int:
         """Where a new queue goes: the node of the declaring client ("client-local", the
         default, and always for an exclusive queue, whose connection is here), else the
@@ -731,8 +720,9 @@ class VirtualHost:
         record = self.store.state.lookup_queue(self.name, name, owner)
         queue = self.queues.get(record.name)
         if queue is None:
-            if record.node != self.node_id:
-                raise self.led_elsewhere(record)
+            remote = self.remote.get(record.name)
+            if remote is not None:
+                return remote  # type: ignore[return-value]
             if record.name not in self._opening:
                 raise self._crashed(record.name)
             queue = self._host(record, self._opening.pop(record.name))
@@ -783,6 +773,10 @@ class VirtualHost:
                 )
             outcome = await self._apply(command)
             record = outcome.queue
+            remote = self.remote.get(record.name)
+            if remote is not None:
+                await remote.refresh_counts()
+                return self._used(remote)  # type: ignore[arg-type]
             if (
                 record.node != self.node_id
                 or self.store.state.queue(self.name, record.name) is None
@@ -867,10 +861,18 @@ class VirtualHost:
         self._used(queue)
 
     def retire_deleted(self) -> None:
-        """Stop hosting the queues whose records are gone (a `ForgetTransient`)."""
+        """Stop serving the queues whose records are gone (a `ForgetTransient`)."""
         records = self.store.state.queues(self.name)
-        for queue in [q for name, q in self.queues.items() if name not in records]:
+        for queue in [q for name, q in self.all_queues() if name not in records]:
             self.retire_queue(queue)
+
+    def all_queues(self) -> list[tuple[str, WorkQueue]]:
+        """The queues this node hosts and those it forwards to another node."""
+        return [*self.queues.items(), *self.remote.items()]  # type: ignore[list-item]
+
+    def served_queue(self, name: str) -> WorkQueue | None:
+        """The queue hosted here or forwarded to another node, by name."""
+        return self.queues.get(name) or self.remote.get(name)  # type: ignore[return-value]
 
     def _check_dead_letter_exchange(
         self, queue: str, arguments: Mapping[str, Any], user: str
@@ -917,6 +919,8 @@ class VirtualHost:
     def _hosted(self, record: Any) -> WorkQueue:
         """The queue of an existing record, opening its storage again if it failed before."""
         queue = self.queues.get(record.name)
+        if queue is None:
+            queue = self.remote.get(record.name)  # type: ignore[assignment]
         if queue is not None:
             return queue
         engine = self._opening.pop(record.name, None)
@@ -1009,7 +1013,7 @@ class VirtualHost:
                 self._used(queue)
 
     def recover(self) -> list[str]:
-        """Host every queue the metadata holds; returns their directory names.
+        """Host every queue of the metadata this node leads; returns their directory names.
 
         A queue whose storage fails to open is logged and left out (`failed`); the others
         are hosted. Its directory name is returned all the same: its files are kept.
@@ -1052,6 +1056,8 @@ class VirtualHost:
         x-expires): checks, the metadata record (routing to it stops at once), then consumers
         cancelled and data deleted. Returns how many ready messages it held; 0 when it was
         already gone."""
+        if isinstance(queue, RemoteQueue):
+            return await self._delete_remote(queue, if_unused=if_unused, if_empty=if_empty)
         if (
             self.queues.get(queue.name) is not queue
             or self.store.state.queue(self.name, queue.name) is None
@@ -1065,6 +1071,27 @@ class VirtualHost:
         # A delete racing ours applied first: the queue was gone when ours applied.
         return count if outcome.changed else 0
 
+    async def _delete_remote(self, queue: RemoteQueue, *, if_unused: bool, if_empty: bool) -> int:
+        """The owner checks and deletes (its consumers are its own); the record's delete is
+        then applied here too, a no-op where metadata is replicated, so the client finds the
+        queue gone on this node as soon as it has its delete-ok."""
+        count = await queue.delete(if_unused=if_unused, if_empty=if_empty)
+        await self._apply(mc.DeleteQueue(self.name, queue.name))
+        self.retire_queue(queue)  # type: ignore[arg-type]
+        return count
+
+    def lead_elsewhere(self, queue: RemoteQueue) -> None:
+        """Another node leads the queue: this node forwards its work there (a queue hosted
+        here until now stops being served here)."""
+        hosted = self.queues.get(queue.name)
+        if hosted is not None:
+            self.retire_queue(hosted)
+        self.remote[queue.name] = queue
+
+    def refresh_counts(self, queue: WorkQueue) -> Awaitable[None] | None:
+        """queue.declare passive on a queue another node leads: its counts from there."""
+        return queue.refresh_counts() if isinstance(queue, RemoteQueue) else None
+
     def drop_queue(self, queue: WorkQueue) -> asyncio.Future[Any]:
         """Delete a queue nobody has to wait on (auto-delete, exclusive owner gone,
         x-expires); returns the deletion under way."""
@@ -1073,6 +1100,11 @@ class VirtualHost:
     def retire_queue(self, queue: WorkQueue) -> None:
         """Stop hosting a queue whose record is gone: its consumers are cancelled, its timers
         stopped and its engine data deleted."""
+        if isinstance(queue, RemoteQueue):
+            if self.remote.get(queue.name) is queue:
+                del self.remote[queue.name]
+                queue.retire()
+            return
         if self.queues.get(queue.name) is not queue:
             return
         del self.queues[queue.name]
@@ -1109,9 +1141,10 @@ class VirtualHost:
         exclusive: bool,
         arguments: Mapping[str, Any],
         prefetch_count: int,
-    ) -> Consumer:
+    ) -> Consumer | Awaitable[Consumer]:
         """Add a consumer to a queue (basic.consume): 404, 405, 406 or 403 as RabbitMQ. On a
-        super stream's name with x-consumer-group, a member of that group."""
+        super stream's name with x-consumer-group, a member of that group. For a queue
+        another node leads, an awaitable of the consumer, registered there."""
         if GROUP_ARGUMENT in arguments and self.router.get(queue_name) is not None:
             return self._join_group(
                 queue_name, channel, tag, arguments, no_ack=no_ack, prefetch_count=prefetch_count
@@ -1132,9 +1165,6 @@ class VirtualHost:
             self._wake(consumer.queue)  # type: ignore[arg-type]
             return consumer
         queue_arguments.check_consume(queue.name, self.name, arguments)
-        if queue.exclusive_consumer() is not None or (exclusive and queue.consumer_count):
-            rs = queue_arguments.resource("queue", queue.name, self.name)
-            raise AccessRefused(f"{rs} in exclusive use")
         consumer = Consumer(
             tag,
             channel,
@@ -1144,6 +1174,13 @@ class VirtualHost:
             int(arguments.get("x-priority", 0)),
             prefetch_count,
         )
+        if isinstance(queue, RemoteQueue):
+            # Exclusivity is the owner's to check; the caller wakes the queue (its first
+            # credit) once the client has its consume-ok.
+            return queue.consume(consumer, arguments)
+        if queue.exclusive_consumer() is not None or (exclusive and queue.consumer_count):
+            rs = queue_arguments.resource("queue", queue.name, self.name)
+            raise AccessRefused(f"{rs} in exclusive use")
         queue.add_consumer(consumer)
         self._wake(queue)
         return consumer
@@ -1188,7 +1225,8 @@ class VirtualHost:
 
     def cancel(self, consumer: Consumer) -> asyncio.Future[Any] | None:
         """Remove a consumer (basic.cancel, its channel gone); the last one of an auto-delete
-        queue deletes it, as RabbitMQ does: returns that deletion, under way."""
+        queue deletes it, as RabbitMQ does: returns that deletion, under way (for a queue
+        another node leads, the cancel under way there, which may delete it)."""
         if isinstance(consumer.queue, Member):
             group = consumer.queue.group
             group.leave(consumer.queue)
@@ -1198,6 +1236,8 @@ class VirtualHost:
         if isinstance(consumer.queue, Cursor):
             consumer.queue.stream.remove_consumer(consumer)
             return
+        if isinstance(consumer.queue, RemoteQueue):
+            return consumer.queue.remove_consumer(consumer)
         # The core's consumers are always of its own queues.
         queue = cast(WorkQueue, consumer.queue)
         if queue.remove_consumer(consumer):
@@ -1250,10 +1290,13 @@ class VirtualHost:
         queue = self.get_queue(queue_name, owner)
         return queue.engine.browse(start, count_max)
 
-    def purge(self, queue_name: str, owner: str) -> int:
-        """queue.purge: drop every ready message; returns how many went."""
+    def purge(self, queue_name: str, owner: str) -> int | Awaitable[int]:
+        """queue.purge: drop every ready message; returns how many went (an awaitable of
+        it when another node leads the queue)."""
         queue = self.get_queue(queue_name, owner)
         self._refuse_on_stream(queue, "queue.purge")
+        if isinstance(queue, RemoteQueue):
+            return queue.purge()
         count = queue.purge()
         # The purge acks every ready message: the tick commits that.
         self._wake(queue)

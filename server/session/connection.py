@@ -39,7 +39,9 @@ from warrenmq.server.errors import (
     not_implemented,
     precondition_failed,
 )
-from warrenmq.server.queue.consumer import ConsumedQueue
+from warrenmq.server.forward.forwarding import Forwarding
+from warrenmq.server.forward.wire import LINK_FIRST_BYTE
+from warrenmq.server.queue.consumer import ConsumedQueue, Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.stream.cursor import Cursor
@@ -84,6 +86,8 @@ class Host(Protocol):
     amqp_tls_config: ConnectionConfig
     """The machine's config on a TLS connection: EXTERNAL offered too."""
     vhosts: dict[str, VirtualHost]
+    forwarding: Forwarding
+    """Takes over a connection that is another node's link, not an AMQP client."""
     blocked_reason: str
     """connection.blocked's reason while a resource alarm is in effect, else empty: a
     connection that publishes then is blocked until `alarms_changed` clears it."""
@@ -188,6 +192,9 @@ class BrokerConnection(asyncio.Protocol):
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
+        if not self.received_bytes and data[:1] == LINK_FIRST_BYTE:
+            self._hand_over_link(data)
+            return
         self.received_bytes += len(data)
         if self.closed:
             return
@@ -206,6 +213,15 @@ class BrokerConnection(asyncio.Protocol):
         broker.read_bytes_unsampled += len(data)
         if broker.read_bytes_unsampled >= RESOURCE_CHECK_READ_BYTES:
             broker.sample_resources()
+
+    def _hand_over_link(self, data: bytes) -> None:
+        """Another node's link (`server/forward`), not an AMQP client: it gets the socket."""
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.broker.forget(self)
+        self.broker.forwarding.accept(self.transport, data)
 
     def pause_writing(self) -> None:
         self._transport_paused = True
@@ -878,8 +894,12 @@ def _queue_declare(
         name = conn.queue_name(channel, name)
         queue = vhost.check_queue(name, conn.owner)
         channel.last_queue = name
-        if not method.nowait:
-            conn.amqp.declare_ok(channel.number, name, queue.ready_count, queue.consumer_count)
+        if method.nowait:
+            return None
+        counting = vhost.refresh_counts(queue)
+        if counting is not None:
+            return _declare_ok_after(conn, channel, queue, counting)
+        conn.amqp.declare_ok(channel.number, name, queue.ready_count, queue.consumer_count)
         return None
     server_named = not name
     if server_named:
@@ -888,6 +908,13 @@ def _queue_declare(
         raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
     conn.check("configure", QUEUE, name)
     return _queue_declare_new(conn, channel, method, name, server_named)
+
+
+async def _declare_ok_after(
+    conn: BrokerConnection, channel: BrokerChannel, queue: WorkQueue, counting: Awaitable[None]
+) -> None:
+    await counting
+    conn.amqp.declare_ok(channel.number, queue.name, queue.ready_count, queue.consumer_count)
 
 
 async def _queue_declare_new(
@@ -937,10 +964,24 @@ async def _queue_bind(conn: BrokerConnection, channel: BrokerChannel, method: An
 
 def _queue_purge(
     conn: BrokerConnection, channel: BrokerChannel, method: commands.Queue.Purge
-) -> None:
+) -> Awaitable[None] | None:
     name = conn.queue_name(channel, method.queue)
     conn.check("read", QUEUE, name)
     count = conn.vhost.purge(name, conn.owner)
+    if not isinstance(count, int):
+        return _purge_ok_after(conn, channel, method, count)
+    if not method.nowait:
+        conn.reply(channel, commands.Queue.PurgeOk(message_count=count))
+    return None
+
+
+async def _purge_ok_after(
+    conn: BrokerConnection,
+    channel: BrokerChannel,
+    method: commands.Queue.Purge,
+    counting: Awaitable[int],
+) -> None:
+    count = await counting
     if not method.nowait:
         conn.reply(channel, commands.Queue.PurgeOk(message_count=count))
 
@@ -977,7 +1018,7 @@ def _basic_qos(conn: BrokerConnection, channel: BrokerChannel, method: commands.
 
 def _basic_consume(
     conn: BrokerConnection, channel: BrokerChannel, method: commands.Basic.Consume
-) -> None:
+) -> Awaitable[None] | None:
     name = method.queue
     tag = method.consumer_tag or generated_name("amq.ctag-")
     consumers_max = conn.broker.config.consumers_per_channel_max
@@ -997,7 +1038,7 @@ def _basic_consume(
         return
     name = conn.queue_name(channel, name)
     conn.check("read", QUEUE, name)
-    channel.consumers[tag] = conn.vhost.consume(
+    consumer = conn.vhost.consume(
         name,
         conn.owner,
         channel,
@@ -1007,8 +1048,28 @@ def _basic_consume(
         arguments=method.arguments or {},
         prefetch_count=channel.consumer_prefetch,
     )
+    if not isinstance(consumer, Consumer):
+        return _consume_ok_after(conn, channel, method, tag, consumer)
+    channel.consumers[tag] = consumer
     if not method.nowait:
         conn.amqp.consume_ok(channel.number, tag)
+    return None
+
+
+async def _consume_ok_after(
+    conn: BrokerConnection,
+    channel: BrokerChannel,
+    method: commands.Basic.Consume,
+    tag: str,
+    registering: Awaitable[Consumer],
+) -> None:
+    """A consumer of a queue another node leads: consume-ok once that node registered it,
+    and only then may deliveries come (its queue's dispatch asks for them)."""
+    consumer = await registering
+    channel.consumers[tag] = consumer
+    if not method.nowait:
+        conn.amqp.consume_ok(channel.number, tag)
+    conn.broker.want_dispatch(consumer.queue)
 
 
 def _basic_cancel(

@@ -1,0 +1,69 @@
+"""Forwarding: queue work from the node a client is connected to (the entry node) to the node
+that leads the queue (the owner).
+
+The path
+    Routing stays on the entry node: exchanges and bindings are metadata every node has. In
+    the vhost, a queue another node leads is a `RemoteQueue` (``vhost.remote``) where its own
+    queues are `WorkQueue`s (``vhost.queues``), and it answers the same calls: the publish
+    path stages on it, the tick flushes it and waits for its "commit", channels deliver its
+    messages and settle them by offset. A queue led here is never looked up in
+    ``vhost.remote``: the local hot path pays nothing (a miss in ``vhost.queues`` looks
+    there too, on the unroutable path). The session knows of no node; the few core calls that
+    must wait for the owner (consume, get, purge, delete, a declare's counts) return an
+    awaitable where they returned a value, which the session awaits as it awaits a metadata
+    write.
+
+The link
+    One stream per (entry node, owner node), dialled by the entry node to the owner's AMQP
+    port (`broker.node_address`): its first bytes, ``MAGIC``, tell it from an AMQP client and
+    the listener hands the socket over (`Forwarding.accept`). Messages (`wire.py`) are frames
+    of ``cluster/transport.py``'s framing, fields packed by schema, argument tables in the
+    metadata's lossless encoding; properties and body travel as the publisher sent them.
+    Not AMQP: a forwarded publish is staged into named queues keeping its original exchange
+    and routing key, which basic.publish cannot say, and settles go by the owner's offsets.
+
+    PUBLISH(seq, vhost, queues, exchange, routing key, properties, body, persistent,
+    expiring, BCC keys) is answered by CONFIRM(through seq) once the owner's tick stored it
+    (fsynced, for a persistent message on a durable queue: the owner's link is a publisher
+    to its core, as a confirming channel), and NACK(seq) first for one it refused or could
+    not store. The entry node's tick holds the client's confirm until every target of the
+    publish is stored: its local queues' fsync and each owner's CONFIRM (`RemoteQueue.commit`).
+
+    CONSUME(id, vhost, queue, tag, exclusive, arguments) registers a consumer on the owner
+    whose channel is the link (`owner.LinkChannel`); the entry node grants it credit
+    (CREDIT(id, n): what the client's prefetch and channel leave room for, at most
+    ``CREDIT_WINDOW`` ahead), the owner sends DELIVER(id, message) within it, and the entry
+    node hands them to the client's channel as a local queue would. Every delivery needs an
+    ack on the owner (a no-ack client's channel acks at once): SETTLE(vhost, queue, ack |
+    reject | requeue, offsets). CANCEL(id) is answered once removed (and an auto-delete
+    queue deleted); CANCELLED(id, reason) tells of a consumer the owner dropped.
+
+    GET, PURGE, DELETE(if_unused, if_empty) and STATS (a passive declare's counts) are
+    requests answered by REPLY/GOT or by ERROR(reply code, text), which the entry node
+    raises as the same channel or connection exception a single node raises.
+
+Loss of a link
+    Entry node: publishes not yet confirmed are nacked (never confirmed without the owner),
+    consumers are cancelled (basic.cancel to clients that asked for consumer_cancel_notify,
+    as RabbitMQ does when a queue's node goes down), requests fail with RabbitMQ's 404 for a
+    queue whose home node is down. Owner: as a closed channel, the link's consumers are
+    cancelled and everything it was handed and not settled returns to its queue; a settle
+    arriving later over a new link names nothing that link holds and is ignored. The next
+    use of a remote queue dials again.
+
+Trust
+    A link is served only after its HELLO proves the cluster secret (``cluster_secret``,
+    ``--cluster-secret``, ``WARREN_CLUSTER_SECRET``): HMAC-SHA256 over a fresh nonce and
+    the node id, never the secret itself. Without TLS a recorded hello can be replayed, and
+    an empty secret (the default) proves nothing: set one on a cluster.
+
+Shards
+    Nothing here knows that the owner is another machine: a node split into shard
+    processes (one event loop per core, each leading some queues) forwards between them by
+    the same links, over the same port or a Unix socket, with `queue_leader` naming a shard.
+
+Where queues are placed
+    `broker.queue_leader(vhost, name)` and `broker.node_address(node)` (the metadata's
+    placement, in a cluster); `Forwarding.place` makes a queue whose leader is another node
+    a `RemoteQueue` on this one.
+"""

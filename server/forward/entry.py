@@ -1,0 +1,465 @@
+"""The entry node's side: `RemoteQueue`, which stands in the vhost for a queue another node
+leads, and `EntryLink`, the stream to that node it sends the queue's work over.
+
+A `RemoteQueue` answers the calls the tick, the vhost and the channels make of a local
+`WorkQueue` (stage, flush, take_written, commit, dispatch, ack, requeue...) by sending them
+over the link, so the session and the tick do not know where a queue lives. The few calls
+that must wait for the owner's answer (consume, get, purge, delete, the counts of a declare)
+are awaitables the vhost returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from warrenmq.amqp.replies import ProtocolError, protocol_error
+from warrenmq.exchanges.errors import NotFound
+from warrenmq.server.errors import not_implemented
+from warrenmq.server.queue import arguments as queue_arguments
+from warrenmq.server.queue.consumer import Consumer
+from warrenmq.server.queue.engine import Message
+from warrenmq.server.queue.message_counts import MessageCounts
+from warrenmq.server.stream.stream import Stream
+
+from . import wire
+from .link import FramedLink, LinkError, log
+
+CREDIT_WINDOW = 256
+"""Deliveries an owner may send ahead to one consumer that has no prefetch of its own (one
+with a prefetch gets at most what it has room for)."""
+
+
+def node_name(node: int) -> str:
+    return f"warren@{node}"
+
+
+class EntryLink(FramedLink):
+    """The link this node dialled to the node leading some queues: publishes and their
+    confirms, consumers and their deliveries, settles, and requests with their replies.
+
+    Publishes are numbered (`seq`) in the order they are sent; the owner confirms through a
+    seq once every publish up to it is stored (and fsynced, for a persistent message on a
+    durable queue) and nacks the ones it could not store, before that confirm."""
+
+    def __init__(
+        self,
+        node: int,
+        own_node: int,
+        secret: str,
+        frame_bytes_max: int,
+        wake: Callable[[Any], None],
+    ) -> None:
+        super().__init__(frame_bytes_max)
+        self.node = node
+        self._wake = wake
+        self._ids = 0
+        self._seq = 0
+        # Publishes someone waits for, by seq: (channel, confirm tag) as the vhost staged them.
+        self._publishers: dict[int, Any] = {}
+        # (last seq, future resolved once the owner confirmed through it), oldest first.
+        self._batches: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._requests: dict[int, asyncio.Future[list[Any]]] = {}
+        self.consumers: dict[int, Consumer] = {}
+        nonce = os.urandom(16)
+        self.send(wire.Kind.HELLO, own_node, nonce, wire.hello_mac(secret, nonce, own_node))
+
+    @property
+    def name(self) -> str:
+        return node_name(self.node)
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        transport.write(wire.MAGIC)
+        self.flush()
+
+    def next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def publish(
+        self,
+        vhost: str,
+        queue: str,
+        record: Any,
+        persistent: bool,
+        expiring: bool,
+        bcc: tuple[str, ...],
+        publisher: Any,
+    ) -> int:
+        self._seq += 1
+        exchange, routing_key, properties, body = record
+        self.send(
+            wire.Kind.PUBLISH,
+            self._seq,
+            vhost,
+            [queue],
+            exchange.decode(),
+            routing_key.decode(),
+            properties,
+            body,
+            persistent,
+            expiring,
+            list(bcc),
+        )
+        if publisher is not None:
+            self._publishers[self._seq] = publisher
+        return self._seq
+
+    def stored(self) -> asyncio.Future[None]:
+        """Resolved once everything published so far is confirmed (nacked ones were handed
+        back to their publishers first); fails with LinkError if the link goes first."""
+        future = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_exception(LinkError(f"{self.name} is down or inaccessible"))
+        else:
+            self._batches.append((self._seq, future))
+        return future
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def request(self, kind: wire.Kind, request_id: int, *fields: Any) -> list[Any]:
+        """Send a request and wait for its answer: REPLY or GOT fields; an ERROR raises the
+        channel or connection exception the owner raised; a lost link raises 404 as
+        RabbitMQ answers for a queue whose node is down."""
+        if self.closed:
+            raise LinkError(f"{self.name} is down or inaccessible")
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = future
+        self.send(kind, request_id, *fields)
+        return await future
+
+    # -- what the owner sends ---------------------------------------------------------------
+
+    def received(self, kind: wire.Kind, fields: list[Any]) -> None:
+        if kind is wire.Kind.DELIVER:
+            consumer = self.consumers.get(fields[0])
+            message = Message(*fields[1:])
+            if consumer is None:
+                return
+            queue: RemoteQueue = consumer.queue  # type: ignore[assignment]
+            queue.delivered(consumer, message)
+        elif kind is wire.Kind.CONFIRM:
+            self._confirmed(fields[0])
+        elif kind is wire.Kind.NACK:
+            publisher = self._publishers.pop(fields[0], None)
+            if publisher is not None:
+                channel, tag = publisher
+                channel.publish_failed(tag)
+        elif kind is wire.Kind.CANCELLED:
+            consumer = self.consumers.pop(fields[0], None)
+            if consumer is not None:
+                consumer.queue.cancelled(consumer, fields[1])  # type: ignore[attr-defined]
+        elif kind in (wire.Kind.REPLY, wire.Kind.GOT, wire.Kind.ERROR):
+            future = self._requests.pop(fields[0], None)
+            if future is None or future.done():
+                return
+            if kind is wire.Kind.ERROR:
+                future.set_exception(protocol_error(fields[1], fields[2]))
+            else:
+                future.set_result(fields[1:])
+        elif kind is wire.Kind.WELCOME:
+            log.info("link to %s up", self.name)
+        else:
+            raise ValueError(f"unexpected {kind.name} from an owner")
+
+    def _confirmed(self, through: int) -> None:
+        publishers = self._publishers
+        while publishers:
+            seq = next(iter(publishers))
+            if seq > through:
+                break
+            del publishers[seq]
+        batches = self._batches
+        while batches and batches[0][0] <= through:
+            _, future = batches.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    def lost(self, reason: str) -> None:
+        log.warning("%s", reason)
+        error = LinkError(f"{self.name} is down or inaccessible")
+        self._publishers.clear()
+        while self._batches:
+            _, future = self._batches.popleft()
+            if not future.done():
+                future.set_exception(error)
+        requests, self._requests = self._requests, {}
+        for future in requests.values():
+            if not future.done():
+                future.set_exception(error)
+        consumers, self.consumers = self.consumers, {}
+        for consumer in consumers.values():
+            # As RabbitMQ cancels the consumers of a queue whose node went down.
+            consumer.queue.cancelled(consumer, "node down")  # type: ignore[attr-defined]
+
+    def writable_again(self) -> None:
+        pass
+
+
+class RemoteQueue:
+    """A queue another node leads, as this node's vhost, tick and channels use it.
+
+    `link()` is the current link to the owner (a new one after the last was lost). Messages
+    delivered here carry the owner's offsets; the channel's acks, rejects and requeues of
+    them go back by offset, and the owner ignores offsets it did not hand to this link."""
+
+    remote = True
+
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        node: int,
+        arguments: Mapping[str, Any],
+        link: Callable[[], EntryLink],
+        wake: Callable[[Any], None],
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.node = node
+        self.arguments = dict(arguments)
+        self.queue_type = queue_arguments.queue_type(arguments)
+        self._link = link
+        self._wake = wake
+        self.deleted = False
+        self.committing = False
+        self.needs_commit = False
+        self.has_timers = False
+        self.dead_letters: list[Any] = []
+        self.counts = MessageCounts()
+        # Its timeouts are the owner's business (policies may set them there).
+        self.consumer_timeout_ms: int | None = None
+        self.visibility_timeout_ms: int | None = None
+        self.ready_count = 0
+        """As the owner last said (a declare, a get)."""
+        self.consumer_count = 0
+        self._staged: list[tuple[Any, bool, bool, Any, tuple[str, ...]]] = []
+        self._written: list[Any] = []
+        self._stored: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._store_wanted = False
+        # Consumers here, with their id on the link and the deliveries the owner may still
+        # send them ahead of this node asking (granted credit not yet used).
+        self.consumers: dict[Consumer, int] = {}
+        self._granted: dict[Consumer, int] = {}
+
+    def _unavailable(self) -> NotFound:
+        rs = queue_arguments.resource("queue", self.name, self.vhost)
+        node = node_name(self.node)
+        return NotFound(f"home node '{node}' of durable {rs} is down or inaccessible")
+
+    # -- publishing (the tick's calls) ----------------------------------------------------
+
+    def stage(
+        self, record: Any, persistent: bool, expiring: bool = False, publisher: Any = None
+    ) -> bool:
+        self._staged.append((record, persistent, expiring, publisher, ()))
+        return True
+
+    def stage_kept(
+        self,
+        record: Any,
+        persistent: bool,
+        expiring: bool = False,
+        publisher: Any = None,
+        *,
+        bcc: tuple[str, ...] = (),
+        failures: int = 0,
+    ) -> bool:
+        self._staged.append((record, persistent, expiring, publisher, bcc))
+        return True
+
+    def flush(self, now_ms: int) -> None:
+        """Send what was staged. A publish someone waits for (a confirm, a transaction)
+        waits for the owner's confirm, transient or not: the owner must have it."""
+        staged = self._staged
+        if not staged:
+            return
+        self._staged = []
+        link = self._link()
+        for record, persistent, expiring, publisher, bcc in staged:
+            link.publish(self.vhost, self.name, record, persistent, expiring, bcc, publisher)
+            if publisher is not None:
+                self._written.append(publisher)
+                self._store_wanted = True
+        self.counts.published += len(staged)
+
+    def take_written(self) -> tuple[list[Any], list[Any], bool]:
+        written, self._written = self._written, []
+        wanted, self._store_wanted = self._store_wanted, False
+        if wanted:
+            # The tick calls commit() for exactly these, in the order it took them.
+            self._stored.append(self._link().stored())
+        return written, [], wanted
+
+    async def commit(self) -> None:
+        if self._stored:
+            await self._stored.popleft()
+
+    def enforce_length(self) -> int:
+        return 0
+
+    # -- consumers --------------------------------------------------------------------------
+
+    async def consume(self, consumer: Consumer, arguments: Mapping[str, Any]) -> Consumer:
+        """Register the consumer on the owner; raises what the owner's basic.consume raised.
+        Its first credit goes with the next dispatch, which the caller asks for once the
+        client has its consume-ok (deliveries must not overtake it)."""
+        if self.queue_type == Stream.queue_type:
+            rs = queue_arguments.resource("queue", self.name, self.vhost)
+            raise not_implemented(f"consuming {rs}, a stream led by another node")
+        link = self._link()
+        consumer_id = link.next_id()
+        link.consumers[consumer_id] = consumer
+        try:
+            await link.request(
+                wire.Kind.CONSUME,
+                consumer_id,
+                self.vhost,
+                self.name,
+                consumer.tag,
+                consumer.exclusive,
+                dict(arguments),
+            )
+        except LinkError:
+            link.consumers.pop(consumer_id, None)
+            raise self._unavailable() from None
+        except asyncio.CancelledError:
+            # The client went while the owner registered it: no consumer may stay there.
+            link.consumers.pop(consumer_id, None)
+            link.send(wire.Kind.CANCEL, consumer_id)
+            raise
+        except BaseException:
+            link.consumers.pop(consumer_id, None)
+            raise
+        self.consumers[consumer] = consumer_id
+        self._granted[consumer] = 0
+        return consumer
+
+    def remove_consumer(self, consumer: Consumer) -> asyncio.Future[Any]:
+        """Cancel it on the owner; the future resolves (never fails) once the owner removed
+        it, and deleted the queue if it was auto-delete and this was its last consumer."""
+        consumer_id = self.consumers.pop(consumer, None)
+        self._granted.pop(consumer, None)
+        link = self._link()
+        link.consumers.pop(consumer_id, None)  # type: ignore[arg-type]
+        if consumer_id is None or link.closed:
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(None)
+            return future
+        return asyncio.ensure_future(self._cancel(link, consumer_id))
+
+    @staticmethod
+    async def _cancel(link: EntryLink, consumer_id: int) -> None:
+        try:
+            await link.request(wire.Kind.CANCEL, consumer_id)
+        except (LinkError, ProtocolError):
+            pass
+
+    def cancelled(self, consumer: Consumer, reason: str) -> None:
+        """The owner dropped the consumer (queue deleted, its node down)."""
+        if self.consumers.pop(consumer, None) is None:
+            return
+        self._granted.pop(consumer, None)
+        consumer.channel.cancel(consumer, reason)
+
+    def delivered(self, consumer: Consumer, message: Message) -> None:
+        if consumer not in self.consumers:
+            # Cancelled here before the owner knew: back to the queue, not a failure.
+            self.requeue([message.offset], False)
+            return
+        self._granted[consumer] -= 1
+        consumer.channel.deliver(consumer, [message])
+        self.counts.handed_out([message], consumer.no_ack)
+        self._wake(self)
+
+    def dispatch(self, now_ms: int) -> bool:
+        """Grant each consumer the deliveries it has room for, less what it was granted."""
+        link = None
+        for consumer, consumer_id in self.consumers.items():
+            room = consumer.credit(CREDIT_WINDOW)
+            if room <= 0:
+                consumer.channel.block(consumer)
+                continue
+            more = room - self._granted[consumer]
+            if more > 0:
+                if link is None:
+                    link = self._link()
+                link.send(wire.Kind.CREDIT, consumer_id, more)
+                self._granted[consumer] = room
+        return False
+
+    def unblock(self, consumer: Consumer) -> None:
+        self._wake(self)
+
+    def prefetch_freed(self, consumer: Consumer) -> None:
+        self._wake(self)
+
+    def exclusive_consumer(self) -> Consumer | None:
+        return None
+
+    # -- settling -------------------------------------------------------------------------
+
+    def _settle(self, how: wire.Settle, offsets: list[int]) -> None:
+        link = self._link()
+        link.send(wire.Kind.SETTLE, self.vhost, self.name, how, offsets)
+
+    def ack(self, offsets: list[int]) -> None:
+        self._settle(wire.Settle.ACK, offsets)
+
+    def reject(self, offsets: list[int]) -> None:
+        self._settle(wire.Settle.REJECT, offsets)
+
+    def requeue(self, offsets: list[int], failed: bool) -> None:
+        self._settle(wire.Settle.REQUEUE_FAILED if failed else wire.Settle.REQUEUE, offsets)
+
+    def stale_settled(self) -> None:
+        pass
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _request(self, kind: wire.Kind, *fields: Any) -> list[Any]:
+        link = self._link()
+        try:
+            return await link.request(kind, link.next_id(), self.vhost, self.name, *fields)
+        except LinkError:
+            raise self._unavailable() from None
+
+    @property
+    def held_until_commit(self) -> bool:
+        """basic.get always asks the owner (`take_after_commit`)."""
+        return not self.deleted
+
+    def take(self, now_ms: int) -> Message | None:
+        return None
+
+    async def take_after_commit(self, now_ms: int) -> Message | None:
+        """basic.get on the owner (always acknowledged there by this node's ack: a no-ack
+        get's ack follows at once)."""
+        reply = await self._request(wire.Kind.GET)
+        self.ready_count = reply[0]
+        return Message(*reply[1:]) if len(reply) > 2 else None
+
+    async def purge(self) -> int:
+        return (await self._request(wire.Kind.PURGE))[0]
+
+    async def delete(self, *, if_unused: bool, if_empty: bool) -> int:
+        return (await self._request(wire.Kind.DELETE, if_unused, if_empty))[0]
+
+    async def refresh_counts(self) -> None:
+        """passive declare: the owner's message and consumer counts."""
+        self.ready_count, self.consumer_count = await self._request(wire.Kind.STATS)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def touch(self, now_ms: int) -> None:
+        """x-expires is the owner's: its own uses renew it."""
+
+    def retire(self) -> None:
+        """Its record is gone: the owner cancels the consumers it had here."""
+        self.deleted = True

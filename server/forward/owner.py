@@ -1,0 +1,347 @@
+"""The owner's side: `OwnerLink` serves one entry node's link by calling this node's core,
+as a channel would, and answering over the link.
+
+To the core the link is a publisher (its `confirm`/`publish_failed` are a channel's, with the
+link's seqs for confirm tags) and one consumer channel per forwarded consumer (`LinkChannel`:
+credit is what the entry node granted, deliveries go out as DELIVER). Everything this link
+was handed and not settled goes back to its queue when the link goes, as a closed channel's
+deliveries do; its consumers are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from warrenmq.amqp.replies import ProtocolError
+from warrenmq.exchanges.errors import NotFound, RoutingError
+from warrenmq.server.queue.consumer import Consumer
+from warrenmq.server.queue.engine import Message
+from warrenmq.server.queue.work_queue import WorkQueue
+
+from . import wire
+from .entry import node_name
+from .link import FramedLink, log
+
+if TYPE_CHECKING:
+    from warrenmq.server.vhost import VirtualHost
+
+
+class OwnerHost(Protocol):
+    """What the owner's side needs of the broker process."""
+
+    vhosts: dict[str, VirtualHost]
+
+    def stage_confirm(self, channel: Any, tag: int, refused: bool = False) -> None: ...
+
+    def want_dispatch(self, queue: Any) -> None: ...
+
+
+class LinkChannel:
+    """The consumer channel of one consumer forwarded over a link (`ConsumerChannel`)."""
+
+    __slots__ = ("link", "consumer_id", "credit_left", "blocked")
+
+    def __init__(self, link: OwnerLink, consumer_id: int) -> None:
+        self.link = link
+        self.consumer_id = consumer_id
+        self.credit_left = 0
+        self.blocked: Consumer | None = None
+
+    def can_deliver(self) -> bool:
+        return self.link.writable and not self.link.closed
+
+    def credit(self) -> int:
+        return self.credit_left
+
+    def block(self, consumer: Consumer) -> None:
+        self.blocked = consumer
+
+    def forget_blocked(self, consumer: Consumer) -> None:
+        self.blocked = None
+
+    def unblock(self) -> None:
+        consumer, self.blocked = self.blocked, None
+        if consumer is not None:
+            consumer.queue.unblock(consumer)
+            self.link.host.want_dispatch(consumer.queue)
+
+    def deliver(self, consumer: Consumer, messages: Sequence[Message]) -> None:
+        self.credit_left -= len(messages)
+        link = self.link
+        link.unacked.setdefault(consumer.queue, set()).update(m.offset for m in messages)  # type: ignore[arg-type]
+        for message in messages:
+            link.send(wire.Kind.DELIVER, self.consumer_id, *message)
+
+    def cancel(self, consumer: Consumer, reason: str) -> None:
+        if self.link.consumers.pop(self.consumer_id, None) is not None:
+            self.link.send(wire.Kind.CANCELLED, self.consumer_id, reason)
+
+
+class OwnerLink(FramedLink):
+    """A link an entry node dialled to this node, once the AMQP listener handed it over."""
+
+    def __init__(self, host: OwnerHost, node: int, secret: str, frame_bytes_max: int) -> None:
+        super().__init__(frame_bytes_max)
+        self.host = host
+        self.node = node
+        self._secret = secret
+        self.peer_node = 0
+        """The entry node, once its hello proved the cluster secret (0 until then)."""
+        self._magic_seen = b""
+        self.failed_seqs: set[int] = set()
+        self.consumers: dict[int, tuple[VirtualHost, Consumer]] = {}
+        self.unacked: dict[WorkQueue, set[int]] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    @property
+    def name(self) -> str:
+        return node_name(self.peer_node) if self.peer_node else "an unknown node"
+
+    def data_received(self, data: bytes) -> None:
+        if len(self._magic_seen) < len(wire.MAGIC):
+            missing = len(wire.MAGIC) - len(self._magic_seen)
+            self._magic_seen += data[:missing]
+            data = data[missing:]
+            if not wire.MAGIC.startswith(self._magic_seen):
+                self.abort()
+                return
+        if data:
+            super().data_received(data)
+
+    # -- the core's publisher (confirms) ----------------------------------------------------
+
+    def publish_failed(self, seq: int) -> None:
+        self.failed_seqs.add(seq)
+
+    def confirm(self, through: int, refused: Sequence[int]) -> None:
+        failed = {seq for seq in self.failed_seqs if seq <= through}
+        self.failed_seqs -= failed
+        for seq in sorted({*refused, *failed}):
+            self.send(wire.Kind.NACK, seq)
+        self.send(wire.Kind.CONFIRM, through)
+
+    # -- messages -------------------------------------------------------------------------
+
+    def received(self, kind: wire.Kind, fields: list[Any]) -> None:
+        if not self.peer_node:
+            self._hello(kind, fields)
+            return
+        if kind is wire.Kind.PUBLISH:
+            self._publish(*fields)
+        elif kind is wire.Kind.CREDIT:
+            consumer_id, more = fields
+            entry = self.consumers.get(consumer_id)
+            if entry is not None:
+                channel: LinkChannel = entry[1].channel  # type: ignore[assignment]
+                channel.credit_left += more
+                channel.unblock()
+        elif kind is wire.Kind.SETTLE:
+            self._settle(*fields)
+        elif kind is wire.Kind.CONSUME:
+            self._answer(fields[0], self._consume, *fields)
+        elif kind is wire.Kind.CANCEL:
+            self._answer(fields[0], self._cancel, fields[0])
+        elif kind is wire.Kind.GET:
+            self._answer(fields[0], self._get, *fields)
+        elif kind is wire.Kind.PURGE:
+            self._answer(fields[0], self._purge, *fields)
+        elif kind is wire.Kind.DELETE:
+            self._answer(fields[0], self._delete, *fields)
+        elif kind is wire.Kind.STATS:
+            self._answer(fields[0], self._stats, *fields)
+        else:
+            raise ValueError(f"unexpected {kind.name} from an entry node")
+
+    def _hello(self, kind: wire.Kind, fields: list[Any]) -> None:
+        valid = kind is wire.Kind.HELLO and wire.hello_valid(
+            self._secret, fields[1], fields[0], fields[2]
+        )
+        if not valid:
+            log.error("link from %s refused: no valid hello (cluster secret)", self._peer())
+            self.abort()
+            return
+        self.peer_node = fields[0]
+        log.info("link from %s (%s) up", self.name, self._peer())
+        self.send(wire.Kind.WELCOME, self.node)
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
+
+    def _vhost(self, name: str) -> VirtualHost:
+        vhost = self.host.vhosts.get(name)
+        if vhost is None:
+            raise NotFound(f"no vhost '{name}'")
+        return vhost
+
+    @staticmethod
+    def _owner(vhost: VirtualHost, queue: str) -> str:
+        """Exclusivity was checked on the entry node (metadata every node has): the owner
+        acts for the queue's own connection."""
+        record = vhost.store.state.queue(vhost.name, queue)
+        return (record.exclusive_owner or "") if record is not None else ""
+
+    def _publish(
+        self,
+        seq: int,
+        vhost_name: str,
+        queues: list[str],
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+        persistent: bool,
+        expiring: bool,
+        bcc: list[str],
+    ) -> None:
+        vhost = self.host.vhosts.get(vhost_name)
+        record = (exchange.encode(), routing_key.encode(), properties, body)
+        refused = vhost is None
+        for name in queues:
+            queue = vhost.queues.get(name) if vhost is not None else None
+            if queue is None or not vhost.restage(  # type: ignore[union-attr]
+                queue, record, persistent, expiring, (self, seq), tuple(bcc)
+            ):
+                refused = True
+        self.host.stage_confirm(self, seq, refused)
+
+    def _settle(self, vhost_name: str, name: str, how: int, offsets: list[int]) -> None:
+        vhost = self.host.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        held = self.unacked.get(queue) if queue is not None else None  # type: ignore[arg-type]
+        if held is None:
+            return
+        # Only what this link was handed: a settle after a lost link is of nothing here.
+        mine = [offset for offset in offsets if offset in held]
+        if not mine:
+            return
+        held.difference_update(mine)
+        if how == wire.Settle.ACK:
+            queue.ack(mine)
+        elif how == wire.Settle.REJECT:
+            queue.reject(mine)
+        else:
+            queue.requeue(mine, how == wire.Settle.REQUEUE_FAILED)
+        self.host.want_dispatch(queue)
+
+    def _answer(self, request_id: int, handler: Any, *fields: Any) -> None:
+        """Run a request (at once, or as a task when it must wait) and send its answer:
+        REPLY/GOT, or ERROR with the reply code and text the core raised."""
+        try:
+            outcome = handler(*fields)
+        except Exception as error:
+            self._error(request_id, error)
+            return
+        if asyncio.iscoroutine(outcome):
+            task = asyncio.ensure_future(outcome)
+            self._tasks.add(task)
+            task.add_done_callback(lambda done: self._answered(request_id, done))
+
+    def _answered(self, request_id: int, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._error(request_id, task.exception())  # type: ignore[arg-type]
+
+    def _error(self, request_id: int, error: BaseException) -> None:
+        if isinstance(error, RoutingError):
+            self.send(wire.Kind.ERROR, request_id, error.reply_code, error.reply_text)
+        elif isinstance(error, ProtocolError):
+            self.send(wire.Kind.ERROR, request_id, error.code, error.text)
+        else:
+            log.error("link from %s: request failed: %r", self.name, error)
+            self.send(wire.Kind.ERROR, request_id, 541, f"internal error: {type(error).__name__}")
+
+    def _consume(
+        self,
+        consumer_id: int,
+        vhost_name: str,
+        name: str,
+        tag: str,
+        exclusive: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        vhost = self._vhost(vhost_name)
+        # The entry node keeps the client's prefetch and no-ack: here the link's credit.
+        consumer = vhost.consume(
+            name,
+            self._owner(vhost, name),
+            LinkChannel(self, consumer_id),
+            tag,
+            no_ack=False,
+            exclusive=exclusive,
+            arguments=arguments,
+            prefetch_count=0,
+        )
+        self.consumers[consumer_id] = (vhost, consumer)
+        self.send(wire.Kind.REPLY, consumer_id, 0, 0)
+
+    def _cancel(self, consumer_id: int) -> Any:
+        entry = self.consumers.pop(consumer_id, None)
+        if entry is None:
+            self.send(wire.Kind.REPLY, consumer_id, 0, 0)
+            return None
+        vhost, consumer = entry
+        consumer.channel.forget_blocked(consumer)
+        deleting = vhost.cancel(consumer)
+        if deleting is None:
+            self.send(wire.Kind.REPLY, consumer_id, 0, 0)
+            return None
+        return self._cancelled_after(consumer_id, deleting)
+
+    async def _cancelled_after(self, consumer_id: int, deleting: asyncio.Future[Any]) -> None:
+        await asyncio.wait([deleting])
+        self.send(wire.Kind.REPLY, consumer_id, 0, 0)
+
+    async def _get(self, request_id: int, vhost_name: str, name: str) -> None:
+        vhost = self._vhost(vhost_name)
+        queue, message = vhost.get(name, self._owner(vhost, name), no_ack=False)
+        if message is None and queue.held_until_commit:
+            message = await vhost.get_after_commit(queue, no_ack=False)
+        if message is None:
+            self.send(wire.Kind.REPLY, request_id, queue.ready_count, 0)
+            return
+        self.unacked.setdefault(queue, set()).add(message.offset)
+        self.send(wire.Kind.GOT, request_id, queue.ready_count, *message)
+
+    def _purge(self, request_id: int, vhost_name: str, name: str) -> None:
+        vhost = self._vhost(vhost_name)
+        count = vhost.purge(name, self._owner(vhost, name))
+        self.send(wire.Kind.REPLY, request_id, count, 0)
+
+    async def _delete(
+        self, request_id: int, vhost_name: str, name: str, if_unused: bool, if_empty: bool
+    ) -> None:
+        vhost = self._vhost(vhost_name)
+        queue = vhost.get_queue(name, self._owner(vhost, name))
+        count = await vhost.delete_queue(queue, if_unused=if_unused, if_empty=if_empty)
+        self.send(wire.Kind.REPLY, request_id, count, 0)
+
+    def _stats(self, request_id: int, vhost_name: str, name: str) -> None:
+        vhost = self._vhost(vhost_name)
+        queue = vhost.check_queue(name, self._owner(vhost, name))
+        self.send(wire.Kind.REPLY, request_id, queue.ready_count, queue.consumer_count)
+
+    # -- the link going -----------------------------------------------------------------------
+
+    def writable_again(self) -> None:
+        for _, consumer in list(self.consumers.values()):
+            consumer.channel.unblock()  # type: ignore[attr-defined]
+
+    def lost(self, reason: str) -> None:
+        """As a closed channel: consumers cancelled, what they held goes back (a failed
+        delivery, as RabbitMQ 4.3 counts a lost channel's)."""
+        if self.peer_node:
+            log.warning("%s", reason)
+        for task in list(self._tasks):
+            task.cancel()
+        consumers, self.consumers = self.consumers, {}
+        for vhost, consumer in consumers.values():
+            consumer.channel.forget_blocked(consumer)
+            vhost.cancel(consumer)
+        unacked, self.unacked = self.unacked, {}
+        for queue, offsets in unacked.items():
+            if offsets and not queue.deleted:
+                queue.requeue(sorted(offsets), True)
+                self.host.want_dispatch(queue)

@@ -1,0 +1,192 @@
+"""The link's messages: a kind byte, then its fields in a fixed order (sans-I/O).
+
+Each message travels as one frame of ``cluster/transport.py``'s framing (a 4-byte length, then
+the payload). Fields are packed by a per-kind schema, one letter per field:
+
+* ``Q`` an unsigned 64-bit integer, ``B`` a bool;
+* ``s`` a UTF-8 string and ``b`` bytes, each with a 32-bit length;
+* ``L`` a list of strings, ``I`` a list of unsigned 64-bit integers, each with a 32-bit count;
+* ``T`` an AMQP argument table, as the metadata stores it (``metadata/encoding.py``: lossless,
+  bytes stay bytes and bools stay bools, which pamqp's table encoder cannot promise).
+
+A message's properties and body travel as the bytes the publisher sent: nothing is decoded
+on the way.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from warrenmq.server.metadata.encoding import table_from_json, table_to_json
+
+MAGIC = b"WRNLINK1"
+"""What a link's first frame is preceded by, in place of AMQP's protocol header: the owner's
+AMQP listener tells the two apart by the first byte (``W`` against AMQP's ``A``)."""
+LINK_FIRST_BYTE = MAGIC[:1]
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+
+class Kind(enum.IntEnum):
+    # entry -> owner
+    HELLO = 1
+    PUBLISH = 2
+    CONSUME = 3
+    CREDIT = 4
+    SETTLE = 5
+    CANCEL = 6
+    GET = 7
+    PURGE = 8
+    DELETE = 9
+    STATS = 10
+    # owner -> entry
+    WELCOME = 20
+    CONFIRM = 21
+    NACK = 22
+    DELIVER = 23
+    CANCELLED = 24
+    REPLY = 25
+    GOT = 26
+    ERROR = 27
+
+
+class Settle(enum.IntEnum):
+    ACK = 0
+    REJECT = 1
+    REQUEUE = 2
+    REQUEUE_FAILED = 3
+
+
+SCHEMAS: dict[Kind, str] = {
+    # node id, nonce, HMAC-SHA256(secret, nonce + node id)
+    Kind.HELLO: "Qbb",
+    # seq, vhost, queues, exchange, routing key, properties, body, persistent, expiring, BCC keys
+    Kind.PUBLISH: "QsLssbbBBL",
+    # consumer id, vhost, queue, the client's consumer tag, exclusive, arguments
+    Kind.CONSUME: "QsssBT",
+    # consumer id, deliveries more it may take
+    Kind.CREDIT: "QQ",
+    # vhost, queue, Settle, offsets
+    Kind.SETTLE: "ssQI",
+    # consumer id (answered by a REPLY with the same id once the owner removed it)
+    Kind.CANCEL: "Q",
+    # request id, vhost, queue
+    Kind.GET: "Qss",
+    Kind.PURGE: "Qss",
+    # request id, vhost, queue, if_unused, if_empty
+    Kind.DELETE: "QssBB",
+    Kind.STATS: "Qss",
+    # node id
+    Kind.WELCOME: "Q",
+    # seq through which every publish not nacked is stored
+    Kind.CONFIRM: "Q",
+    Kind.NACK: "Q",
+    # consumer id, then the message: offset, timestamp, exchange, routing key, properties,
+    # body, redelivered, delivery count, failed count
+    Kind.DELIVER: "QQQbbbbBQQ",
+    # consumer id, reason
+    Kind.CANCELLED: "Qs",
+    # request (or consumer) id, two counts (what they count depends on the request)
+    Kind.REPLY: "QQQ",
+    # request id, ready count after it, then the message as in DELIVER
+    Kind.GOT: "QQQQbbbbBQQ",
+    # request (or consumer) id, reply code, reply text
+    Kind.ERROR: "QQs",
+}
+
+
+def _pack_bytes(out: list[bytes], data: bytes) -> None:
+    out.append(_U32.pack(len(data)))
+    out.append(data)
+
+
+_PACKERS: dict[str, Callable[[list[bytes], Any], None]] = {
+    "Q": lambda out, value: out.append(_U64.pack(value)),
+    "B": lambda out, value: out.append(b"\x01" if value else b"\x00"),
+    "s": lambda out, value: _pack_bytes(out, value.encode()),
+    "b": _pack_bytes,
+    "L": lambda out, values: (
+        out.append(_U32.pack(len(values))),
+        [_pack_bytes(out, value.encode()) for value in values],
+    ),
+    "I": lambda out, values: (
+        out.append(_U32.pack(len(values))),
+        out.append(b"".join(_U64.pack(value) for value in values)),
+    ),
+    "T": lambda out, table: _pack_bytes(out, table_to_json(table).encode()),
+}
+
+
+def encode(kind: Kind, *fields: Any) -> bytes:
+    """One message's payload (frame it with `cluster.transport.encode_frame`)."""
+    schema = SCHEMAS[kind]
+    assert len(fields) == len(schema), (kind, fields)
+    out = [bytes((kind,))]
+    for letter, value in zip(schema, fields, strict=True):
+        _PACKERS[letter](out, value)
+    return b"".join(out)
+
+
+def decode(payload: bytes) -> tuple[Kind, list[Any]]:
+    """(kind, fields) of one payload; ValueError if it is not a whole message."""
+    try:
+        kind = Kind(payload[0])
+        view = memoryview(payload)
+        position = 1
+        fields: list[Any] = []
+        for letter in SCHEMAS[kind]:
+            if letter == "Q":
+                fields.append(_U64.unpack_from(view, position)[0])
+                position += 8
+            elif letter == "B":
+                fields.append(payload[position] == 1)
+                position += 1
+            elif letter in "sbT":
+                (length,) = _U32.unpack_from(view, position)
+                position += 4
+                data = payload[position : position + length]
+                if len(data) != length:
+                    raise ValueError("field runs past the message")
+                position += length
+                if letter == "s":
+                    fields.append(data.decode())
+                elif letter == "T":
+                    fields.append(table_from_json(data.decode()))
+                else:
+                    fields.append(data)
+            elif letter == "L":
+                (count,) = _U32.unpack_from(view, position)
+                position += 4
+                strings = []
+                for _ in range(count):
+                    (length,) = _U32.unpack_from(view, position)
+                    position += 4
+                    strings.append(payload[position : position + length].decode())
+                    position += length
+                fields.append(strings)
+            else:
+                (count,) = _U32.unpack_from(view, position)
+                position += 4
+                end = position + 8 * count
+                fields.append([value for (value,) in _U64.iter_unpack(view[position:end])])
+                position = end
+        if position != len(payload):
+            raise ValueError("bytes left over after the message")
+        return kind, fields
+    except (IndexError, struct.error, UnicodeDecodeError) as error:
+        raise ValueError(f"malformed link message: {error}") from error
+
+
+def hello_mac(secret: str, nonce: bytes, node_id: int) -> bytes:
+    """The proof of the cluster secret a dialling node sends: never the secret itself."""
+    return hmac.new(secret.encode(), nonce + _U64.pack(node_id), hashlib.sha256).digest()
+
+
+def hello_valid(secret: str, nonce: bytes, node_id: int, mac: bytes) -> bool:
+    return hmac.compare_digest(hello_mac(secret, nonce, node_id), mac)

@@ -1,0 +1,293 @@
+"""Forwarding between two brokers (`server/forward`): real pika clients on real sockets, node B
+believing queue "q" is led by node A, so every client of B works on A's queue.
+
+Until the metadata is replicated between nodes, the queue is declared on both and B is told
+who leads it through the two lookups placement will answer (`queue_leader`, `node_address`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pika
+import pika.exceptions
+import pytest
+
+QUEUE = "q"
+SECRET = "s3cret"
+
+
+def _placed_on_a(a, b, name: str = QUEUE, **declare) -> None:
+    for node in (a, b):
+        connection = node.connect()
+        connection.channel().queue_declare(name, durable=True, **declare)
+        connection.close()
+    b.broker.queue_leader = lambda vhost, queue: 1
+    b.broker.node_address = lambda node: ("127.0.0.1", a.port)
+
+    async def place():
+        b.broker.forwarding.place(b.broker.vhosts["/"], name)
+
+    b.call(place())
+
+
+@pytest.fixture
+def nodes(start_broker, tmp_path):
+    a = start_broker(tmp_path / "a", node_id=1, cluster_secret=SECRET)
+    b = start_broker(tmp_path / "b", node_id=2, cluster_secret=SECRET)
+    _placed_on_a(a, b)
+    return a, b
+
+
+def _ready_on(node, name: str = QUEUE) -> int:
+    connection = node.connect()
+    count = connection.channel().queue_declare(name, passive=True).method.message_count
+    connection.close()
+    return count
+
+
+def _publish(node, bodies, name: str = QUEUE, persistent: bool = True) -> None:
+    connection = node.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for body in bodies:
+        channel.basic_publish(
+            "",
+            name,
+            body,
+            pika.BasicProperties(delivery_mode=2 if persistent else 1),
+            mandatory=True,
+        )
+    connection.close()
+
+
+def _consume(node, count: int, name: str = QUEUE, **consume) -> list:
+    connection = node.connect()
+    channel = connection.channel()
+    got = []
+    for method, _, body in channel.consume(name, inactivity_timeout=10, **consume):
+        assert method is not None, f"only {len(got)} of {count} arrived"
+        got.append((method, body))
+        if not consume.get("auto_ack"):
+            channel.basic_ack(method.delivery_tag)
+        if len(got) == count:
+            break
+    channel.cancel()
+    connection.close()
+    return got
+
+
+def test_published_via_b_is_stored_on_a_before_the_confirm(nodes):
+    a, b = nodes
+    bodies = [b"m%d" % i for i in range(50)]
+    _publish(b, bodies)
+    # Every publish was confirmed: A holds them all, B holds none of its own.
+    assert _ready_on(a) == 50
+    assert b.broker.vhosts["/"].queues.get(QUEUE) is None
+    assert [body for _, body in _consume(a, 50)] == bodies
+
+
+def test_confirm_via_b_waits_for_the_owners_fsync(nodes):
+    a, b = nodes
+    engine = a.broker.vhosts["/"].queues[QUEUE].engine
+    fsync = engine.commit
+    fsync_started = threading.Event()
+    release = a.call(_event())
+
+    async def held_commit():
+        fsync_started.set()
+        await release.wait()
+        return await fsync()
+
+    engine.commit = held_commit
+    publisher = threading.Thread(target=_publish, args=(b, [b"durable"]))
+    publisher.start()
+    assert fsync_started.wait(10)
+    # A has the message and its fsync has not finished: B's client has no confirm yet.
+    assert publisher.is_alive()
+    a.loop.call_soon_threadsafe(release.set)
+    publisher.join(10)
+    assert not publisher.is_alive()
+    assert _ready_on(a) == 1
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+def test_transaction_via_b(nodes):
+    a, b = nodes
+    connection = b.connect()
+    channel = connection.channel()
+    channel.tx_select()
+    channel.basic_publish("", QUEUE, b"in-tx")
+    assert _ready_on(a) == 0
+    channel.tx_commit()
+    assert _ready_on(a) == 1
+    connection.close()
+
+
+def test_transient_publish_via_b(nodes):
+    a, b = nodes
+    _publish(b, [b"t1", b"t2"], persistent=False)
+    assert _ready_on(a) == 2
+
+
+def test_published_via_a_is_consumed_via_b_and_acked_on_a(nodes):
+    a, b = nodes
+    bodies = [b"x%d" % i for i in range(30)]
+    _publish(a, bodies)
+    got = _consume(b, 30)
+    assert [body for _, body in got] == bodies
+    assert not any(method.redelivered for method, _ in got)
+    assert _ready_on(a) == 0
+    # Acked on A, not merely delivered: nothing comes back once B's consumer is gone.
+    connection = a.connect()
+    method, _, _ = connection.channel().basic_get(QUEUE)
+    assert method is None
+    connection.close()
+
+
+def test_prefetch_holds_through_the_link(nodes):
+    a, b = nodes
+    _publish(a, [b"p%d" % i for i in range(10)])
+    connection = b.connect()
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=3)
+    received = []
+    channel.basic_consume(QUEUE, lambda ch, method, props, body: received.append(method))
+    _pump(connection, lambda: len(received) >= 3)
+    connection.process_data_events(time_limit=0.5)
+    assert len(received) == 3
+    channel.basic_ack(received[-1].delivery_tag, multiple=True)
+    _pump(connection, lambda: len(received) >= 6)
+    connection.process_data_events(time_limit=0.5)
+    assert len(received) == 6
+    connection.close()
+
+
+def _pump(connection, done, rounds_max: int = 100) -> None:
+    """Process a blocking connection's events until `done()` (or give up after a while)."""
+    for _ in range(rounds_max):
+        if done():
+            return
+        connection.process_data_events(time_limit=0.1)
+
+
+def test_nack_via_b_redelivers(nodes):
+    a, b = nodes
+    _publish(a, [b"again"])
+    connection = b.connect()
+    channel = connection.channel()
+    method, _, body = next(channel.consume(QUEUE, inactivity_timeout=10))
+    assert body == b"again" and not method.redelivered
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    method, _, body = next(channel.consume(QUEUE, inactivity_timeout=10))
+    assert body == b"again" and method.redelivered
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    channel.cancel()
+    connection.close()
+    assert _ready_on(a) == 0
+
+
+def test_unacked_via_b_returns_on_a_when_the_client_goes(nodes):
+    a, b = nodes
+    _publish(a, [b"held"])
+    connection = b.connect()
+    channel = connection.channel()
+    method, _, _ = next(channel.consume(QUEUE, inactivity_timeout=10))
+    assert method is not None
+    connection.close()
+    [(method, body)] = _consume(a, 1)
+    assert body == b"held" and method.redelivered
+
+
+def test_get_via_b(nodes):
+    a, b = nodes
+    _publish(a, [b"g1", b"g2"])
+    connection = b.connect()
+    channel = connection.channel()
+    method, _, body = channel.basic_get(QUEUE)
+    assert body == b"g1" and method.message_count == 1
+    channel.basic_ack(method.delivery_tag)
+    method, _, body = channel.basic_get(QUEUE, auto_ack=True)
+    assert body == b"g2" and method.message_count == 0
+    assert channel.basic_get(QUEUE) == (None, None, None)
+    connection.close()
+    assert _ready_on(a) == 0
+
+
+def test_passive_declare_purge_and_delete_via_b(nodes):
+    a, b = nodes
+    _publish(a, [b"1", b"2", b"3"])
+    connection = b.connect()
+    channel = connection.channel()
+    assert channel.queue_declare(QUEUE, passive=True).method.message_count == 3
+    assert channel.queue_declare(QUEUE, durable=True).method.message_count == 3
+    assert channel.queue_purge(QUEUE).method.message_count == 3
+    assert _ready_on(a) == 0
+    _publish(a, [b"4"])
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.queue_delete(QUEUE, if_empty=True)
+    assert closed.value.reply_code == 406
+    assert "not empty" in closed.value.reply_text
+    channel = connection.channel()
+    assert channel.queue_delete(QUEUE).method.message_count == 1
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.queue_declare(QUEUE, passive=True)
+    assert closed.value.reply_code == 404
+    connection.close()
+    connection = a.connect()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        connection.channel().queue_declare(QUEUE, passive=True)
+    connection.close()
+
+
+def test_exclusive_consumer_refused_by_the_owner(nodes):
+    a, b = nodes
+    holder = a.connect()
+    holder.channel().basic_consume(QUEUE, lambda *_: None, exclusive=True)
+    connection = b.connect()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        connection.channel().basic_consume(QUEUE, lambda *_: None)
+    assert closed.value.reply_code == 403
+    assert "in exclusive use" in closed.value.reply_text
+    connection.close()
+    holder.close()
+
+
+def test_owner_gone_nacks_publishes_and_cancels_consumers(nodes):
+    a, b = nodes
+    _publish(a, [b"before"])
+    consuming = b.connect()
+    consumer_channel = consuming.channel()
+    cancelled = []
+    consumer_channel.add_on_cancel_callback(cancelled.append)
+    received = []
+    consumer_channel.basic_consume(QUEUE, lambda ch, method, props, body: received.append(body))
+    _pump(consuming, lambda: received)
+    assert received == [b"before"]
+    a.stop()
+    _pump(consuming, lambda: cancelled)
+    assert len(cancelled) == 1
+    publishing = b.connect()
+    channel = publishing.channel()
+    channel.confirm_delivery()
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish("", QUEUE, b"lost", mandatory=True)
+    publishing.close()
+    consuming.close()
+
+
+def test_a_link_without_the_secret_is_refused(start_broker, tmp_path):
+    a = start_broker(tmp_path / "a", node_id=1, cluster_secret=SECRET)
+    b = start_broker(tmp_path / "b", node_id=2, cluster_secret="wrong")
+    _placed_on_a(a, b)
+    connection = b.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish("", QUEUE, b"refused", mandatory=True)
+    connection.close()
+    assert _ready_on(a) == 0
