@@ -74,6 +74,14 @@ def base_image() -> str:
     return "python:3.11-slim"
 
 
+def image_id(image: str) -> str:
+    """The id of `image`, or "" when there is none."""
+    inspected = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", image], capture_output=True, text=True
+    )
+    return inspected.stdout.strip() if inspected.returncode == 0 else ""
+
+
 class Cluster:
     """The compose project of one test run: its own name, host ports and volumes."""
 
@@ -87,6 +95,7 @@ class Cluster:
             "WARREN_IMAGE": IMAGE,
             "WARREN_BASE_IMAGE": base_image(),
             "WARREN_PUBLISH_ADDRESS": "127.0.0.1",
+            "WARREN_CLUSTER_SECRET": uuid.uuid4().hex,
         }
         for number, node in enumerate(NODES, 1):
             self.environment[f"WARREN{number}_AMQP_PORT"] = str(self.amqp_ports[node])
@@ -132,7 +141,11 @@ class Cluster:
         return HttpApi(f"http://127.0.0.1:{self.http_ports[node]}")
 
     def up(self) -> None:
+        replaced = image_id(IMAGE)
         self.run("build", timeout_s=1800)
+        if replaced not in ("", image_id(IMAGE)):
+            # The last run's image, untagged now: its layers still shared stay as the cache.
+            subprocess.run(["docker", "image", "rm", replaced], capture_output=True)
         self.run("up", "-d")
         self.wait_healthy(NODES)
         self.clustered = "--node-id" in self.run(
