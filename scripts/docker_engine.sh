@@ -5,7 +5,10 @@
 # only says what is missing: the Docker tests then skip, except under CI=true where they fail.
 set -euo pipefail
 need=()
-command -v docker >/dev/null 2>&1 || need+=(docker.io)
+# A docker CLI alone is no engine: dockerd must be there too (or one already answer).
+if ! docker info >/dev/null 2>&1 && ! command -v dockerd >/dev/null 2>&1; then
+	need+=(docker.io)
+fi
 command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
