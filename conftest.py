@@ -1,25 +1,38 @@
-"""Suite-wide guards: soak tests run only when asked for, and a run in which no test passed
-is a failure, never a green run."""
+"""Suite-wide guards: soak and Docker tests run only when asked for, and a run in which no test
+passed is a failure, never a green run."""
 
 import pytest
+
+OPT_IN = {
+    "soak": "soak test: run with `make soak` (pytest -m soak) or --soak",
+    "docker": "needs a Docker engine and minutes: run with `make test-docker` (pytest -m docker)"
+    " or --docker",
+}
+"""Markers whose tests run only when asked for, and why the others skip them."""
 
 
 def pytest_addoption(parser):
     parser.addoption("--soak", action="store_true", help="also run the soak tests (`make soak`)")
+    parser.addoption(
+        "--docker", action="store_true", help="also run the Docker tests (`make test-docker`)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip soak tests unless the run asks for them with --soak or a -m naming "soak".
+    """Skip the soak and Docker tests unless the run asks for them with --soak (--docker) or
+    a -m naming "soak" ("docker").
 
     Not `addopts = -m "not soak"`: a later -m (`make test-fast`'s -m "not slow") replaces
     that expression instead of adding to it, and the soak tests would run.
     """
-    if config.getoption("--soak") or "soak" in config.getoption("markexpr", ""):
-        return
-    skip = pytest.mark.skip(reason="soak test: run with `make soak` (pytest -m soak) or --soak")
-    for item in items:
-        if item.get_closest_marker("soak") is not None:
-            item.add_marker(skip)
+    markexpr = config.getoption("markexpr", "")
+    for marker, reason in OPT_IN.items():
+        if config.getoption(marker) or marker in markexpr:
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 def pytest_sessionfinish(session, exitstatus):
