@@ -522,6 +522,13 @@ class RaftGroup:
             if not future.done():
                 future.set_exception(error)
 
+    def applied(self, index: int) -> asyncio.Future[Applied]:
+        """Resolves once this member has applied the log up to `index` (an index another
+        member applied: what this one must know before acting for it)."""
+        future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
+        self._await_applied(index, None, future)
+        return future
+
     def _await_applied(self, index: int, term: int | None, future: asyncio.Future[Applied]) -> None:
         """Resolve `future` once `index` is applied here: with the machine's result if its
         entry has `term`, ProposalLost if another entry took the index. With term None,

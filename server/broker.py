@@ -573,6 +573,16 @@ class Broker:
             self._nacks.setdefault(channel, []).append(tag)
         self._schedule()
 
+    def metadata_index(self) -> int:
+        """How far this node has applied the metadata log."""
+        assert self.store is not None
+        return self.store.group.applied_index
+
+    def metadata_applied(self, index: int) -> asyncio.Future[Any]:
+        """Resolves once this node has applied the metadata log up to `index`."""
+        assert self.store is not None
+        return self.store.group.applied(index)
+
     def want_dispatch(self, queue: WorkQueue) -> None:
         self._dispatch[queue] = None
         self._schedule()

@@ -49,7 +49,7 @@ from warrenmq.exchanges.router import Router
 from warrenmq.exchanges.super_stream import PARTITION_ORDER, SUPER_STREAM, SuperStreamExchange
 from warrenmq.log import RawRecord
 from warrenmq.server.metadata import commands as mc
-from warrenmq.server.metadata.records import SINGLE_NODE_ID, QueueRecord, node_name
+from warrenmq.server.metadata.records import SINGLE_NODE_ID, QueueRecord
 from warrenmq.server.metadata.state import strip_cr_lf
 
 from .dead_letter_journal import DeadLetterJournal, Item, digest

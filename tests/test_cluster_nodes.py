@@ -114,19 +114,43 @@ def test_client_local_queues_land_on_the_connected_node_and_balanced_ones_spread
         connection.close()
 
 
-def test_work_on_a_queue_led_elsewhere_is_refused_with_the_leaders_name(cluster):
+def test_work_on_a_queue_another_node_leads_is_forwarded_to_it(cluster):
     connection = amqp(cluster, 1)
     queue = name("q")
     connection.channel().queue_declare(queue, durable=True)
     connection.close()
-    connection = amqp(cluster, 2)
-    channel = connection.channel()
-    eventually(lambda: queue in queue_nodes(cluster, 2), True)
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-        channel.basic_get(queue)
-    assert refused.value.reply_code == 406
-    assert "led by node warren@1" in refused.value.reply_text
-    connection.close()
+    assert queue_nodes(cluster, 1)[queue] == "warren@1"
+
+    publisher = amqp(cluster, 2)
+    channel = publisher.channel()
+    channel.confirm_delivery()
+    for body in (b"one", b"two", b"three"):
+        channel.basic_publish(
+            "", queue, body, pika.BasicProperties(delivery_mode=2, message_id=body.decode())
+        )
+    # A passive declare through node 2 counts what node 1 holds.
+    assert channel.queue_declare(queue, passive=True).method.message_count == 3
+    publisher.close()
+
+    consumer = amqp(cluster, 3)
+    channel = consumer.channel()
+    method, properties, body = channel.basic_get(queue)
+    assert (body, properties.message_id) == (b"one", "one")
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    received = []
+    channel.basic_qos(prefetch_count=10)
+    for method, _, body in channel.consume(queue, inactivity_timeout=10):
+        assert method is not None, f"only {received} arrived through node 3"
+        received.append((body, method.redelivered))
+        channel.basic_ack(method.delivery_tag)
+        if len(received) == 3:
+            break
+    channel.cancel()
+    assert received == [(b"one", True), (b"two", False), (b"three", False)]
+    assert channel.queue_purge(queue).method.message_count == 0
+    channel.queue_delete(queue)
+    consumer.close()
+    eventually(lambda: queue in queue_nodes(cluster, 1), False)
 
 
 def declare_until_it_works(cluster, node: int, queue: str) -> None:

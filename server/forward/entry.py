@@ -52,10 +52,13 @@ class EntryLink(FramedLink):
         secret: str,
         frame_bytes_max: int,
         wake: Callable[[Any], None],
+        metadata_index: Callable[[], int],
     ) -> None:
         super().__init__(frame_bytes_max)
         self.node = node
         self._wake = wake
+        self._metadata_index = metadata_index
+        self._barrier_sent = 0
         self._ids = 0
         self._seq = 0
         # Publishes someone waits for, by seq: (channel, confirm tag) as the vhost staged them.
@@ -70,6 +73,16 @@ class EntryLink(FramedLink):
     @property
     def name(self) -> str:
         return node_name(self.node)
+
+    def send(self, kind: wire.Kind, *fields: Any) -> None:
+        """Queue a message, after a BARRIER if this node applied metadata since the last
+        one: the owner then acts on it only once it knows what this node's client saw
+        (a queue declared or bound here a moment ago)."""
+        index = self._metadata_index()
+        if index > self._barrier_sent and kind is not wire.Kind.HELLO:
+            self._barrier_sent = index
+            super().send(wire.Kind.BARRIER, index)
+        super().send(kind, *fields)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)

@@ -31,6 +31,10 @@ class ForwardingHost(Protocol):
 
     def want_dispatch(self, queue: Any) -> None: ...
 
+    def metadata_index(self) -> int: ...
+
+    def metadata_applied(self, index: int) -> asyncio.Future[Any]: ...
+
 
 class Forwarding:
     def __init__(self, host: ForwardingHost) -> None:
@@ -56,6 +60,7 @@ class Forwarding:
                 host.config.cluster_secret,
                 self._frame_bytes_max,
                 host.want_dispatch,
+                host.metadata_index,
             )
             dial = asyncio.ensure_future(self._dial(link))
             self._dials.add(dial)

@@ -37,6 +37,10 @@ class OwnerHost(Protocol):
 
     def want_dispatch(self, queue: Any) -> None: ...
 
+    def metadata_index(self) -> int: ...
+
+    def metadata_applied(self, index: int) -> asyncio.Future[Any]: ...
+
 
 class LinkChannel:
     """The consumer channel of one consumer forwarded over a link (`ConsumerChannel`)."""
@@ -94,6 +98,8 @@ class OwnerLink(FramedLink):
         self.consumers: dict[int, tuple[VirtualHost, Consumer]] = {}
         self.unacked: dict[WorkQueue, set[int]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._held: list[tuple[wire.Kind, list[Any]]] | None = None
+        """Messages after a BARRIER this node's metadata has not reached yet, in order."""
 
     @property
     def name(self) -> str:
@@ -128,7 +134,11 @@ class OwnerLink(FramedLink):
         if not self.peer_node:
             self._hello(kind, fields)
             return
-        if kind is wire.Kind.PUBLISH:
+        if self._held is not None:
+            self._held.append((kind, fields))
+        elif kind is wire.Kind.BARRIER:
+            self._barrier(fields[0])
+        elif kind is wire.Kind.PUBLISH:
             self._publish(*fields)
         elif kind is wire.Kind.CREDIT:
             consumer_id, more = fields
@@ -153,6 +163,33 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._stats, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
+
+    def _barrier(self, index: int) -> None:
+        if self.host.metadata_index() >= index:
+            return
+        self._held = []
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.host.metadata_applied(index).add_done_callback(self._release_held)
+
+    def _release_held(self, caught_up: asyncio.Future[Any]) -> None:
+        if self.closed:
+            return
+        if caught_up.cancelled() or caught_up.exception() is not None:
+            log.error("link %s: metadata never caught up; closing it", self.name)
+            self.abort()
+            return
+        held, self._held = self._held or [], None
+        if self.transport is not None:
+            self.transport.resume_reading()
+        for position, (kind, fields) in enumerate(held):
+            if self._held is not None:
+                # Another barrier among them: the rest waits for it.
+                self._held.extend(held[position:])
+                return
+            self.received(kind, fields)
+            if self.closed:
+                return
 
     def _hello(self, kind: wire.Kind, fields: list[Any]) -> None:
         valid = kind is wire.Kind.HELLO and wire.hello_valid(

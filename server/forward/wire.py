@@ -45,6 +45,7 @@ class Kind(enum.IntEnum):
     PURGE = 8
     DELETE = 9
     STATS = 10
+    BARRIER = 11
     # owner -> entry
     WELCOME = 20
     CONFIRM = 21
@@ -82,6 +83,8 @@ SCHEMAS: dict[Kind, str] = {
     # request id, vhost, queue, if_unused, if_empty
     Kind.DELETE: "QssBB",
     Kind.STATS: "Qss",
+    # the entry node's applied metadata index: what follows needs the owner to have it too
+    Kind.BARRIER: "Q",
     # node id
     Kind.WELCOME: "Q",
     # seq through which every publish not nacked is stored
