@@ -870,6 +870,10 @@ class RaftGroup:
             # overwritten; we cannot know which now, and waiting could take until the log
             # grows past them. Tell the proposers at once so they can check, or retry.
             self._fail_proposals(ProposalLost("leadership lost; outcome unknown"))
+            if self._proposed_addresses:
+                # Dialled from the entries' apply if they commit after all.
+                self._proposed_addresses.clear()
+                self._addresses_changed = True
         self._was_leader = is_leader
         leadership = (raft.term, raft.leader_id)
         if leadership != self._leadership:
