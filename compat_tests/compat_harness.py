@@ -142,8 +142,10 @@ def tls_certificates() -> Path:
 class WarrenBroker(Broker):
     name = "warren"
 
-    def __init__(self) -> None:
+    def __init__(self, extra_args: tuple[str, ...] = ()) -> None:
         super().__init__()
+        # `warren serve` flags beyond those every run has (a cluster node's).
+        self.extra_args = extra_args
         self.host = "127.0.0.1"
         self.port = free_port()
         # `warren serve` binds 0.0.0.0 by default, so every local address reaches it.
@@ -167,7 +169,12 @@ class WarrenBroker(Broker):
         return [sys.executable, "-m", "warrenmq.server.cli"]
 
     def start(self) -> None:
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.spawn()
+        self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start `warren serve` without waiting for it (a cluster's nodes wait for each other)."""
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [
@@ -191,6 +198,7 @@ class WarrenBroker(Broker):
                     str(tls_certificates() / CA_CERTIFICATE),
                     "--ssl-verify",
                     "verify_peer",
+                    *self.extra_args,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -198,9 +206,12 @@ class WarrenBroker(Broker):
                 start_new_session=True,
                 env={**os.environ, **self.settings},
             )
+
+    def wait_ready(self) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + WARREN_BOOT_SECONDS_MAX
         while time.monotonic() < deadline:
-            output = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            output = self.log_path.read_bytes()[self._log_offset :].decode(errors="replace")
             if WARREN_READY_LINE in output:
                 wait_for_port(self.host, self.port, WARREN_BOOT_SECONDS_MAX)
                 return
@@ -293,6 +304,44 @@ class WarrenBroker(Broker):
         self.stop()
         shutil.rmtree(self.data_dir, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)
+
+
+class WarrenClusterBroker(WarrenBroker):
+    """Three Warren nodes as one cluster. Clients connect to node 1, which places every queue
+    they declare (but an exclusive one, which RabbitMQ keeps on its connection's node) on
+    another node (``queue_leader_locator = "other-node"``), so the suite's clients work on
+    their queues through forwarding, and a restart restarts the whole cluster."""
+
+    name = "warren-cluster"
+
+    def __init__(self) -> None:
+        peers = ",".join(f"{node}=127.0.0.1:{free_port()}" for node in (1, 2, 3))
+        secret = os.urandom(16).hex()
+
+        def flags(node: int) -> tuple[str, ...]:
+            return ("--node-id", str(node), "--cluster", peers, "--cluster-secret", secret)
+
+        super().__init__(flags(1))
+        self.settings["WARREN_QUEUE_LEADER_LOCATOR"] = "other-node"
+        self.others = [WarrenBroker(flags(node)) for node in (2, 3)]
+
+    def start(self) -> None:
+        # Each node waits for a metadata leader, which needs a second node up.
+        for node in self.others:
+            node.spawn()
+        super().start()
+        for node in self.others:
+            node.wait_ready()
+
+    def stop(self) -> None:
+        super().stop()
+        for node in self.others:
+            node.stop()
+
+    def destroy(self) -> None:
+        super().destroy()
+        for node in self.others:
+            node.destroy()
 
 
 class ManagedRabbitMQ(Broker):

@@ -1,9 +1,12 @@
 """The compat harness: every test runs against Warren and against a reference RabbitMQ.
 
-The ``broker`` fixture is parametrized over ``["warren", "rabbitmq"]`` and session-scoped:
+The ``broker`` fixture is parametrized over ``["warren", "warren-cluster", "rabbitmq"]`` and session-scoped:
 
 * ``warren`` starts ``warren serve --port <free> --data-dir <tmp>`` as a subprocess and waits
   for its "Warren listening on HOST:PORT" line;
+* ``warren-cluster`` starts three such nodes as one cluster: clients connect to node 1 and
+  every queue they declare (but an exclusive one) is led by node 2 or 3, so each test runs
+  through forwarding;
 * ``rabbitmq`` uses ``WARREN_REFERENCE_URL`` when it is set, else boots a private RabbitMQ
   node (``rabbitmq_reference.py``). When neither is possible the rabbitmq runs are skipped,
   except under ``CI=true``, where they fail: a green CI must have checked the reference.
@@ -27,14 +30,21 @@ import pytest
 # This folder is not a package (pytest runs in importlib mode, and the repository root must
 # stay off sys.path), so its helper modules are found by putting the folder itself there.
 sys.path.insert(0, str(Path(__file__).parent))
-from compat_harness import Broker, WarrenBroker, start_reference  # noqa: E402
+from compat_harness import (  # noqa: E402
+    Broker,
+    WarrenBroker,
+    WarrenClusterBroker,
+    start_reference,
+)
 from management_client import HttpApi  # noqa: E402
 
 
-@pytest.fixture(scope="session", params=["warren", "rabbitmq"])
+@pytest.fixture(scope="session", params=["warren", "warren-cluster", "rabbitmq"])
 def broker(request):
-    if request.param == "warren":
-        started: Broker = WarrenBroker()
+    if request.param.startswith("warren"):
+        started: Broker = (
+            WarrenClusterBroker() if request.param == "warren-cluster" else WarrenBroker()
+        )
         try:
             started.start()
         except BaseException:
@@ -54,7 +64,7 @@ def _warren_only(request):
     broker = callspec.params.get("broker") if callspec is not None else None
     if request.node.get_closest_marker("warren_only") is not None and broker == "rabbitmq":
         pytest.skip("a Warren extension: RabbitMQ does not do this")
-    if request.node.get_closest_marker("reference_only") is not None and broker == "warren":
+    if request.node.get_closest_marker("reference_only") is not None and broker != "rabbitmq":
         pytest.skip("what the reference RabbitMQ 3.10 does: Warren follows a later RabbitMQ")
 
 

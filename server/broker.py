@@ -298,6 +298,7 @@ class Broker:
             open_delayed=self._open_delayed,
             dead_letter_counts=self.dead_letter_counts,
             node_id=self.config.node_id,
+            leader_locator=self.config.queue_leader_locator,
         )
         self.vhosts[name] = vhost
         return vhost

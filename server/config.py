@@ -58,6 +58,8 @@ FRAME_BYTES_LIMIT = 1 << 30
 class ConfigError(ValueError):
     """A setting is unknown or its value is out of range."""
 
+# RabbitMQ's two, and one of Warren's (see BrokerConfig.queue_leader_locator).
+QUEUE_LEADER_LOCATORS = ("client-local", "balanced", "other-node")
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
@@ -165,6 +167,12 @@ class BrokerConfig:
     join: bool = False
     """Start as a non-voter waiting to be added to the running cluster (`warren cluster
     join`), rather than as a bootstrap voter."""
+    queue_leader_locator: str = "client-local"
+    """Where a queue declared through this node goes when neither its
+    x-queue-leader-locator argument nor a policy says (RabbitMQ's queue_leader_locator):
+    "client-local" (this node), "balanced" (the node leading the fewest queues), or Warren's
+    "other-node" (the fewest among the OTHER nodes: every queue a client uses through this
+    node is forwarded, which the compat suite's cluster run relies on)."""
     cluster_secret: str = ""
     """Shared by the nodes of a cluster: a node proves it (an HMAC, never the secret itself)
     when it opens a link to forward queue work to another (`server/forward`)."""
@@ -225,6 +233,11 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.queue_leader_locator not in QUEUE_LEADER_LOCATORS:
+            raise ConfigError(
+                f"queue_leader_locator must be one of {', '.join(QUEUE_LEADER_LOCATORS)}, "
+                f"got {self.queue_leader_locator!r}"
+            )
         if self.log_open_files_max < 0:
             raise ConfigError(
                 "log_open_files_max must not be negative (0 is "

@@ -86,6 +86,7 @@ LEADER_LOCATOR_ARGUMENT = "x-queue-leader-locator"
 LEADER_LOCATOR_POLICY_KEY = "queue-leader-locator"
 CLIENT_LOCAL = "client-local"
 BALANCED = "balanced"
+OTHER_NODE = "other-node"
 
 
 class Published(enum.Enum):
@@ -276,9 +277,12 @@ class VirtualHost:
         open_delayed: Callable[[Path], DelayedMessageLog],
         dead_letter_counts: DeadLetterCounts,
         node_id: int = SINGLE_NODE_ID,
+        leader_locator: str = CLIENT_LOCAL,
     ) -> None:
         self.name = name
         self.node_id = node_id
+        self.leader_locator = leader_locator
+        """Where new queues go when neither their argument nor a policy says."""
         self._dead_letter_counts = dead_letter_counts
         self.store = store
         self.queues: dict[str, WorkQueue] = {}
@@ -701,7 +705,7 @@ class VirtualHost:
         argument, as in RabbitMQ 3.10."""
         if exclusive:
             return self.node_id
-        locator = arguments.get(LEADER_LOCATOR_ARGUMENT, CLIENT_LOCAL)
+        locator = arguments.get(LEADER_LOCATOR_ARGUMENT, self.leader_locator)
         chosen = policy.queue_policy(
             name,
             queue_arguments.queue_type(arguments),
@@ -713,6 +717,8 @@ class VirtualHost:
             locator = locator.decode(errors="replace")
         if locator == CLIENT_LOCAL:
             return self.node_id
+        if locator == OTHER_NODE:
+            return self.store.state.balanced_node(self.node_id, besides=self.node_id)
         return self.store.state.balanced_node(self.node_id)
 
     def get_queue(self, name: str, owner: str) -> WorkQueue:

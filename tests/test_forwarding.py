@@ -1,8 +1,6 @@
-"""Forwarding between two brokers (`server/forward`): real pika clients on real sockets, node B
-believing queue "q" is led by node A, so every client of B works on A's queue.
-
-Until the metadata is replicated between nodes, the queue is declared on both and B is told
-who leads it through the two lookups placement will answer (`queue_leader`, `node_address`).
+"""Forwarding between two nodes of one cluster (`server/forward`): real pika clients on real
+sockets to node B, the queue declared through node A (client-local placement: A leads it),
+so every client of B works on A's queue through the link.
 """
 
 from __future__ import annotations
@@ -13,31 +11,47 @@ import threading
 import pika
 import pika.exceptions
 import pytest
+from brokers import ThreadBroker
+from http_api import eventually
+from ports import free_port
 
 QUEUE = "q"
 SECRET = "s3cret"
 
 
 def _placed_on_a(a, b, name: str = QUEUE, **declare) -> None:
-    for node in (a, b):
-        connection = node.connect()
-        connection.channel().queue_declare(name, durable=True, **declare)
-        connection.close()
-    b.broker.queue_leader = lambda vhost, queue: 1
-    b.broker.node_address = lambda node: ("127.0.0.1", a.port)
+    connection = a.connect()
+    connection.channel().queue_declare(name, durable=True, **declare)
+    connection.close()
+    # B forwards once it applied the declare.
+    eventually(lambda: name in b.broker.vhosts["/"].remote, True)
 
-    async def place():
-        b.broker.forwarding.place(b.broker.vhosts["/"], name)
 
-    b.call(place())
+def _two_nodes(tmp_path, secret_of_b: str = SECRET):
+    """Nodes 1 (A) and 2 (B) of one metadata group, started side by side: each waits for
+    the other to elect a leader."""
+    peers = ",".join(f"{node}=127.0.0.1:{free_port()}" for node in (1, 2))
+    nodes = [
+        ThreadBroker(tmp_path / "a", node_id=1, cluster=peers, cluster_secret=SECRET),
+        ThreadBroker(tmp_path / "b", node_id=2, cluster=peers, cluster_secret=secret_of_b),
+    ]
+    starting = [threading.Thread(target=node.start) for node in nodes]
+    for thread in starting:
+        thread.start()
+    for thread in starting:
+        thread.join()
+    return nodes
 
 
 @pytest.fixture
-def nodes(start_broker, tmp_path):
-    a = start_broker(tmp_path / "a", node_id=1, cluster_secret=SECRET)
-    b = start_broker(tmp_path / "b", node_id=2, cluster_secret=SECRET)
-    _placed_on_a(a, b)
-    return a, b
+def nodes(tmp_path):
+    a, b = _two_nodes(tmp_path)
+    try:
+        _placed_on_a(a, b)
+        yield a, b
+    finally:
+        for node in (b, a):
+            node.stop()
 
 
 def _ready_on(node, name: str = QUEUE) -> int:
@@ -280,9 +294,16 @@ def test_owner_gone_nacks_publishes_and_cancels_consumers(nodes):
     consuming.close()
 
 
-def test_a_link_without_the_secret_is_refused(start_broker, tmp_path):
-    a = start_broker(tmp_path / "a", node_id=1, cluster_secret=SECRET)
-    b = start_broker(tmp_path / "b", node_id=2, cluster_secret="wrong")
+def test_a_link_without_the_secret_is_refused(tmp_path):
+    a, b = _two_nodes(tmp_path, secret_of_b="wrong")
+    try:
+        _refused_without_the_secret(a, b)
+    finally:
+        for node in (b, a):
+            node.stop()
+
+
+def _refused_without_the_secret(a, b) -> None:
     _placed_on_a(a, b)
     connection = b.connect()
     channel = connection.channel()

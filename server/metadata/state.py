@@ -247,13 +247,13 @@ class MetadataState:
             raise _locked(record)
         return record
 
-    def balanced_node(self, default: int) -> int:
+    def balanced_node(self, default: int, besides: int = 0) -> int:
         """The member leading the fewest queues, ties to the lowest id (RabbitMQ's
-        `balanced` queue leader locator); `default` when no node has registered."""
-        if not self.nodes:
-            return default
+        `balanced` queue leader locator), other than `besides`; `default` when no such node
+        has registered."""
         led = self._led
-        return min(self.nodes, key=lambda node: (led.get(node, 0), node))
+        candidates = [node for node in self.nodes if node != besides]
+        return min(candidates, key=lambda node: (led.get(node, 0), node), default=default)
 
     def queues_led(self, node: int) -> int:
         return self._led.get(node, 0)
