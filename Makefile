@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install reference-rabbitmq browser docker-engine run lint format test test-fast test-docker soak fuzz bench bench-delayed clean
+.PHONY: install reference-rabbitmq browser docker-engine run lint format test test-all test-fast test-cluster test-docker soak fuzz bench bench-delayed clean
 
 install: $(STAMP)
 
@@ -57,11 +57,18 @@ format: $(STAMP)
 test: $(STAMP) reference-rabbitmq browser lint
 	$(BIN)/pytest
 
+# The whole suite, as CI runs it.
+test-all: test test-cluster test-docker
+
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow"
 
 # docker/'s image and 3-node compose cluster on a real engine: a few minutes, more the first
 # time (scripts/docker_base_image.sh builds the base), so `make test` leaves it out; CI runs both.
+# The client compatibility suite again, each client on a node other than its queue's.
+test-cluster: $(STAMP)
+	WARREN_COMPAT_CLUSTER=1 $(BIN)/pytest compat_tests -k warren-cluster
+
 test-docker: $(STAMP) docker-engine
 	$(BIN)/pytest -m docker tests/test_docker_cluster.py
 

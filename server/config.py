@@ -58,8 +58,10 @@ FRAME_BYTES_LIMIT = 1 << 30
 class ConfigError(ValueError):
     """A setting is unknown or its value is out of range."""
 
+
 # RabbitMQ's two, and one of Warren's (see BrokerConfig.queue_leader_locator).
 QUEUE_LEADER_LOCATORS = ("client-local", "balanced", "other-node")
+
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
