@@ -271,8 +271,7 @@ class RemoteQueue:
     def stage(
         self, record: Any, persistent: bool, expiring: bool = False, publisher: Any = None
     ) -> bool:
-        self._staged.append((record, persistent, expiring, publisher, ()))
-        return True
+        return self.stage_kept(record, persistent, expiring, publisher)
 
     def stage_kept(
         self,
