@@ -96,7 +96,7 @@ class ClusterNode:
         assert store is not None
         record = self.record()
         if store.state.nodes.get(self.node_id) != record:
-            await store.apply(
+            await store.apply_idempotent(
                 c.RegisterNode(
                     record.node_id,
                     record.host,

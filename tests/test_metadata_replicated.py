@@ -14,12 +14,13 @@ import textwrap
 
 import pytest
 
+from warrenmq.cluster.group import ProposalLost
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords, replicated
 from warrenmq.server.metadata.encoding import decode_commands
 from warrenmq.server.metadata.replicated import RAFT_DIRECTORY, ReplicatedMetadata
-from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore
+from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore, StoreFailed
 
 DURABLE = [
     c.DeclareVhost("v"),
@@ -250,3 +251,33 @@ def test_sigkill_after_apply_returned_loses_nothing(tmp_path):
         await metadata.close()
 
     asyncio.run(check())
+
+
+def test_a_repeatable_command_whose_outcome_a_leader_change_lost_is_proposed_again(tmp_path):
+    """A node starting while its cluster elects saw a proposal fail with ProposalLost (the
+    outcome unknown) and gave up its start; a command harmless twice is proposed again."""
+
+    async def scenario():
+        metadata = await ReplicatedMetadata.open(tmp_path)
+        propose = metadata.group.propose
+        lost = []
+
+        def lose_the_first(data: bytes):
+            if not lost:
+                lost.append(data)
+                future = asyncio.get_running_loop().create_future()
+                future.set_exception(ProposalLost("applied before the leader's answer arrived"))
+                return future
+            return propose(data)
+
+        metadata.group.propose = lose_the_first
+        command = c.RegisterNode(1, "127.0.0.1", 5672, 0, 15672)
+        with pytest.raises(StoreFailed):
+            await metadata.apply(command)
+        lost.clear()
+        outcome = await metadata.apply_idempotent(command)
+        assert outcome.changed and lost
+        assert metadata.state.nodes[1].amqp_port == 5672
+        await metadata.close()
+
+    asyncio.run(scenario())

@@ -250,7 +250,7 @@ class ReplicatedMetadata:
                 await metadata._take_offline_edits()
             forget_node = node_id if clustered else None
             if metadata.state.has_transient(forget_node):
-                await metadata.apply(c.ForgetTransient(forget_node))
+                await metadata.apply_idempotent(c.ForgetTransient(forget_node))
         except BaseException:
             if group is not None:
                 await group.stop()
@@ -327,6 +327,21 @@ class ReplicatedMetadata:
         """Apply commands in order, as one log entry. On a refused command, the ones before
         it stay applied (and are written) and its error is raised."""
         return await self._propose(list(commands))
+
+    async def apply_idempotent(self, command: c.Command) -> Outcome:
+        """`apply` for a command that changes nothing when applied twice (ForgetTransient,
+        RegisterNode), proposed again while its outcome is unknown: a leader change can lose
+        track of a proposal, and a node starting while its cluster elects must not give up
+        on what it can safely repeat."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + LEADER_WAIT_S
+        while True:
+            try:
+                return await self.apply(command)
+            except StoreFailed as error:
+                if not isinstance(error.__cause__, ProposalLost) or loop.time() > deadline_s:
+                    raise
+                logger.info("metadata change %r: %s; proposing it again", command, error)
 
     async def _propose(self, commands: list[c.Command]) -> list[Outcome]:
         if self.group.fatal_error is not None:
