@@ -462,11 +462,15 @@ class VirtualHost:
         expiring: bool,
         publisher: Any,
         bcc: tuple[str, ...] = (),
+        failures: int = 0,
     ) -> bool:
         """Stage a stored record, unchanged, on one queue (a redrive moving a dead letter
-        back, or keeping it, with `bcc` its BCC keys); False when the queue refuses it
-        (x-overflow reject-publish)."""
-        if queue.deleted or not queue.stage_kept(record, persistent, expiring, publisher, bcc=bcc):
+        back, or keeping it, with `bcc` its BCC keys; a dead letter forwarded here, with
+        the failed deliveries it carries); False when the queue refuses it (x-overflow
+        reject-publish)."""
+        if queue.deleted or not queue.stage_kept(
+            record, persistent, expiring, publisher, bcc=bcc, failures=failures
+        ):
             self._refused(queue)
             return False
         self._staged(queue)
@@ -498,6 +502,10 @@ class VirtualHost:
         positions: dict[str, set[int]] = {}
         for (message, _), (record, _, targets, _, _, _) in zip(dead_letters, plan, strict=True):
             if message.offset < 0 or not targets:
+                continue
+            if any(isinstance(target, RemoteQueue) for target in targets):
+                # A queue led elsewhere has no log here for recovery to find it in: a crash
+                # before the source settled brings the dead letter back (at least once).
                 continue
             item = Item(message.offset, message[2:6])
             for target in targets:
@@ -545,6 +553,8 @@ class VirtualHost:
             queues, delayed = [], []
             for name in router.route_keys(exchange, keys, headers, internal_allowed=True):
                 target = self.queues.get(name)
+                if target is None:
+                    target = self.remote.get(name)  # type: ignore[assignment]
                 if target is not None and not cycling(reason, properties, name):
                     queues.append(target)
                 elif type(name) is DelayedTarget:

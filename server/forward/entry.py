@@ -104,11 +104,12 @@ class EntryLink(FramedLink):
         expiring: bool,
         bcc: tuple[str, ...],
         publisher: Any,
+        failures: int = 0,
     ) -> int:
+        """`failures`: the failed deliveries a dead letter carries (PUBLISH_KEPT)."""
         self._seq += 1
         exchange, routing_key, properties, body = record
-        self.send(
-            wire.Kind.PUBLISH,
+        fields = [
             self._seq,
             vhost,
             [queue],
@@ -119,7 +120,11 @@ class EntryLink(FramedLink):
             persistent,
             expiring,
             list(bcc),
-        )
+        ]
+        if failures:
+            self.send(wire.Kind.PUBLISH_KEPT, *fields, failures)
+        else:
+            self.send(wire.Kind.PUBLISH, *fields)
         if publisher is not None:
             self._publishers[self._seq] = publisher
         return self._seq
@@ -252,7 +257,7 @@ class RemoteQueue:
         self.ready_count = 0
         """As the owner last said (a declare, a get)."""
         self.consumer_count = 0
-        self._staged: list[tuple[Any, bool, bool, Any, tuple[str, ...]]] = []
+        self._staged: list[tuple[Any, bool, bool, Any, tuple[str, ...], int]] = []
         self._written: list[Any] = []
         self._stored: collections.deque[asyncio.Future[None]] = collections.deque()
         self._store_wanted = False
@@ -283,7 +288,7 @@ class RemoteQueue:
         bcc: tuple[str, ...] = (),
         failures: int = 0,
     ) -> bool:
-        self._staged.append((record, persistent, expiring, publisher, bcc))
+        self._staged.append((record, persistent, expiring, publisher, bcc, failures))
         return True
 
     def flush(self, now_ms: int) -> None:
@@ -294,8 +299,10 @@ class RemoteQueue:
             return
         self._staged = []
         link = self._link()
-        for record, persistent, expiring, publisher, bcc in staged:
-            link.publish(self.vhost, self.name, record, persistent, expiring, bcc, publisher)
+        for record, persistent, expiring, publisher, bcc, failures in staged:
+            link.publish(
+                self.vhost, self.name, record, persistent, expiring, bcc, publisher, failures
+            )
             if publisher is not None:
                 self._written.append(publisher)
                 self._store_wanted = True

@@ -140,6 +140,8 @@ class OwnerLink(FramedLink):
             self._barrier(fields[0])
         elif kind is wire.Kind.PUBLISH:
             self._publish(*fields)
+        elif kind is wire.Kind.PUBLISH_KEPT:
+            self._publish(*fields[:-1], failures=fields[-1])
         elif kind is wire.Kind.CREDIT:
             consumer_id, more = fields
             entry = self.consumers.get(consumer_id)
@@ -232,6 +234,7 @@ class OwnerLink(FramedLink):
         persistent: bool,
         expiring: bool,
         bcc: list[str],
+        failures: int = 0,
     ) -> None:
         vhost = self.host.vhosts.get(vhost_name)
         record = (exchange.encode(), routing_key.encode(), properties, body)
@@ -239,7 +242,7 @@ class OwnerLink(FramedLink):
         for name in queues:
             queue = vhost.queues.get(name) if vhost is not None else None
             if queue is None or not vhost.restage(  # type: ignore[union-attr]
-                queue, record, persistent, expiring, (self, seq), tuple(bcc)
+                queue, record, persistent, expiring, (self, seq), tuple(bcc), failures
             ):
                 refused = True
         self.host.stage_confirm(self, seq, refused)

@@ -55,6 +55,8 @@ class Kind(enum.IntEnum):
     REPLY = 25
     GOT = 26
     ERROR = 27
+    # entry -> owner
+    PUBLISH_KEPT = 28
 
 
 class Settle(enum.IntEnum):
@@ -101,6 +103,8 @@ SCHEMAS: dict[Kind, str] = {
     Kind.GOT: "QQQQbbbbBQQ",
     # request (or consumer) id, reply code, reply text
     Kind.ERROR: "QQs",
+    # PUBLISH's fields, then the failed deliveries a dead letter carries into its target
+    Kind.PUBLISH_KEPT: "QsLssbbBBLQ",
 }
 
 
