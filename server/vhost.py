@@ -1027,6 +1027,12 @@ class VirtualHost:
                 queue.enforce_length()
                 # The tick commits what the limits dropped and re-arms the queue's timers.
                 self._used(queue)
+        for remote in self.remote.values():
+            remote.apply_arguments(
+                policy.effective_arguments(
+                    remote.name, remote.queue_type, remote.arguments, policies.values()
+                )
+            )
 
     def recover(self) -> list[str]:
         """Host every queue of the metadata this node leads; returns their directory names.
@@ -1102,6 +1108,9 @@ class VirtualHost:
         hosted = self.queues.get(queue.name)
         if hosted is not None:
             self.retire_queue(hosted)
+        queue.apply_arguments(
+            self._effective_arguments(queue.name, queue.queue_type, queue.arguments)
+        )
         self.remote[queue.name] = queue
 
     def refresh_counts(self, queue: WorkQueue) -> Awaitable[None] | None:

@@ -23,6 +23,7 @@ from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.message_counts import MessageCounts
+from warrenmq.server.queue.work_queue import timeouts
 from warrenmq.server.stream.stream import Stream
 
 from . import wire
@@ -251,7 +252,7 @@ class RemoteQueue:
         self.has_timers = False
         self.dead_letters: list[Any] = []
         self.counts = MessageCounts()
-        # Its timeouts are the owner's business (policies may set them there).
+        self.effective_arguments: Mapping[str, Any] = self.arguments
         self.consumer_timeout_ms: int | None = None
         self.visibility_timeout_ms: int | None = None
         self.ready_count = 0
@@ -265,6 +266,12 @@ class RemoteQueue:
         # send them ahead of this node asking (granted credit not yet used).
         self.consumers: dict[Consumer, int] = {}
         self._granted: dict[Consumer, int] = {}
+
+    def apply_arguments(self, effective: Mapping[str, Any]) -> None:
+        """Its arguments with the policies applied (metadata every node has): this node's
+        channels hold its deliveries, so they enforce its timeouts."""
+        self.effective_arguments = effective
+        self.consumer_timeout_ms, self.visibility_timeout_ms = timeouts(effective)
 
     def _unavailable(self) -> NotFound:
         rs = queue_arguments.resource("queue", self.name, self.vhost)

@@ -73,6 +73,19 @@ def _int_argument(arguments: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def timeouts(effective: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """A queue's (consumer timeout, visibility timeout) in ms, from its effective arguments:
+    the channel holding its deliveries enforces them, wherever the queue is led.
+
+    x-consumer-timeout: 0 disables it, None leaves the channel's default. x-visibility-timeout
+    (a Warren extension like SQS's): a delivery unacked this long goes back alone, and the
+    channel reports stale settles."""
+    return (
+        _int_argument(effective, "x-consumer-timeout"),
+        _int_argument(effective, "x-visibility-timeout") or None,
+    )
+
+
 class DelayedRetry(NamedTuple):
     """RabbitMQ 4.3's delayed retry (x-delayed-retry-type, -min, -max): a return of the
     kinds `type` names waits min * its failed deliveries (at least once min), at most max."""
@@ -275,11 +288,7 @@ class WorkQueue:
         # Redeliveries carry x-delivery-count where RabbitMQ counts them (quorum queues), and
         # wherever a delivery limit makes the count matter.
         self.counts_deliveries = self.queue_type == "quorum" or self.delivery_limit is not None
-        # x-consumer-timeout (ms; 0 disables): the channel holding the deliveries enforces it.
-        self.consumer_timeout_ms = _int_argument(effective, "x-consumer-timeout")
-        # x-visibility-timeout (ms, a Warren extension like SQS's): a delivery unacked this
-        # long goes back alone; the channel holding it enforces it and reports stale settles.
-        self.visibility_timeout_ms = _int_argument(effective, "x-visibility-timeout") or None
+        self.consumer_timeout_ms, self.visibility_timeout_ms = timeouts(effective)
         # x-requeue-delay / x-requeue-delay-max (ms, a Warren extension): a requeued message
         # waits base * 2^(deliveries - 1), at most the max, before it is ready again; others
         # flow past it meanwhile. The engine holds it until then, durably: the wait survives
