@@ -69,27 +69,10 @@ def broker(request):
 # pass there. Remove a line once its test passes across nodes.
 _STREAMS = "a stream led by another node is not consumed through forwarding yet"
 _DEAD_LETTERS = "dead-lettering, delivery counts and delivery limits across nodes"
-_TIMEOUTS = "consumer and visibility timeouts of a queue led elsewhere use the entry's defaults"
 _HTTP = "the entry node's HTTP API and metrics lack the counts of queues led elsewhere"
 _RESTART = "what a whole-cluster restart keeps of transient entities and in-flight deliveries"
 _DELAYED = "delayed messages held across a whole-cluster restart are not delivered"
 CLUSTER_GAPS = {
-    "test_consumer_timeout.py": {
-        "test_a_timed_out_consumer_is_cancelled_and_its_deliveries_requeued": _TIMEOUTS,
-        "test_a_basic_get_delivery_past_the_timeout_closes_the_channel": _TIMEOUTS,
-        "test_without_consumer_cancel_notify_the_channel_is_closed": _TIMEOUTS,
-    },
-    "test_dead_lettering.py": {
-        "test_a_refused_message_is_dead_lettered_with_reason_rejected[quorum]": _DEAD_LETTERS,
-        "test_queue_ttl_dead_letters_with_reason_expired[quorum]": _DEAD_LETTERS,
-        "test_per_message_ttl_moves_expiration_into_x_death[quorum]": _DEAD_LETTERS,
-        "test_x_delivery_count_x_acquired_count_and_the_delivery_limit": _DEAD_LETTERS,
-        "test_nacks_never_count_toward_the_delivery_limit_and_a_reject_does": _DEAD_LETTERS,
-        "test_a_dead_letter_carries_its_failed_deliveries_round_a_retry_loop": _DEAD_LETTERS,
-        "test_a_closed_channel_beyond_the_limit_dead_letters": _DEAD_LETTERS,
-        "test_x_death_field_types_on_the_wire": _DEAD_LETTERS,
-        "test_quorum_queues_default_to_a_delivery_limit_of_20": _DEAD_LETTERS,
-    },
     "test_delayed_messages.py": {
         "test_a_restart_before_the_delays_expire_keeps_them": _DELAYED,
     },
@@ -100,9 +83,6 @@ CLUSTER_GAPS = {
     "test_metrics.py": {
         "test_per_object_queue_metrics_follow_the_queue": _HTTP,
         "test_dead_letters_are_counted_by_reason": _DEAD_LETTERS,
-    },
-    "test_policies.py": {
-        "test_a_delivery_limit_policy_on_a_quorum_queue": _DEAD_LETTERS,
     },
     "test_restart.py": {
         "test_restart_keeps_durable_and_drops_transient": _RESTART,
@@ -123,10 +103,6 @@ CLUSTER_GAPS = {
     },
     "test_topics.py": {
         "test_what_http_posts_a_pika_stream_consumer_reads": _STREAMS,
-    },
-    "test_visibility_timeout.py": {
-        "test_an_unacked_delivery_comes_back_alone_after_its_visibility_timeout": _TIMEOUTS,
-        "test_extending_keeps_a_delivery_invisible": _TIMEOUTS,
     },
 }
 
