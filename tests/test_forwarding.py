@@ -15,6 +15,8 @@ from brokers import ThreadBroker
 from http_api import eventually
 from ports import free_port
 
+from warrenmq.server.metadata import commands as c
+
 QUEUE = "q"
 SECRET = "s3cret"
 
@@ -312,3 +314,88 @@ def _refused_without_the_secret(a, b) -> None:
         channel.basic_publish("", QUEUE, b"refused", mandatory=True)
     connection.close()
     assert _ready_on(a) == 0
+
+
+def _dead_lettering_on_a_to_b(a, b, source: str, target: str, queue_type: str) -> None:
+    """`target` led by B, and `source` led by A dead-lettering to it."""
+    arguments = {"x-queue-type": queue_type}
+    _placed_on_a(b, a, target, arguments=arguments)
+    dead_letter_to_target = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
+    _placed_on_a(a, b, source, arguments={**arguments, **dead_letter_to_target})
+
+
+def test_a_dead_letter_leaves_its_queue_only_once_the_other_node_stored_it(nodes):
+    a, b = nodes
+    _dead_lettering_on_a_to_b(a, b, "src", "dlq", "classic")
+    source = a.broker.vhosts["/"].queues["src"]
+    settled = []
+    dead_lettered = source.dead_lettered
+
+    def spied(offsets):
+        settled.append(offsets)
+        dead_lettered(offsets)
+
+    source.dead_lettered = spied
+    engine = b.broker.vhosts["/"].queues["dlq"].engine
+    fsync = engine.commit
+    fsync_started = threading.Event()
+    release = b.call(_event())
+
+    async def held_commit():
+        fsync_started.set()
+        await release.wait()
+        return await fsync()
+
+    engine.commit = held_commit
+    _publish(a, [b"doomed"], name="src")
+    connection = a.connect()
+    channel = connection.channel()
+    method, _, _ = channel.basic_get("src")
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    assert fsync_started.wait(10)
+    # B has the dead letter and has not stored it yet: A keeps the source message.
+    assert settled == []
+    b.loop.call_soon_threadsafe(release.set)
+    assert eventually(lambda: len(settled), 1) == 1
+    assert _ready_on(b, "dlq") == 1
+    assert _ready_on(a, "src") == 0
+    method, properties, body = channel.basic_get("dlq", auto_ack=True)
+    assert body == b"doomed"
+    [death] = properties.headers["x-death"]
+    assert (death["queue"], death["reason"]) == ("src", "rejected")
+    connection.close()
+
+
+def test_failed_deliveries_cross_the_link_both_ways(nodes):
+    a, b = nodes
+    _dead_lettering_on_a_to_b(a, b, "work", "retry", "quorum")
+    _publish(b, [b"job"], name="work")
+    connection = b.connect()
+    channel = connection.channel()
+    method, properties, _ = channel.basic_get("work")
+    assert not (properties.headers or {}).get("x-delivery-count")
+    # A failed delivery, told to A by B's settle, and counted by A on the next delivery.
+    channel.basic_reject(method.delivery_tag, requeue=True)
+    method, properties, _ = channel.basic_get("work")
+    assert properties.headers["x-delivery-count"] == 1
+    # Dead-lettered by A into B's queue, it carries both failures there.
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    assert eventually(lambda: _ready_on(b, "retry"), 1) == 1
+    method, properties, body = channel.basic_get("retry", auto_ack=True)
+    assert body == b"job"
+    assert properties.headers["x-delivery-count"] == 2
+    connection.close()
+
+
+def test_a_queue_led_elsewhere_has_its_own_timeouts_on_the_entry_node(nodes):
+    a, b = nodes
+    _placed_on_a(a, b, "timed", arguments={"x-visibility-timeout": 30_000})
+    remote = b.broker.vhosts["/"].remote["timed"]
+    # B's channels hold the deliveries, so B enforces the queue's timeouts, not its defaults.
+    assert (remote.consumer_timeout_ms, remote.visibility_timeout_ms) == (None, 30_000)
+    a.call(
+        a.broker.store.apply(
+            c.SetPolicy("/", "timeouts", "^timed$", {"consumer-timeout": 5_000}, 0, "queues")
+        )
+    )
+    assert eventually(lambda: remote.consumer_timeout_ms, 5_000) == 5_000
