@@ -364,6 +364,9 @@ def test_a_dead_letter_leaves_its_queue_only_once_the_other_node_stored_it(nodes
     [death] = properties.headers["x-death"]
     assert (death["queue"], death["reason"]) == ("src", "rejected")
     connection.close()
+    # Counted where it died, as RabbitMQ's global counters are each node's own.
+    assert a.broker.dead_letter_counts.counts == {("classic", "at_least_once", "rejected"): 1}
+    assert b.broker.dead_letter_counts.counts == {}
 
 
 def test_failed_deliveries_cross_the_link_both_ways(nodes):
