@@ -29,6 +29,13 @@ The link
     not store. The entry node's tick holds the client's confirm until every target of the
     publish is stored: its local queues' fsync and each owner's CONFIRM (`RemoteQueue.commit`).
 
+    A dead letter whose target queue another node leads is published to it the same way,
+    over this node's link to that node, by PUBLISH_KEPT when it carries failed deliveries
+    (``x-delivery-count`` goes on counting there). As with a local target, it leaves its
+    source queue only once the target's owner confirmed it; the dead-letter journal, which
+    finds a local target's copy after a crash, leaves such a hand-off out: a crash in
+    between delivers it twice, never loses it.
+
     CONSUME(id, vhost, queue, tag, exclusive, arguments) registers a consumer on the owner
     whose channel is the link (`owner.LinkChannel`); the entry node grants it credit
     (CREDIT(id, n): what the client's prefetch and channel leave room for, at most
@@ -37,6 +44,10 @@ The link
     ack on the owner (a no-ack client's channel acks at once): SETTLE(vhost, queue, ack |
     reject | requeue, offsets). CANCEL(id) is answered once removed (and an auto-delete
     queue deleted); CANCELLED(id, reason) tells of a consumer the owner dropped.
+
+    The deliveries are held by the entry node's channels, so the entry node enforces the
+    queue's consumer and visibility timeouts: its arguments and policies are metadata every
+    node has (`RemoteQueue.apply_arguments`). A timeout's requeue is a SETTLE like any other.
 
     GET, PURGE, DELETE(if_unused, if_empty) and STATS (a passive declare's counts) are
     requests answered by REPLY/GOT or by ERROR(reply code, text), which the entry node
