@@ -106,17 +106,7 @@ def test_published_via_b_is_stored_on_a_before_the_confirm(nodes):
 
 def test_confirm_via_b_waits_for_the_owners_fsync(nodes):
     a, b = nodes
-    engine = a.broker.vhosts["/"].queues[QUEUE].engine
-    fsync = engine.commit
-    fsync_started = threading.Event()
-    release = a.call(_event())
-
-    async def held_commit():
-        fsync_started.set()
-        await release.wait()
-        return await fsync()
-
-    engine.commit = held_commit
+    fsync_started, release = _hold_fsync(a, QUEUE)
     publisher = threading.Thread(target=_publish, args=(b, [b"durable"]))
     publisher.start()
     assert fsync_started.wait(10)
@@ -126,6 +116,23 @@ def test_confirm_via_b_waits_for_the_owners_fsync(nodes):
     publisher.join(10)
     assert not publisher.is_alive()
     assert _ready_on(a) == 1
+
+
+def _hold_fsync(node, name: str) -> tuple[threading.Event, asyncio.Event]:
+    """Hold the fsyncs of the queue `name` on `node`: (set once one started, the event on
+    the node's loop that lets it finish)."""
+    engine = node.broker.vhosts["/"].queues[name].engine
+    fsync = engine.commit
+    fsync_started = threading.Event()
+    release = node.call(_event())
+
+    async def held_commit():
+        fsync_started.set()
+        await release.wait()
+        return await fsync()
+
+    engine.commit = held_commit
+    return fsync_started, release
 
 
 async def _event() -> asyncio.Event:
@@ -336,17 +343,7 @@ def test_a_dead_letter_leaves_its_queue_only_once_the_other_node_stored_it(nodes
         dead_lettered(offsets)
 
     source.dead_lettered = spied
-    engine = b.broker.vhosts["/"].queues["dlq"].engine
-    fsync = engine.commit
-    fsync_started = threading.Event()
-    release = b.call(_event())
-
-    async def held_commit():
-        fsync_started.set()
-        await release.wait()
-        return await fsync()
-
-    engine.commit = held_commit
+    fsync_started, release = _hold_fsync(b, "dlq")
     _publish(a, [b"doomed"], name="src")
     connection = a.connect()
     channel = connection.channel()
