@@ -19,6 +19,8 @@ from warrenmq.exchanges.errors import NotFound, RoutingError
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
+from warrenmq.server.stream.cursor import Cursor
+from warrenmq.server.stream.stream import Stream
 
 from . import wire
 from .entry import node_name
@@ -97,6 +99,9 @@ class OwnerLink(FramedLink):
         self.failed_seqs: set[int] = set()
         self.consumers: dict[int, tuple[VirtualHost, Consumer]] = {}
         self.unacked: dict[WorkQueue, set[int]] = {}
+        self.cursors: dict[int, Cursor] = {}
+        """The cursors of forwarded stream consumers by id, kept past a cancel while they
+        hold deliveries (acks after a cancel still move a tracked offset, as locally)."""
         self._tasks: set[asyncio.Future[Any]] = set()
         self._held: list[tuple[wire.Kind, list[Any]]] | None = None
         """Messages after a BARRIER this node's metadata has not reached yet, in order."""
@@ -161,6 +166,8 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._delete, *fields)
         elif kind is wire.Kind.STATS:
             self._answer(fields[0], self._stats, *fields)
+        elif kind is wire.Kind.STREAM_ACK:
+            self._stream_ack(*fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -300,6 +307,10 @@ class OwnerLink(FramedLink):
         arguments: dict[str, Any],
     ) -> None:
         vhost = self._vhost(vhost_name)
+        stream = vhost.get_queue(name, self._owner(vhost, name))
+        if isinstance(stream, Stream):
+            self._consume_stream(vhost, stream, consumer_id, tag, exclusive, arguments)
+            return
         # The entry node keeps the client's prefetch and no-ack: here the link's credit.
         consumer = vhost.consume(
             name,
@@ -314,6 +325,44 @@ class OwnerLink(FramedLink):
         self.consumers[consumer_id] = (vhost, consumer)
         self.send(wire.Kind.REPLY, consumer_id, 0, 0)
 
+    def _consume_stream(
+        self,
+        vhost: VirtualHost,
+        stream: Stream,
+        consumer_id: int,
+        tag: str,
+        exclusive: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        """A real stream consumer (from the client's x-stream-offset, with its filter and
+        tracked offset) whose channel is the link; its acks come as STREAM_ACK."""
+        consumer = vhost.consume_forwarded_stream(
+            stream, LinkChannel(self, consumer_id), tag, exclusive=exclusive, arguments=arguments
+        )
+        self.consumers[consumer_id] = (vhost, consumer)
+        self.cursors[consumer_id] = consumer.queue  # type: ignore[assignment]
+        self.send(wire.Kind.REPLY, consumer_id, 0, 0)
+
+    def _stream_ack(self, consumer_id: int, offsets: list[int]) -> None:
+        cursor = self.cursors.get(consumer_id)
+        held = self.unacked.get(cursor) if cursor is not None else None  # type: ignore[call-overload]
+        if held is None:
+            return
+        mine = [offset for offset in offsets if offset in held]
+        held.difference_update(mine)
+        if mine:
+            cursor.ack(mine)  # type: ignore[union-attr]
+            # The tick commits the tracked offset the ack moved.
+            self.host.want_dispatch(cursor)
+        self._forget_cursor(consumer_id)
+
+    def _forget_cursor(self, consumer_id: int) -> None:
+        """Drop a cancelled stream consumer's cursor once it holds no delivery."""
+        cursor = self.cursors.get(consumer_id)
+        if cursor is not None and cursor.consumer is None and not self.unacked.get(cursor):  # type: ignore[call-overload]
+            del self.cursors[consumer_id]
+            self.unacked.pop(cursor, None)  # type: ignore[call-overload]
+
     def _cancel(self, consumer_id: int) -> Any:
         entry = self.consumers.pop(consumer_id, None)
         if entry is None:
@@ -322,6 +371,7 @@ class OwnerLink(FramedLink):
         vhost, consumer = entry
         consumer.channel.forget_blocked(consumer)
         deleting = vhost.cancel(consumer)
+        self._forget_cursor(consumer_id)
         if deleting is None:
             self.send(wire.Kind.REPLY, consumer_id, 0, 0)
             return None
@@ -377,6 +427,7 @@ class OwnerLink(FramedLink):
         for vhost, consumer in consumers.values():
             consumer.channel.forget_blocked(consumer)
             vhost.cancel(consumer)
+        self.cursors = {}
         unacked, self.unacked = self.unacked, {}
         for queue, offsets in unacked.items():
             if offsets and not queue.deleted:

@@ -55,6 +55,8 @@ class Kind(enum.IntEnum):
     REPLY = 25
     GOT = 26
     ERROR = 27
+    # entry -> owner
+    STREAM_ACK = 28
 
 
 class Settle(enum.IntEnum):
@@ -101,6 +103,8 @@ SCHEMAS: dict[Kind, str] = {
     Kind.GOT: "QQQQbbbbBQQ",
     # request (or consumer) id, reply code, reply text
     Kind.ERROR: "QQs",
+    # consumer id, offsets: a forwarded stream consumer's acks (its credit, its tracked offset)
+    Kind.STREAM_ACK: "QI",
 }
 
 
