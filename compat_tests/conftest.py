@@ -107,20 +107,6 @@ CLUSTER_GAPS = {
     "test_restart.py": {
         "test_restart_keeps_durable_and_drops_transient": _RESTART,
     },
-    "test_streams.py": {
-        "test_consume_refusals_are_rabbitmqs": _STREAMS,
-        "test_no_ack_get_and_purge_close_the_connection": _STREAMS,
-        "test_offsets_first_number_last_next_and_time": _STREAMS,
-        "test_deliveries_keep_the_publishers_headers_and_properties": _STREAMS,
-        "test_acks_are_credit": _STREAMS,
-        "test_nack_and_reject_close_the_connection": _STREAMS,
-        "test_a_closed_channel_puts_nothing_back_and_delete_counts_nothing": _STREAMS,
-        "test_a_stream_survives_a_restart": _STREAMS,
-        "test_many_messages_replay_in_order": _STREAMS,
-        "test_a_named_consumer_resumes_after_its_contiguous_acks_across_a_restart": _STREAMS,
-        "test_an_idempotent_producer_appends_each_message_once_across_a_restart": _STREAMS,
-        "test_a_filtered_consumer_gets_exactly_what_it_asked_for": _STREAMS,
-    },
     "test_topics.py": {
         "test_what_http_posts_a_pika_stream_consumer_reads": _STREAMS,
     },
