@@ -107,9 +107,6 @@ CLUSTER_GAPS = {
     "test_restart.py": {
         "test_restart_keeps_durable_and_drops_transient": _RESTART,
     },
-    "test_topics.py": {
-        "test_what_http_posts_a_pika_stream_consumer_reads": _STREAMS,
-    },
     "test_visibility_timeout.py": {
         "test_an_unacked_delivery_comes_back_alone_after_its_visibility_timeout": _TIMEOUTS,
         "test_extending_keeps_a_delivery_invisible": _TIMEOUTS,

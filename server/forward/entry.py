@@ -459,6 +459,16 @@ class RemoteQueue:
     async def delete(self, *, if_unused: bool, if_empty: bool) -> int:
         return (await self._request(wire.Kind.DELETE, if_unused, if_empty))[0]
 
+    async def append(
+        self, exchange: str, routing_key: str, properties: bytes, body: bytes
+    ) -> int | None:
+        """Append one record to the stream on the owner (the topic API's POST): its offset
+        once fsynced there, None for an idempotent producer's duplicate."""
+        offset, duplicate = await self._request(
+            wire.Kind.APPEND, exchange, routing_key, properties, body
+        )
+        return None if duplicate else offset
+
     async def refresh_counts(self) -> None:
         """passive declare: the owner's message and consumer counts."""
         self.ready_count, self.consumer_count = await self._request(wire.Kind.STATS)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from warrenmq.amqp.replies import ProtocolError
 from warrenmq.exchanges.errors import NotFound, RoutingError
+from warrenmq.server.errors import internal_error
+from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
@@ -42,6 +44,8 @@ class OwnerHost(Protocol):
     def metadata_index(self) -> int: ...
 
     def metadata_applied(self, index: int) -> asyncio.Future[Any]: ...
+
+    def after_commit(self) -> asyncio.Future[None]: ...
 
 
 class LinkChannel:
@@ -83,6 +87,15 @@ class LinkChannel:
     def cancel(self, consumer: Consumer, reason: str) -> None:
         if self.link.consumers.pop(self.consumer_id, None) is not None:
             self.link.send(wire.Kind.CANCELLED, self.consumer_id, reason)
+
+
+class _Appended:
+    """The publisher of an APPEND's record: told when its write failed."""
+
+    failed = False
+
+    def publish_failed(self, tag: int) -> None:
+        self.failed = True
 
 
 class OwnerLink(FramedLink):
@@ -168,6 +181,8 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._stats, *fields)
         elif kind is wire.Kind.STREAM_ACK:
             self._stream_ack(*fields)
+        elif kind is wire.Kind.APPEND:
+            self._answer(fields[0], self._append, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -404,6 +419,34 @@ class OwnerLink(FramedLink):
         queue = vhost.get_queue(name, self._owner(vhost, name))
         count = await vhost.delete_queue(queue, if_unused=if_unused, if_empty=if_empty)
         self.send(wire.Kind.REPLY, request_id, count, 0)
+
+    async def _append(
+        self,
+        request_id: int,
+        vhost_name: str,
+        name: str,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+    ) -> None:
+        """One record of the entry node's topic API, answered with its offset once fsynced
+        (as that API answers a local POST)."""
+        vhost = self._vhost(vhost_name)
+        stream = vhost.get_queue(name, "")
+        if not isinstance(stream, Stream):
+            raise NotFound(f"no stream {queue_arguments.resource('queue', name, vhost_name)}")
+        offset = stream.staged_end
+        stored = _Appended()
+        vhost.stage(
+            ((name,), properties, ()), exchange, routing_key, body, True, False, (stored, 0)
+        )
+        # An idempotent producer's duplicate is not staged.
+        staged = stream.staged_end > offset
+        await self.host.after_commit()
+        if stored.failed or (staged and (stream.deleted or stream.log.durable_offset <= offset)):
+            raise internal_error("storing the record failed")
+        self.send(wire.Kind.REPLY, request_id, offset if staged else 0, 0 if staged else 1)
 
     def _stats(self, request_id: int, vhost_name: str, name: str) -> None:
         vhost = self._vhost(vhost_name)

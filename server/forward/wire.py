@@ -57,6 +57,7 @@ class Kind(enum.IntEnum):
     ERROR = 27
     # entry -> owner
     STREAM_ACK = 28
+    APPEND = 29
 
 
 class Settle(enum.IntEnum):
@@ -105,6 +106,10 @@ SCHEMAS: dict[Kind, str] = {
     Kind.ERROR: "QQs",
     # consumer id, offsets: a forwarded stream consumer's acks (its credit, its tracked offset)
     Kind.STREAM_ACK: "QI",
+    # request id, vhost, stream, exchange, routing key, properties, body: one record the
+    # topic API appends, answered by a REPLY(offset, 0) once fsynced, or REPLY(0, 1) for an
+    # idempotent producer's duplicate
+    Kind.APPEND: "Qssssbb",
 }
 
 
