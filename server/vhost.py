@@ -1156,7 +1156,7 @@ class VirtualHost:
                 queue_name, channel, tag, arguments, no_ack=no_ack, prefetch_count=prefetch_count
             )
         queue = self.get_queue(queue_name, owner)
-        if isinstance(queue, Stream):
+        if queue.queue_type == Stream.queue_type:
             spec = stream_arguments.check_consume(
                 queue.name,
                 self.name,
@@ -1165,15 +1165,15 @@ class VirtualHost:
                 no_ack=no_ack,
                 now_ms=self._clock(),
             )
-            consumer = queue.add_consumer(
+            if isinstance(queue, RemoteQueue):
+                return self._consume_remote_stream(
+                    queue, channel, tag, exclusive, arguments, prefetch_count
+                )
+            consumer = queue.add_consumer(  # type: ignore[attr-defined]
                 tag, channel, spec, arguments, exclusive=exclusive, prefetch_count=prefetch_count
             )
-            self._wake(consumer.queue)  # type: ignore[arg-type]
+            self._wake(consumer.queue)
             return consumer
-        if isinstance(queue, RemoteQueue) and queue.queue_type == Stream.queue_type:
-            return self._consume_remote_stream(
-                queue, channel, tag, no_ack, exclusive, arguments, prefetch_count
-            )
         queue_arguments.check_consume(queue.name, self.name, arguments)
         consumer = Consumer(
             tag,
@@ -1200,22 +1200,13 @@ class VirtualHost:
         queue: RemoteQueue,
         channel: ConsumerChannel,
         tag: str,
-        no_ack: bool,
         exclusive: bool,
         arguments: Mapping[str, Any],
         prefetch_count: int,
     ) -> Awaitable[Consumer]:
-        """A stream another node leads: refused here as a local stream's basic.consume
-        refuses (the client's prefetch and no-ack are this node's), then consumed there
+        """A stream another node leads, its basic.consume checked here as a local stream's
+        (the client's prefetch and no-ack are this node's): consumed there
         (`consume_forwarded_stream`) from the same arguments."""
-        stream_arguments.check_consume(
-            queue.name,
-            self.name,
-            arguments,
-            prefetch_count=prefetch_count,
-            no_ack=no_ack,
-            now_ms=self._clock(),
-        )
         consume_filter(queue_arguments.resource("queue", queue.name, self.name), arguments)
         cursor = RemoteCursor(queue)
         consumer = Consumer(tag, channel, cursor, False, exclusive, 0, prefetch_count)
