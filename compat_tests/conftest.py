@@ -67,7 +67,6 @@ def broker(request):
 # What forwarding does not do yet (issue 11): by file, the test functions expected to fail on
 # the cluster ("[quorum]": only their quorum-queue runs). They still run; every other test must
 # pass there. Remove a line once its test passes across nodes.
-_STREAMS = "a stream led by another node is not consumed through forwarding yet"
 _DEAD_LETTERS = "dead-lettering, delivery counts and delivery limits across nodes"
 _TIMEOUTS = "consumer and visibility timeouts of a queue led elsewhere use the entry's defaults"
 _HTTP = "the entry node's HTTP API and metrics lack the counts of queues led elsewhere"
