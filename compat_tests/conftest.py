@@ -67,10 +67,13 @@ def broker(request):
 # What forwarding does not do yet (issue 11): by file, the test functions expected to fail on
 # the cluster ("[quorum]": only their quorum-queue runs). They still run; every other test must
 # pass there. Remove a line once its test passes across nodes.
-_STREAMS = "a stream led by another node is not consumed through forwarding yet"
 _HTTP = "the entry node's HTTP API and metrics lack the counts of queues led elsewhere"
 _RESTART = "what a whole-cluster restart keeps of transient entities and in-flight deliveries"
 _DELAYED = "delayed messages held across a whole-cluster restart are not delivered"
+_SUPER_STREAMS = (
+    "a super stream's partitions are spread over the nodes: the topic API reads and commits, "
+    "and consumer groups join, only the partitions led by the entry node"
+)
 CLUSTER_GAPS = {
     "test_delayed_messages.py": {
         "test_a_restart_before_the_delays_expire_keeps_them": _DELAYED,
@@ -86,22 +89,9 @@ CLUSTER_GAPS = {
     "test_restart.py": {
         "test_restart_keeps_durable_and_drops_transient": _RESTART,
     },
-    "test_streams.py": {
-        "test_consume_refusals_are_rabbitmqs": _STREAMS,
-        "test_no_ack_get_and_purge_close_the_connection": _STREAMS,
-        "test_offsets_first_number_last_next_and_time": _STREAMS,
-        "test_deliveries_keep_the_publishers_headers_and_properties": _STREAMS,
-        "test_acks_are_credit": _STREAMS,
-        "test_nack_and_reject_close_the_connection": _STREAMS,
-        "test_a_closed_channel_puts_nothing_back_and_delete_counts_nothing": _STREAMS,
-        "test_a_stream_survives_a_restart": _STREAMS,
-        "test_many_messages_replay_in_order": _STREAMS,
-        "test_a_named_consumer_resumes_after_its_contiguous_acks_across_a_restart": _STREAMS,
-        "test_an_idempotent_producer_appends_each_message_once_across_a_restart": _STREAMS,
-        "test_a_filtered_consumer_gets_exactly_what_it_asked_for": _STREAMS,
-    },
     "test_topics.py": {
-        "test_what_http_posts_a_pika_stream_consumer_reads": _STREAMS,
+        "test_what_pika_publishes_to_a_super_stream_http_reads": _SUPER_STREAMS,
+        "test_an_http_commit_is_where_a_pika_group_member_resumes": _SUPER_STREAMS,
     },
 }
 

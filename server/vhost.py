@@ -56,7 +56,7 @@ from .dead_letter_journal import DeadLetterJournal, Item, digest
 from .delayed import DelayedExchanges, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .errors import internal_error, not_implemented, precondition_failed
-from .forward.entry import RemoteQueue
+from .forward.entry import RemoteCursor, RemoteQueue
 from .queue import arguments as queue_arguments
 from .queue import policy
 from .queue.consumer import Consumer, ConsumerChannel
@@ -65,7 +65,7 @@ from .queue.engine import Message, QueueEngine
 from .queue.log_queue import remove_directory
 from .queue.work_queue import WorkQueue
 from .stream import arguments as stream_arguments
-from .stream import super_stream
+from .stream import offset_spec, super_stream
 from .stream.cursor import Cursor
 from .stream.filter import consume_filter
 from .stream.groups import GROUP_ARGUMENT, Group, Member
@@ -1175,7 +1175,7 @@ class VirtualHost:
                 queue_name, channel, tag, arguments, no_ack=no_ack, prefetch_count=prefetch_count
             )
         queue = self.get_queue(queue_name, owner)
-        if isinstance(queue, Stream):
+        if queue.queue_type == Stream.queue_type:
             spec = stream_arguments.check_consume(
                 queue.name,
                 self.name,
@@ -1184,10 +1184,14 @@ class VirtualHost:
                 no_ack=no_ack,
                 now_ms=self._clock(),
             )
-            consumer = queue.add_consumer(
+            if isinstance(queue, RemoteQueue):
+                return self._consume_remote_stream(
+                    queue, channel, tag, exclusive, arguments, prefetch_count
+                )
+            consumer = queue.add_consumer(  # type: ignore[attr-defined]
                 tag, channel, spec, arguments, exclusive=exclusive, prefetch_count=prefetch_count
             )
-            self._wake(consumer.queue)  # type: ignore[arg-type]
+            self._wake(consumer.queue)
             return consumer
         queue_arguments.check_consume(queue.name, self.name, arguments)
         consumer = Consumer(
@@ -1208,6 +1212,41 @@ class VirtualHost:
             raise AccessRefused(f"{rs} in exclusive use")
         queue.add_consumer(consumer)
         self._wake(queue)
+        return consumer
+
+    def _consume_remote_stream(
+        self,
+        queue: RemoteQueue,
+        channel: ConsumerChannel,
+        tag: str,
+        exclusive: bool,
+        arguments: Mapping[str, Any],
+        prefetch_count: int,
+    ) -> Awaitable[Consumer]:
+        """A stream another node leads, its basic.consume checked here as a local stream's
+        (the client's prefetch and no-ack are this node's): consumed there
+        (`consume_forwarded_stream`) from the same arguments."""
+        consume_filter(queue_arguments.resource("queue", queue.name, self.name), arguments)
+        cursor = RemoteCursor(queue)
+        consumer = Consumer(tag, channel, cursor, False, exclusive, 0, prefetch_count)
+        return cursor.consume(consumer, arguments)
+
+    def consume_forwarded_stream(
+        self,
+        stream: Stream,
+        channel: ConsumerChannel,
+        tag: str,
+        *,
+        exclusive: bool,
+        arguments: Mapping[str, Any],
+    ) -> Consumer:
+        """The owner's side of `_consume_remote_stream`: the entry node checked the consume,
+        and the link's credit stands for the client's prefetch."""
+        spec = offset_spec.parse(arguments.get(stream_arguments.OFFSET_ARGUMENT), self._clock())
+        consumer = stream.add_consumer(
+            tag, channel, spec, arguments, exclusive=exclusive, prefetch_count=0
+        )
+        self._wake(consumer.queue)  # type: ignore[arg-type]
         return consumer
 
     def _join_group(
@@ -1261,7 +1300,7 @@ class VirtualHost:
         if isinstance(consumer.queue, Cursor):
             consumer.queue.stream.remove_consumer(consumer)
             return
-        if isinstance(consumer.queue, RemoteQueue):
+        if isinstance(consumer.queue, (RemoteQueue, RemoteCursor)):
             return consumer.queue.remove_consumer(consumer)
         # The core's consumers are always of its own queues.
         queue = cast(WorkQueue, consumer.queue)

@@ -198,6 +198,37 @@ def _pump(connection, done, rounds_max: int = 100) -> None:
         connection.process_data_events(time_limit=0.1)
 
 
+def test_a_stream_is_consumed_via_b_from_an_offset_with_acks_for_credit(nodes):
+    a, b = nodes
+    _placed_on_a(a, b, "s", arguments={"x-queue-type": "stream"})
+    _publish(a, [b"s%d" % i for i in range(10)], "s")
+    connection = b.connect()
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=2)
+    received = []
+    channel.basic_consume(
+        "s",
+        lambda ch, method, props, body: received.append(
+            (method, props.headers["x-stream-offset"], body)
+        ),
+        consumer_tag="reader",
+        arguments={"x-stream-offset": 6},
+    )
+    _pump(connection, lambda: len(received) >= 2)
+    connection.process_data_events(time_limit=0.5)
+    assert len(received) == 2
+    channel.basic_ack(received[-1][0].delivery_tag, multiple=True)
+    _pump(connection, lambda: len(received) >= 4)
+    assert [(offset, body) for _, offset, body in received] == [
+        (offset, b"s%d" % offset) for offset in range(6, 10)
+    ]
+    channel.basic_ack(received[-1][0].delivery_tag, multiple=True)
+    # A's own stream consumer, under the client's tag, took the acks: its tracked offset.
+    stream = a.broker.vhosts["/"].queues["s"]
+    eventually(lambda: stream.tracked.get("reader"), 10)
+    connection.close()
+
+
 def test_nack_via_b_redelivers(nodes):
     a, b = nodes
     _publish(a, [b"again"])

@@ -49,6 +49,16 @@ The link
     queue's consumer and visibility timeouts: its arguments and policies are metadata every
     node has (`RemoteQueue.apply_arguments`). A timeout's requeue is a SETTLE like any other.
 
+    A stream's consumer is checked on the entry node as basic.consume checks a local
+    stream's (x-stream-offset, x-stream-filter, the client's prefetch and no-ack); its
+    CONSUME carries the client's arguments, and the owner runs a real stream consumer from
+    them (its cursor: start offset, filter, tracked offset under the client's tag). Its
+    acks go as STREAM_ACK(id, offsets), by consumer and not by queue (every consumer of a
+    stream holds the same offsets): credit, and the tracked offset; nack and reject are
+    refused on the entry node (`entry.RemoteCursor`), and nothing is requeued. The topic
+    API's POST to a stream led elsewhere sends each record as APPEND, answered with its
+    offset there once fsynced.
+
     GET, PURGE, DELETE(if_unused, if_empty) and STATS (a passive declare's counts) are
     requests answered by REPLY/GOT or by ERROR(reply code, text), which the entry node
     raises as the same channel or connection exception a single node raises.

@@ -18,13 +18,12 @@ from typing import Any
 
 from warrenmq.amqp.replies import ProtocolError, protocol_error
 from warrenmq.exchanges.errors import NotFound
-from warrenmq.server.errors import not_implemented
 from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.message_counts import MessageCounts
 from warrenmq.server.queue.work_queue import timeouts
-from warrenmq.server.stream.stream import Stream
+from warrenmq.server.stream.cursor import StreamDeliveries
 
 from . import wire
 from .link import FramedLink, LinkError, log
@@ -336,9 +335,6 @@ class RemoteQueue:
         """Register the consumer on the owner; raises what the owner's basic.consume raised.
         Its first credit goes with the next dispatch, which the caller asks for once the
         client has its consume-ok (deliveries must not overtake it)."""
-        if self.queue_type == Stream.queue_type:
-            rs = queue_arguments.resource("queue", self.name, self.vhost)
-            raise not_implemented(f"consuming {rs}, a stream led by another node")
         link = self._link()
         consumer_id = link.next_id()
         link.consumers[consumer_id] = consumer
@@ -477,6 +473,16 @@ class RemoteQueue:
     async def delete(self, *, if_unused: bool, if_empty: bool) -> int:
         return (await self._request(wire.Kind.DELETE, if_unused, if_empty))[0]
 
+    async def append(
+        self, exchange: str, routing_key: str, properties: bytes, body: bytes
+    ) -> int | None:
+        """Append one record to the stream on the owner (the topic API's POST): its offset
+        once fsynced there, None for an idempotent producer's duplicate."""
+        offset, duplicate = await self._request(
+            wire.Kind.APPEND, exchange, routing_key, properties, body
+        )
+        return None if duplicate else offset
+
     async def refresh_counts(self) -> None:
         """passive declare: the owner's message and consumer counts."""
         self.ready_count, self.consumer_count = await self._request(wire.Kind.STATS)
@@ -489,3 +495,70 @@ class RemoteQueue:
     def retire(self) -> None:
         """Its record is gone: the owner cancels the consumers it had here."""
         self.deleted = True
+
+
+class RemoteCursor(StreamDeliveries):
+    """A consumer of a stream another node leads, as its channel sees it (a local stream
+    consumer's `Cursor`).
+
+    The owner runs the real stream consumer (its start offset, filter and tracked offset),
+    whose channel is the link; deliveries, credit and cancels go by the `RemoteQueue` as any
+    forwarded consumer's. Acks go to that consumer by its id (STREAM_ACK): several consumers
+    of one stream hold the same offsets. Nack and reject are refused here, as a local
+    stream refuses them, and nothing is requeued."""
+
+    needs_commit = False
+    committing = False
+
+    def __init__(self, remote: RemoteQueue) -> None:
+        self.remote = remote
+        self.dead_letters: list[Any] = []
+        self._link: EntryLink | None = None
+        """The link the consumer was registered over: an ack after that link was lost names
+        nothing there (ids start again on a new link), so it goes nowhere."""
+        self._consumer_id = 0
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.remote.name
+
+    @property
+    def vhost(self) -> str:  # type: ignore[override]
+        return self.remote.vhost
+
+    @property
+    def deleted(self) -> bool:
+        return self.remote.deleted
+
+    async def consume(self, consumer: Consumer, arguments: Mapping[str, Any]) -> Consumer:
+        """Register it on the owner with the client's arguments (x-stream-offset,
+        x-stream-filter...), which this node checked as a local basic.consume does."""
+        # The link `RemoteQueue.consume` sends the request over (no await in between).
+        link = self.remote._link()
+        await self.remote.consume(consumer, arguments)
+        self._link = link
+        self._consumer_id = self.remote.consumers[consumer]
+        return consumer
+
+    def ack(self, offsets: list[int]) -> None:
+        link = self._link
+        if link is not None and not link.closed:
+            link.send(wire.Kind.STREAM_ACK, self._consumer_id, offsets)
+
+    def dispatch(self, now_ms: int) -> bool:
+        return self.remote.dispatch(now_ms)
+
+    def delivered(self, consumer: Consumer, message: Message) -> None:
+        self.remote.delivered(consumer, message)
+
+    def cancelled(self, consumer: Consumer, reason: str) -> None:
+        self.remote.cancelled(consumer, reason)
+
+    def remove_consumer(self, consumer: Consumer) -> asyncio.Future[Any]:
+        return self.remote.remove_consumer(consumer)
+
+    def prefetch_freed(self, consumer: Consumer) -> None:
+        self.remote.prefetch_freed(consumer)
+
+    def unblock(self, consumer: Consumer) -> None:
+        self.remote.unblock(consumer)

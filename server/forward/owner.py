@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from warrenmq.amqp.replies import ProtocolError
 from warrenmq.exchanges.errors import NotFound, RoutingError
+from warrenmq.server.errors import internal_error
+from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
+from warrenmq.server.stream.cursor import Cursor
+from warrenmq.server.stream.stream import Stream
 
 from . import wire
 from .entry import node_name
@@ -40,6 +44,8 @@ class OwnerHost(Protocol):
     def metadata_index(self) -> int: ...
 
     def metadata_applied(self, index: int) -> asyncio.Future[Any]: ...
+
+    def after_commit(self) -> asyncio.Future[None]: ...
 
 
 class LinkChannel:
@@ -83,6 +89,15 @@ class LinkChannel:
             self.link.send(wire.Kind.CANCELLED, self.consumer_id, reason)
 
 
+class _Appended:
+    """The publisher of an APPEND's record: told when its write failed."""
+
+    failed = False
+
+    def publish_failed(self, tag: int) -> None:
+        self.failed = True
+
+
 class OwnerLink(FramedLink):
     """A link an entry node dialled to this node, once the AMQP listener handed it over."""
 
@@ -97,6 +112,9 @@ class OwnerLink(FramedLink):
         self.failed_seqs: set[int] = set()
         self.consumers: dict[int, tuple[VirtualHost, Consumer]] = {}
         self.unacked: dict[WorkQueue, set[int]] = {}
+        self.cursors: dict[int, Cursor] = {}
+        """The cursors of forwarded stream consumers by id, kept past a cancel while they
+        hold deliveries (acks after a cancel still move a tracked offset, as locally)."""
         self._tasks: set[asyncio.Future[Any]] = set()
         self._held: list[tuple[wire.Kind, list[Any]]] | None = None
         """Messages after a BARRIER this node's metadata has not reached yet, in order."""
@@ -163,6 +181,10 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._delete, *fields)
         elif kind is wire.Kind.STATS:
             self._answer(fields[0], self._stats, *fields)
+        elif kind is wire.Kind.STREAM_ACK:
+            self._stream_ack(*fields)
+        elif kind is wire.Kind.APPEND:
+            self._answer(fields[0], self._append, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -303,6 +325,10 @@ class OwnerLink(FramedLink):
         arguments: dict[str, Any],
     ) -> None:
         vhost = self._vhost(vhost_name)
+        stream = vhost.get_queue(name, self._owner(vhost, name))
+        if isinstance(stream, Stream):
+            self._consume_stream(vhost, stream, consumer_id, tag, exclusive, arguments)
+            return
         # The entry node keeps the client's prefetch and no-ack: here the link's credit.
         consumer = vhost.consume(
             name,
@@ -317,6 +343,44 @@ class OwnerLink(FramedLink):
         self.consumers[consumer_id] = (vhost, consumer)
         self.send(wire.Kind.REPLY, consumer_id, 0, 0)
 
+    def _consume_stream(
+        self,
+        vhost: VirtualHost,
+        stream: Stream,
+        consumer_id: int,
+        tag: str,
+        exclusive: bool,
+        arguments: dict[str, Any],
+    ) -> None:
+        """A real stream consumer (from the client's x-stream-offset, with its filter and
+        tracked offset) whose channel is the link; its acks come as STREAM_ACK."""
+        consumer = vhost.consume_forwarded_stream(
+            stream, LinkChannel(self, consumer_id), tag, exclusive=exclusive, arguments=arguments
+        )
+        self.consumers[consumer_id] = (vhost, consumer)
+        self.cursors[consumer_id] = consumer.queue  # type: ignore[assignment]
+        self.send(wire.Kind.REPLY, consumer_id, 0, 0)
+
+    def _stream_ack(self, consumer_id: int, offsets: list[int]) -> None:
+        cursor = self.cursors.get(consumer_id)
+        held = self.unacked.get(cursor) if cursor is not None else None  # type: ignore[call-overload]
+        if held is None:
+            return
+        mine = [offset for offset in offsets if offset in held]
+        held.difference_update(mine)
+        if mine:
+            cursor.ack(mine)  # type: ignore[union-attr]
+            # The tick commits the tracked offset the ack moved.
+            self.host.want_dispatch(cursor)
+        self._forget_cursor(consumer_id)
+
+    def _forget_cursor(self, consumer_id: int) -> None:
+        """Drop a cancelled stream consumer's cursor once it holds no delivery."""
+        cursor = self.cursors.get(consumer_id)
+        if cursor is not None and cursor.consumer is None and not self.unacked.get(cursor):  # type: ignore[call-overload]
+            del self.cursors[consumer_id]
+            self.unacked.pop(cursor, None)  # type: ignore[call-overload]
+
     def _cancel(self, consumer_id: int) -> Any:
         entry = self.consumers.pop(consumer_id, None)
         if entry is None:
@@ -325,6 +389,7 @@ class OwnerLink(FramedLink):
         vhost, consumer = entry
         consumer.channel.forget_blocked(consumer)
         deleting = vhost.cancel(consumer)
+        self._forget_cursor(consumer_id)
         if deleting is None:
             self.send(wire.Kind.REPLY, consumer_id, 0, 0)
             return None
@@ -358,6 +423,34 @@ class OwnerLink(FramedLink):
         count = await vhost.delete_queue(queue, if_unused=if_unused, if_empty=if_empty)
         self.send(wire.Kind.REPLY, request_id, count, 0)
 
+    async def _append(
+        self,
+        request_id: int,
+        vhost_name: str,
+        name: str,
+        exchange: str,
+        routing_key: str,
+        properties: bytes,
+        body: bytes,
+    ) -> None:
+        """One record of the entry node's topic API, answered with its offset once fsynced
+        (as that API answers a local POST)."""
+        vhost = self._vhost(vhost_name)
+        stream = vhost.get_queue(name, "")
+        if not isinstance(stream, Stream):
+            raise NotFound(f"no stream {queue_arguments.resource('queue', name, vhost_name)}")
+        offset = stream.staged_end
+        stored = _Appended()
+        vhost.stage(
+            ((name,), properties, ()), exchange, routing_key, body, True, False, (stored, 0)
+        )
+        # An idempotent producer's duplicate is not staged.
+        staged = stream.staged_end > offset
+        await self.host.after_commit()
+        if stored.failed or (staged and (stream.deleted or stream.log.durable_offset <= offset)):
+            raise internal_error("storing the record failed")
+        self.send(wire.Kind.REPLY, request_id, offset if staged else 0, 0 if staged else 1)
+
     def _stats(self, request_id: int, vhost_name: str, name: str) -> None:
         vhost = self._vhost(vhost_name)
         queue = vhost.check_queue(name, self._owner(vhost, name))
@@ -380,6 +473,7 @@ class OwnerLink(FramedLink):
         for vhost, consumer in consumers.values():
             consumer.channel.forget_blocked(consumer)
             vhost.cancel(consumer)
+        self.cursors = {}
         unacked, self.unacked = self.unacked, {}
         for queue, offsets in unacked.items():
             if offsets and not queue.deleted:

@@ -57,6 +57,8 @@ class Kind(enum.IntEnum):
     ERROR = 27
     # entry -> owner
     PUBLISH_KEPT = 28
+    STREAM_ACK = 29
+    APPEND = 30
 
 
 class Settle(enum.IntEnum):
@@ -105,6 +107,12 @@ SCHEMAS: dict[Kind, str] = {
     Kind.ERROR: "QQs",
     # PUBLISH's fields, then the failed deliveries a dead letter carries into its target
     Kind.PUBLISH_KEPT: "QsLssbbBBLQ",
+    # consumer id, offsets: a forwarded stream consumer's acks (its credit, its tracked offset)
+    Kind.STREAM_ACK: "QI",
+    # request id, vhost, stream, exchange, routing key, properties, body: one record the
+    # topic API appends, answered by a REPLY(offset, 0) once fsynced, or REPLY(0, 1) for an
+    # idempotent producer's duplicate
+    Kind.APPEND: "Qssssbb",
 }
 
 

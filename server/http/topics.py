@@ -68,15 +68,17 @@ from pamqp import commands
 from warrenmq.amqp import frames, replies
 from warrenmq.amqp.properties import HEADERS_FLAG_BYTE0
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
+from warrenmq.exchanges.errors import RoutingError
 from warrenmq.exchanges.super_stream import SuperStreamExchange
 from warrenmq.log import Record
+from warrenmq.server.forward.entry import RemoteQueue
 from warrenmq.server.stream.groups import group_tag
 from warrenmq.server.stream.producers import PRODUCER_ID, PRODUCER_SEQUENCE
 from warrenmq.server.stream.stream import Stream
 from warrenmq.server.vhost import VirtualHost
 
 from .api import Call, no_content, reply, sync
-from .errors import ApiError, bad_request, object_not_found
+from .errors import ApiError, bad_request, object_not_found, refused
 from .exchanges import Stored, channel_error
 from .values import integer, json_type, text, to_amqp, to_json
 
@@ -273,6 +275,14 @@ async def post_messages(call: Call) -> web.Response:
             raise bad_request("producer must be a name (a string)")
         _checked_name("producer", producer)
     vhost = call.vhost()
+    remote = _remote_stream(vhost, call.params["topic"])
+    if remote is not None:
+        outgoing = [
+            _outgoing(given, index, formats, producer, 1) for index, given in enumerate(records)
+        ]
+        call.check("write", QUEUE, remote.name)
+        _check_sizes(call, outgoing)
+        return _offsets_reply([(0, offset) for offset in await _append_remote(remote, outgoing)])
     topic = topic_of(vhost, call.params["topic"])
     partitions = topic.partitions
     outgoing = [
@@ -283,13 +293,7 @@ async def post_messages(call: Call) -> web.Response:
         call.check("write", QUEUE, topic.name)
     else:
         call.check("write", EXCHANGE, topic.exchange)
-    size_max = call.api.host.config.message_bytes_max
-    for record in outgoing:
-        if len(record.body) > size_max:
-            raise channel_error(
-                replies.PRECONDITION_FAILED,
-                f"message size {len(record.body)} is larger than configured max size {size_max}",
-            )
+    _check_sizes(call, outgoing)
     indexes = {stream.name: index for index, stream in enumerate(partitions)}
     stored = Stored()
     placed: list[tuple[int, int | None]] = []
@@ -324,11 +328,22 @@ async def post_messages(call: Call) -> web.Response:
         for index, offset in placed
     )
     if unstored:
-        raise ApiError(
-            500,
-            "internal_error",
-            "storing the records failed: retry (with a producer, nothing is appended twice)",
-        )
+        raise _unstored()
+    return _offsets_reply(placed)
+
+
+def _check_sizes(call: Call, outgoing: list[_Outgoing]) -> None:
+    size_max = call.api.host.config.message_bytes_max
+    for record in outgoing:
+        if len(record.body) > size_max:
+            raise channel_error(
+                replies.PRECONDITION_FAILED,
+                f"message size {len(record.body)} is larger than configured max size {size_max}",
+            )
+
+
+def _offsets_reply(placed: list[tuple[int, int | None]]) -> web.Response:
+    """(partition, offset) of each record in the POST's order; None: a duplicate."""
     return reply(
         {
             "offsets": [
@@ -338,6 +353,37 @@ async def post_messages(call: Call) -> web.Response:
                 for index, offset in placed
             ]
         }
+    )
+
+
+def _remote_stream(vhost: VirtualHost, name: str) -> RemoteQueue | None:
+    """The stream `name` when another node leads it (a POST to it is appended there)."""
+    queue = vhost.remote.get(_checked_name("topic", name))
+    if queue is None or queue.queue_type != Stream.queue_type or vhost.router.get(name):
+        return None
+    return queue
+
+
+async def _append_remote(remote: RemoteQueue, outgoing: list[_Outgoing]) -> list[int | None]:
+    """Each record appended by the stream's node, in order (sent together: one tick there
+    writes them), once fsynced there."""
+    appending = [
+        asyncio.ensure_future(remote.append("", r.routing_key, r.properties, r.body))
+        for r in outgoing
+    ]
+    try:
+        return list(await asyncio.gather(*appending))
+    except (RoutingError, replies.ProtocolError) as error:
+        if isinstance(error, replies.ProtocolError) and error.code == replies.INTERNAL_ERROR:
+            raise _unstored() from None
+        raise refused(error) from None
+
+
+def _unstored() -> ApiError:
+    return ApiError(
+        500,
+        "internal_error",
+        "storing the records failed: retry (with a producer, nothing is appended twice)",
     )
 
 

@@ -44,7 +44,7 @@ from warrenmq.server.forward.wire import LINK_FIRST_BYTE
 from warrenmq.server.queue.consumer import ConsumedQueue, Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
-from warrenmq.server.stream.cursor import Cursor
+from warrenmq.server.stream.cursor import StreamDeliveries
 from warrenmq.server.tls import certificate_user, peer_certificate
 from warrenmq.server.vhost import (
     REPLY_TO_PREFIX,
@@ -732,7 +732,7 @@ class BrokerConnection(asyncio.Protocol):
         taken = channel.take(delivery_tag, multiple)
         if requeue is not None:
             for entry in taken:
-                if isinstance(entry.queue, Cursor):
+                if isinstance(entry.queue, StreamDeliveries):
                     entry.queue.refuse_nack()
         if channel.tx:
             channel.hold(taken, requeue, failed=failed)
@@ -1154,7 +1154,7 @@ def _get_reply(
 def _basic_recover(conn: BrokerConnection, channel: BrokerChannel, method: Any) -> None:
     if not method.requeue:
         raise not_implemented("requeue=false")
-    if any(isinstance(entry.queue, Cursor) for entry in channel.unacked.values()):
+    if any(isinstance(entry.queue, StreamDeliveries) for entry in channel.unacked.values()):
         # RabbitMQ's channel crashes requeueing a stream's deliveries.
         raise internal_error("")
     for queue in channel.requeue_all(failed=False):

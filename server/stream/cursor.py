@@ -117,13 +117,35 @@ class ReadStream(Protocol):
     def remove_consumer(self, consumer: Consumer) -> bool: ...
 
 
-class Cursor:
-    """A consumer's place in its stream, and the queue its channel sees."""
+class StreamDeliveries:
+    """What a channel settles a stream consumer's deliveries with: its `Cursor`, or, for a
+    stream another node leads, the forwarded consumer's (``forward.entry.RemoteCursor``).
+    Acks are credit; basic.nack and basic.reject are refused; nothing is ever requeued."""
 
     # A stream consumer gets the broker's consumer timeout; nothing here hides a message.
     consumer_timeout_ms: int | None = None
     visibility_timeout_ms: int | None = None
     has_timers = False
+    name: str
+    vhost: str
+
+    def reject(self, offsets: list[int]) -> None:
+        self.refuse_nack()
+
+    def refuse_nack(self) -> NoReturn:
+        """basic.nack and basic.reject, with requeue or without: 540, as RabbitMQ."""
+        name = f"queue '{self.name}' in vhost '{self.vhost}'"
+        raise not_implemented(f"basic.nack and basic.reject not supported by stream queues {name}")
+
+    def requeue(self, offsets: list[int], failed: bool) -> None:
+        """A closed channel, basic.recover or a consumer timeout: nothing goes back."""
+
+    def stale_settled(self) -> None:
+        """Never stale: a stream hides nothing."""
+
+
+class Cursor(StreamDeliveries):
+    """A consumer's place in its stream, and the queue its channel sees."""
 
     def __init__(
         self,
@@ -253,20 +275,6 @@ class Cursor:
     @property
     def holds_unacked(self) -> bool:
         return bool(self._unacked)
-
-    def reject(self, offsets: list[int]) -> None:
-        self.refuse_nack()
-
-    def refuse_nack(self) -> NoReturn:
-        """basic.nack and basic.reject, with requeue or without: 540, as RabbitMQ."""
-        name = f"queue '{self.stream.name}' in vhost '{self.stream.vhost}'"
-        raise not_implemented(f"basic.nack and basic.reject not supported by stream queues {name}")
-
-    def requeue(self, offsets: list[int], failed: bool) -> None:
-        """A closed channel, basic.recover or a consumer timeout: nothing goes back."""
-
-    def stale_settled(self) -> None:
-        """Never stale: a stream hides nothing."""
 
     def prefetch_freed(self, consumer: Consumer) -> None:
         if (
