@@ -123,6 +123,14 @@ class MetadataMachine:
     def state(self) -> MetadataState:
         return self.rows.state
 
+    def reachable_nodes(self) -> set[int]:
+        """This node and the members it has a live metadata connection to: the nodes a new
+        queue can be placed on and served by now."""
+        transport = self.group.transport
+        return {self.node_id} | {
+            node for node in self.group.raft.voters if transport and transport.connected(node)
+        }
+
     def apply(self, index: int, data: bytes) -> EntryResult:
         result = EntryResult()
         try:
@@ -189,6 +197,14 @@ class ReplicatedMetadata:
     @property
     def state(self) -> MetadataState:
         return self.rows.state
+
+    def reachable_nodes(self) -> set[int]:
+        """This node and the members it has a live metadata connection to: the nodes a new
+        queue can be placed on and served by now."""
+        transport = self.group.transport
+        return {self.node_id} | {
+            node for node in self.group.raft.voters if transport and transport.connected(node)
+        }
 
     @classmethod
     async def open(
