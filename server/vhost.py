@@ -727,9 +727,10 @@ class VirtualHost:
             locator = locator.decode(errors="replace")
         if locator == CLIENT_LOCAL:
             return self.node_id
+        running = self.store.reachable_nodes()
         if locator == OTHER_NODE:
-            return self.store.state.balanced_node(self.node_id, besides=self.node_id)
-        return self.store.state.balanced_node(self.node_id)
+            return self.store.state.balanced_node(self.node_id, self.node_id, running)
+        return self.store.state.balanced_node(self.node_id, among=running)
 
     def get_queue(self, name: str, owner: str) -> WorkQueue:
         """The queue for passive declare, consume, get, bind, purge: 404, or 405 if locked."""

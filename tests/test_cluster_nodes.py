@@ -176,6 +176,15 @@ def test_declares_through_the_survivors_work_after_the_metadata_leader_is_killed
         queue = name(f"after-kill-{node}")
         declare_until_it_works(cluster, node, queue)
         assert queue_nodes(cluster, node)[queue] == f"warren@{node}"
+    # Balanced placement skips the node that is down, as RabbitMQ's does.
+    connection = amqp(cluster, survivors[0])
+    channel = connection.channel()
+    balanced = [name("balanced-after-kill") for _ in range(4)]
+    for queue in balanced:
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-leader-locator": "balanced"})
+    connection.close()
+    placed = queue_nodes(cluster, survivors[0])
+    assert {placed[queue] for queue in balanced} <= {f"warren@{node}" for node in survivors}
     status = warren("cluster", "status", "--url", cluster.nodes[survivors[0]].http_url)
     assert "leader" in status and f"warren@{killed}" in status
 

@@ -48,6 +48,13 @@ def test_balanced_placement_picks_the_node_leading_fewest_queues_ties_to_the_low
     assert MetadataState().balanced_node(default=7) == 7
 
 
+def test_balanced_placement_picks_only_among_the_running_nodes():
+    state = with_nodes(1, 2, 3)
+    state.apply(c.DeclareQueue("/", "a", durable=True, node=2))
+    assert state.balanced_node(default=2, among={2, 3}) == 3
+    assert state.balanced_node(default=2, besides=2, among={2}) == 2
+
+
 def test_a_redeclaration_keeps_the_queue_on_its_node():
     state = with_nodes(1, 2)
     state.apply(c.DeclareQueue("/", "q", durable=True, node=2))

@@ -73,10 +73,14 @@ Loss of a link
     use of a remote queue dials again.
 
 Trust
-    A link is served only after its HELLO proves the cluster secret (``cluster_secret``,
-    ``--cluster-secret``, ``WARREN_CLUSTER_SECRET``): HMAC-SHA256 over a fresh nonce and
-    the node id, never the secret itself. Without TLS a recorded hello can be replayed, and
-    an empty secret (the default) proves nothing: set one on a cluster.
+    Both ends prove the cluster secret (``cluster_secret``, ``--cluster-secret``,
+    ``WARREN_CLUSTER_SECRET``) before anything else crosses: the owner sends CHALLENGE(nonce),
+    the entry's HELLO carries HMAC-SHA256 of the secret over that nonce, its role and its node
+    id, and its own nonce, which the owner's WELCOME proves the secret over in turn. The
+    secret never travels; a recorded hello cannot be replayed (the nonce is fresh); the entry
+    node sends no queue work to an end that has not proven it. Without TLS the link is
+    neither private nor safe from a relaying man in the middle, and an empty secret (the
+    default) proves nothing: set one on a cluster.
 
 Shards
     Nothing here knows that the owner is another machine: a node split into shard

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -67,8 +66,11 @@ class EntryLink(FramedLink):
         self._batches: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._requests: dict[int, asyncio.Future[list[Any]]] = {}
         self.consumers: dict[int, Consumer] = {}
-        nonce = os.urandom(16)
-        self.send(wire.Kind.HELLO, own_node, nonce, wire.hello_mac(secret, nonce, own_node))
+        self._own_node = own_node
+        self._secret = secret
+        self._nonce = wire.nonce()
+        # Nothing goes out before the owner proved the secret over our nonce (its WELCOME).
+        self.held = True
 
     @property
     def name(self) -> str:
@@ -79,7 +81,7 @@ class EntryLink(FramedLink):
         one: the owner then acts on it only once it knows what this node's client saw
         (a queue declared or bound here a moment ago)."""
         index = self._metadata_index()
-        if index > self._barrier_sent and kind is not wire.Kind.HELLO:
+        if index > self._barrier_sent:
             self._barrier_sent = index
             super().send(wire.Kind.BARRIER, index)
         super().send(kind, *fields)
@@ -181,10 +183,26 @@ class EntryLink(FramedLink):
                 future.set_exception(protocol_error(fields[1], fields[2]))
             else:
                 future.set_result(fields[1:])
+        elif kind is wire.Kind.CHALLENGE:
+            mac = wire.proof(self._secret, wire.Role.ENTRY, fields[0], self._own_node)
+            self.send_now(wire.Kind.HELLO, self._own_node, self._nonce, mac)
         elif kind is wire.Kind.WELCOME:
-            log.info("link to %s up", self.name)
+            self._welcomed(fields[0], fields[1])
         else:
             raise ValueError(f"unexpected {kind.name} from an owner")
+
+    def _welcomed(self, node: int, mac: bytes) -> None:
+        if node != self.node or not wire.proof_valid(
+            self._secret, wire.Role.OWNER, self._nonce, node, mac
+        ):
+            log.error(
+                "link to %s refused: its welcome does not prove the cluster secret", self.name
+            )
+            self.abort()
+            return
+        log.info("link to %s up", self.name)
+        self.held = False
+        self.flush()
 
     def _confirmed(self, through: int) -> None:
         publishers = self._publishers

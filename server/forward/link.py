@@ -29,6 +29,8 @@ class FramedLink(asyncio.Protocol):
         self._flush_scheduled = False
         self.writable = True
         """False while the socket's write buffer is over its high mark."""
+        self.held = False
+        """True while what is queued waits for the handshake to prove the other end."""
         self.closed = False
 
     # -- asyncio --------------------------------------------------------------------------
@@ -88,10 +90,15 @@ class FramedLink(asyncio.Protocol):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    def send_now(self, kind: wire.Kind, *fields: Any) -> None:
+        """Write one handshake message ahead of everything queued."""
+        if self.transport is not None and not self.closed:
+            self.transport.write(encode_frame(wire.encode(kind, *fields)))
+
     def flush(self) -> None:
         self._flush_scheduled = False
-        if self.transport is None or self.closed:
-            # Still connecting: what is queued goes out once connected.
+        if self.transport is None or self.closed or self.held:
+            # Still connecting or proving: what is queued goes out once proven.
             return
         out, self._out = self._out, []
         if out:

@@ -116,6 +116,7 @@ class OwnerLink(FramedLink):
         """The cursors of forwarded stream consumers by id, kept past a cancel while they
         hold deliveries (acks after a cancel still move a tracked offset, as locally)."""
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._nonce = wire.nonce()
         self._held: list[tuple[wire.Kind, list[Any]]] | None = None
         """Messages after a BARRIER this node's metadata has not reached yet, in order."""
 
@@ -215,9 +216,13 @@ class OwnerLink(FramedLink):
             if self.closed:
                 return
 
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.send_now(wire.Kind.CHALLENGE, self._nonce)
+
     def _hello(self, kind: wire.Kind, fields: list[Any]) -> None:
-        valid = kind is wire.Kind.HELLO and wire.hello_valid(
-            self._secret, fields[1], fields[0], fields[2]
+        valid = kind is wire.Kind.HELLO and wire.proof_valid(
+            self._secret, wire.Role.ENTRY, self._nonce, fields[0], fields[2]
         )
         if not valid:
             log.error("link from %s refused: no valid hello (cluster secret)", self._peer())
@@ -225,7 +230,8 @@ class OwnerLink(FramedLink):
             return
         self.peer_node = fields[0]
         log.info("link from %s (%s) up", self.name, self._peer())
-        self.send(wire.Kind.WELCOME, self.node)
+        mac = wire.proof(self._secret, wire.Role.OWNER, fields[1], self.node)
+        self.send(wire.Kind.WELCOME, self.node, mac)
 
     def _peer(self) -> str:
         peer = self.transport.get_extra_info("peername") if self.transport else None

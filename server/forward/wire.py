@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,8 @@ class Kind(enum.IntEnum):
     PUBLISH_KEPT = 28
     STREAM_ACK = 29
     APPEND = 30
+    # owner -> entry
+    CHALLENGE = 31
 
 
 class Settle(enum.IntEnum):
@@ -69,7 +72,7 @@ class Settle(enum.IntEnum):
 
 
 SCHEMAS: dict[Kind, str] = {
-    # node id, nonce, HMAC-SHA256(secret, nonce + node id)
+    # node id, the entry's nonce, proof over the owner's CHALLENGE nonce (`proof`)
     Kind.HELLO: "Qbb",
     # seq, vhost, queues, exchange, routing key, properties, body, persistent, expiring, BCC keys
     Kind.PUBLISH: "QsLssbbBBL",
@@ -89,8 +92,8 @@ SCHEMAS: dict[Kind, str] = {
     Kind.STATS: "Qss",
     # the entry node's applied metadata index: what follows needs the owner to have it too
     Kind.BARRIER: "Q",
-    # node id
-    Kind.WELCOME: "Q",
+    # node id, proof over the nonce of the entry's HELLO
+    Kind.WELCOME: "Qb",
     # seq through which every publish not nacked is stored
     Kind.CONFIRM: "Q",
     Kind.NACK: "Q",
@@ -113,6 +116,8 @@ SCHEMAS: dict[Kind, str] = {
     # topic API appends, answered by a REPLY(offset, 0) once fsynced, or REPLY(0, 1) for an
     # idempotent producer's duplicate
     Kind.APPEND: "Qssssbb",
+    # a fresh nonce the entry's HELLO must prove the secret over, so no hello can be replayed
+    Kind.CHALLENGE: "b",
 }
 
 
@@ -198,10 +203,24 @@ def decode(payload: bytes) -> tuple[Kind, list[Any]]:
         raise ValueError(f"malformed link message: {error}") from error
 
 
-def hello_mac(secret: str, nonce: bytes, node_id: int) -> bytes:
-    """The proof of the cluster secret a dialling node sends: never the secret itself."""
-    return hmac.new(secret.encode(), nonce + _U64.pack(node_id), hashlib.sha256).digest()
+class Role(enum.IntEnum):
+    """Which end proves the secret: part of the proof, so one end's proof can never be
+    reflected back as the other's."""
+
+    ENTRY = 1
+    OWNER = 2
 
 
-def hello_valid(secret: str, nonce: bytes, node_id: int, mac: bytes) -> bool:
-    return hmac.compare_digest(hello_mac(secret, nonce, node_id), mac)
+def proof(secret: str, role: Role, nonce: bytes, node_id: int) -> bytes:
+    """HMAC-SHA256 of the cluster secret over the other end's fresh nonce, this end's role
+    and node id: what proves the secret without sending it."""
+    message = bytes([role]) + nonce + _U64.pack(node_id)
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+
+
+def proof_valid(secret: str, role: Role, nonce: bytes, node_id: int, mac: bytes) -> bool:
+    return hmac.compare_digest(proof(secret, role, nonce, node_id), mac)
+
+
+def nonce() -> bytes:
+    return os.urandom(16)

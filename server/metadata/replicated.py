@@ -123,6 +123,14 @@ class MetadataMachine:
     def state(self) -> MetadataState:
         return self.rows.state
 
+    def reachable_nodes(self) -> set[int]:
+        """This node and the members it has a live metadata connection to: the nodes a new
+        queue can be placed on and served by now."""
+        transport = self.group.transport
+        return {self.node_id} | {
+            node for node in self.group.raft.voters if transport and transport.connected(node)
+        }
+
     def apply(self, index: int, data: bytes) -> EntryResult:
         result = EntryResult()
         try:
@@ -189,6 +197,14 @@ class ReplicatedMetadata:
     @property
     def state(self) -> MetadataState:
         return self.rows.state
+
+    def reachable_nodes(self) -> set[int]:
+        """This node and the members it has a live metadata connection to: the nodes a new
+        queue can be placed on and served by now."""
+        transport = self.group.transport
+        return {self.node_id} | {
+            node for node in self.group.raft.voters if transport and transport.connected(node)
+        }
 
     @classmethod
     async def open(
@@ -300,7 +316,7 @@ class ReplicatedMetadata:
             return
         if self.clustered:
             try:
-                await self.apply_all([c.ExpectNew(), *seed])
+                await self.apply_all_idempotent([c.ExpectNew(), *seed])
             except RoutingError:
                 logger.info("metadata log seeded by another node")
                 return
@@ -330,18 +346,25 @@ class ReplicatedMetadata:
 
     async def apply_idempotent(self, command: c.Command) -> Outcome:
         """`apply` for a command that changes nothing when applied twice (ForgetTransient,
-        RegisterNode), proposed again while its outcome is unknown: a leader change can lose
-        track of a proposal, and a node starting while its cluster elects must not give up
-        on what it can safely repeat."""
+        RegisterNode): see `apply_all_idempotent`."""
+        return (await self.apply_all_idempotent([command]))[0]
+
+    async def apply_all_idempotent(self, commands: list[c.Command]) -> list[Outcome]:
+        """`apply_all` for commands that change nothing when applied twice, proposed again
+        while their outcome is unknown or no leader took them: a leader change can lose track
+        of a proposal, an election on a loaded machine can outlast the group's wait for a
+        leader, and a node starting meanwhile must not give up on what it can safely
+        repeat."""
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + LEADER_WAIT_S
         while True:
             try:
-                return await self.apply(command)
+                return await self.apply_all(commands)
             except StoreFailed as error:
-                if not isinstance(error.__cause__, ProposalLost) or loop.time() > deadline_s:
+                unknown = isinstance(error.__cause__, (ProposalLost, NotLeader))
+                if not unknown or loop.time() > deadline_s:
                     raise
-                logger.info("metadata change %r: %s; proposing it again", command, error)
+                logger.info("metadata change %r: %s; proposing it again", commands, error)
 
     async def _propose(self, commands: list[c.Command]) -> list[Outcome]:
         if self.group.fatal_error is not None:

@@ -37,7 +37,7 @@ whatever its durability was (the store's deletes cascade to bindings).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,12 +247,17 @@ class MetadataState:
             raise _locked(record)
         return record
 
-    def balanced_node(self, default: int, besides: int = 0) -> int:
+    def balanced_node(
+        self, default: int, besides: int = 0, among: Collection[int] | None = None
+    ) -> int:
         """The member leading the fewest queues, ties to the lowest id (RabbitMQ's
-        `balanced` queue leader locator), other than `besides`; `default` when no such node
-        has registered."""
+        `balanced` queue leader locator), other than `besides` and, when given, one of
+        `among` (the nodes running, as RabbitMQ picks only among those); `default` when no
+        such node has registered."""
         led = self._led
-        candidates = [node for node in self.nodes if node != besides]
+        candidates = [
+            node for node in self.nodes if node != besides and (among is None or node in among)
+        ]
         return min(candidates, key=lambda node: (led.get(node, 0), node), default=default)
 
     def queues_led(self, node: int) -> int:
