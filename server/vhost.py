@@ -68,7 +68,7 @@ from .stream import arguments as stream_arguments
 from .stream import offset_spec, super_stream
 from .stream.cursor import Cursor
 from .stream.filter import consume_filter
-from .stream.groups import GROUP_ARGUMENT, Group, Member
+from .stream.groups import GROUP_ARGUMENT, Group, Member, attach_partition
 from .stream.stream import Stream
 
 log = logging.getLogger("warrenmq.server")
@@ -1269,8 +1269,15 @@ class VirtualHost:
             group_name = group_name.decode("utf-8", "replace")
         if not isinstance(group_name, str) or not group_name:
             raise PreconditionFailed(f"invalid arg '{GROUP_ARGUMENT}' for {rs}: expected a name")
-        partitions = [self.queues.get(d.name) for d in exchange.table.partitions()]
-        streams = [p for p in partitions if isinstance(p, Stream)]
+        partitions = [
+            self.queues.get(d.name) or self.remote.get(d.name) for d in exchange.table.partitions()
+        ]
+        streams = [
+            p
+            for p in partitions
+            if isinstance(p, Stream)
+            or (isinstance(p, RemoteQueue) and p.queue_type == Stream.queue_type)
+        ]
         if not streams or len(streams) != len(partitions):
             raise NotFound(f"{rs} has partitions that are not streams, or none")
         spec = stream_arguments.check_consume(
@@ -1284,9 +1291,41 @@ class VirtualHost:
         key = (super_stream, group_name)
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = Group(super_stream, group_name, streams, self._wake)
+            group = self.groups[key] = Group(
+                super_stream, group_name, streams, self._wake, self._attach_partition_elsewhere
+            )
         stream_filter = consume_filter(rs, arguments)
-        return group.join(tag, channel, spec, stream_filter, prefetch_count)
+        return group.join(tag, channel, spec, stream_filter, prefetch_count, arguments)
+
+    @staticmethod
+    def _attach_partition_elsewhere(partition: RemoteQueue, member: Member) -> Consumer:
+        """A member's consumer of a partition another node leads: registered there
+        (`consume_group_partition`), from the group's committed offset there."""
+        cursor = RemoteCursor(partition)
+        template = member.consumer
+        consumer = Consumer(
+            template.tag, template.channel, cursor, False, False, 0, template.prefetch_count
+        )
+        cursor.consume_partition(consumer, member.group.name, member.arguments)
+        return consumer
+
+    def consume_group_partition(
+        self,
+        stream: Stream,
+        channel: ConsumerChannel,
+        tag: str,
+        group: str,
+        arguments: Mapping[str, Any],
+    ) -> Consumer:
+        """The owner's side of `_attach_partition_elsewhere`: the entry node checked the
+        member's arguments, and the link's credit stands for its prefetch."""
+        rs = queue_arguments.resource("queue", stream.name, self.name)
+        spec = offset_spec.parse(arguments.get(stream_arguments.OFFSET_ARGUMENT), self._clock())
+        consumer = attach_partition(
+            stream, group, tag, channel, spec, consume_filter(rs, arguments), 0
+        )
+        self._wake(consumer.queue)  # type: ignore[arg-type]
+        return consumer
 
     def cancel(self, consumer: Consumer) -> asyncio.Future[Any] | None:
         """Remove a consumer (basic.cancel, its channel gone); the last one of an auto-delete

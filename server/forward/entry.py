@@ -17,6 +17,7 @@ from typing import Any
 
 from warrenmq.amqp.replies import ProtocolError, protocol_error
 from warrenmq.exchanges.errors import NotFound
+from warrenmq.log import Record
 from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
@@ -175,7 +176,7 @@ class EntryLink(FramedLink):
             consumer = self.consumers.pop(fields[0], None)
             if consumer is not None:
                 consumer.queue.cancelled(consumer, fields[1])  # type: ignore[attr-defined]
-        elif kind in (wire.Kind.REPLY, wire.Kind.GOT, wire.Kind.ERROR):
+        elif kind in (wire.Kind.REPLY, wire.Kind.GOT, wire.Kind.ERROR, wire.Kind.RECORDS):
             future = self._requests.pop(fields[0], None)
             if future is None or future.done():
                 return
@@ -501,6 +502,30 @@ class RemoteQueue:
         )
         return None if duplicate else offset
 
+    async def read(
+        self, offset: int | None, limit: int, bytes_max: int, timeout_ms: int
+    ) -> tuple[list[Record], int]:
+        """The topic API's GET of the stream on the owner (`Stream.read_waiting`): records
+        from `offset` (None: the first retained) and the offset to read next."""
+        fields = await self._request(
+            wire.Kind.READ, offset or 0, offset is None, limit, bytes_max, timeout_ms
+        )
+        next_offset, offsets, timestamps, *columns = fields
+        records = [
+            Record(offset, timestamp, 0, *values)
+            for offset, timestamp, *values in zip(offsets, timestamps, *columns, strict=True)
+        ]
+        return records, next_offset
+
+    async def tracked(self, tag: str) -> tuple[int, int | None]:
+        """The stream's end offset on the owner, and the offset tracked there under `tag`."""
+        end, tracked = await self._request(wire.Kind.TRACKED, tag)
+        return end, tracked - 1 if tracked else None
+
+    async def commit_offset(self, tag: str, offset: int) -> None:
+        """Track `offset` under `tag` on the owner, durably (the topic API's commit)."""
+        await self._request(wire.Kind.COMMIT_OFFSET, tag, offset)
+
     async def refresh_counts(self) -> None:
         """passive declare: the owner's message and consumer counts."""
         self.ready_count, self.consumer_count = await self._request(wire.Kind.STATS)
@@ -535,6 +560,11 @@ class RemoteCursor(StreamDeliveries):
         """The link the consumer was registered over: an ack after that link was lost names
         nothing there (ids start again on a new link), so it goes nowhere."""
         self._consumer_id = 0
+        self._unacked: set[int] = set()
+        """A group partition's deliveries not yet acked (its move to another member waits
+        for them)."""
+        self.on_drained: Callable[[], None] | None = None
+        self._registering: asyncio.Future[Any] | None = None
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -558,21 +588,68 @@ class RemoteCursor(StreamDeliveries):
         self._consumer_id = self.remote.consumers[consumer]
         return consumer
 
+    def consume_partition(
+        self, consumer: Consumer, group: str, arguments: Mapping[str, Any]
+    ) -> None:
+        """Register a consumer group member on this partition, on the node leading it (from
+        the group's committed offset there, `groups.attach_partition`); under way until that
+        node answered, when the member's channel gets its first deliveries."""
+        self._registering = asyncio.ensure_future(
+            self._consume_partition(consumer, group, dict(arguments))
+        )
+
+    async def _consume_partition(
+        self, consumer: Consumer, group: str, arguments: dict[str, Any]
+    ) -> None:
+        remote = self.remote
+        link = self._link = remote._link()
+        consumer_id = link.next_id()
+        link.consumers[consumer_id] = consumer
+        fields = (remote.vhost, remote.name, consumer.tag, group, arguments)
+        try:
+            await link.request(wire.Kind.CONSUME_PARTITION, consumer_id, *fields)
+        except asyncio.CancelledError:
+            link.consumers.pop(consumer_id, None)
+            link.send(wire.Kind.CANCEL, consumer_id)
+            raise
+        except (LinkError, ProtocolError, NotFound) as error:
+            link.consumers.pop(consumer_id, None)
+            log.warning("group %s: partition %s not consumed: %s", group, remote.name, error)
+            return
+        self._consumer_id = consumer_id
+        remote.consumers[consumer] = consumer_id
+        remote._granted[consumer] = 0
+        remote.dispatch(0)
+
+    @property
+    def holds_unacked(self) -> bool:
+        return bool(self._unacked)
+
     def ack(self, offsets: list[int]) -> None:
         link = self._link
         if link is not None and not link.closed:
             link.send(wire.Kind.STREAM_ACK, self._consumer_id, offsets)
+        if self._unacked:
+            self._unacked.difference_update(offsets)
+            if self.on_drained is not None and not self._unacked:
+                drained, self.on_drained = self.on_drained, None
+                drained()
 
     def dispatch(self, now_ms: int) -> bool:
         return self.remote.dispatch(now_ms)
 
     def delivered(self, consumer: Consumer, message: Message) -> None:
+        if self._registering is not None and consumer in self.remote.consumers:
+            self._unacked.add(message.offset)
         self.remote.delivered(consumer, message)
 
     def cancelled(self, consumer: Consumer, reason: str) -> None:
         self.remote.cancelled(consumer, reason)
 
     def remove_consumer(self, consumer: Consumer) -> asyncio.Future[Any]:
+        registering = self._registering
+        if registering is not None and not registering.done():
+            registering.cancel()
         return self.remote.remove_consumer(consumer)
 
     def prefetch_freed(self, consumer: Consumer) -> None:

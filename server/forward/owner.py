@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from warrenmq.amqp.replies import ProtocolError
+from warrenmq.amqp.replies import RESOURCE_ERROR, ProtocolError
 from warrenmq.exchanges.errors import NotFound, RoutingError
 from warrenmq.server.errors import internal_error
 from warrenmq.server.queue import arguments as queue_arguments
@@ -186,6 +186,14 @@ class OwnerLink(FramedLink):
             self._stream_ack(*fields)
         elif kind is wire.Kind.APPEND:
             self._answer(fields[0], self._append, *fields)
+        elif kind is wire.Kind.READ:
+            self._answer(fields[0], self._read, *fields)
+        elif kind is wire.Kind.TRACKED:
+            self._answer(fields[0], self._tracked, *fields)
+        elif kind is wire.Kind.COMMIT_OFFSET:
+            self._answer(fields[0], self._commit_offset, *fields)
+        elif kind is wire.Kind.CONSUME_PARTITION:
+            self._answer(fields[0], self._consume_partition, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -395,6 +403,7 @@ class OwnerLink(FramedLink):
         vhost, consumer = entry
         consumer.channel.forget_blocked(consumer)
         deleting = vhost.cancel(consumer)
+        _released(consumer)
         self._forget_cursor(consumer_id)
         if deleting is None:
             self.send(wire.Kind.REPLY, consumer_id, 0, 0)
@@ -457,6 +466,83 @@ class OwnerLink(FramedLink):
             raise internal_error("storing the record failed")
         self.send(wire.Kind.REPLY, request_id, offset if staged else 0, 0 if staged else 1)
 
+    def _stream(self, vhost_name: str, name: str) -> Stream:
+        vhost = self._vhost(vhost_name)
+        stream = vhost.queues.get(name)
+        if not isinstance(stream, Stream):
+            raise NotFound(f"no stream {queue_arguments.resource('queue', name, vhost_name)}")
+        return stream
+
+    async def _read(
+        self,
+        request_id: int,
+        vhost_name: str,
+        name: str,
+        offset: int,
+        from_start: bool,
+        limit: int,
+        bytes_max: int,
+        timeout_ms: int,
+    ) -> None:
+        """The entry node's topic API GET, read here as a local GET reads."""
+        stream = self._stream(vhost_name, name)
+        read = await stream.read_waiting(
+            None if from_start else offset, limit, bytes_max, timeout_ms
+        )
+        if read is None:
+            raise ProtocolError(RESOURCE_ERROR, "too many readers wait on this partition")
+        records, next_offset = read
+        self.send(
+            wire.Kind.RECORDS,
+            request_id,
+            next_offset,
+            [r.offset for r in records],
+            [r.timestamp_ms for r in records],
+            [r.exchange for r in records],
+            [r.routing_key for r in records],
+            [r.properties for r in records],
+            [r.body for r in records],
+        )
+
+    def _tracked(self, request_id: int, vhost_name: str, name: str, tag: str) -> None:
+        stream = self._stream(vhost_name, name)
+        tracked = stream.tracked.get(tag)
+        self.send(
+            wire.Kind.REPLY,
+            request_id,
+            stream.log.end_offset,
+            0 if tracked is None else tracked + 1,
+        )
+
+    async def _commit_offset(
+        self, request_id: int, vhost_name: str, name: str, tag: str, offset: int
+    ) -> None:
+        stream = self._stream(vhost_name, name)
+        stream.tracked.set(tag, offset)
+        await stream.tracked.commit()
+        self.send(wire.Kind.REPLY, request_id, 0, 0)
+
+    def _consume_partition(
+        self,
+        consumer_id: int,
+        vhost_name: str,
+        name: str,
+        tag: str,
+        group: str,
+        arguments: dict[str, Any],
+    ) -> None:
+        """A consumer group member on another node reading this partition: attached as a
+        local member's partition is (`groups.attach_partition`), whose channel is the link;
+        the entry node checked the member's arguments."""
+        stream = self._stream(vhost_name, name)
+        vhost = self._vhost(vhost_name)
+        consumer = vhost.consume_group_partition(
+            stream, LinkChannel(self, consumer_id), tag, group, arguments
+        )
+        self.consumers[consumer_id] = (vhost, consumer)
+        self.cursors[consumer_id] = consumer.queue  # type: ignore[assignment]
+        self.send(wire.Kind.REPLY, consumer_id, 0, 0)
+
     def _stats(self, request_id: int, vhost_name: str, name: str) -> None:
         vhost = self._vhost(vhost_name)
         queue = vhost.check_queue(name, self._owner(vhost, name))
@@ -479,9 +565,19 @@ class OwnerLink(FramedLink):
         for vhost, consumer in consumers.values():
             consumer.channel.forget_blocked(consumer)
             vhost.cancel(consumer)
+            _released(consumer)
         self.cursors = {}
         unacked, self.unacked = self.unacked, {}
         for queue, offsets in unacked.items():
             if offsets and not queue.deleted:
                 queue.requeue(sorted(offsets), True)
                 self.host.want_dispatch(queue)
+
+
+def _released(consumer: Consumer) -> None:
+    """A group member's partition leaves the member: the group's committed offset is where
+    the member's acks got to, as a local group's release commits it (also when it never
+    acked anything: the next member starts where this one did)."""
+    cursor = consumer.queue
+    if isinstance(cursor, Cursor) and cursor.partition_entry and cursor.tracked_tag:
+        cursor.stream.tracked.set(cursor.tracked_tag, cursor.tracked_offset)

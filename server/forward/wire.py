@@ -5,7 +5,8 @@ the payload). Fields are packed by a per-kind schema, one letter per field:
 
 * ``Q`` an unsigned 64-bit integer, ``B`` a bool;
 * ``s`` a UTF-8 string and ``b`` bytes, each with a 32-bit length;
-* ``L`` a list of strings, ``I`` a list of unsigned 64-bit integers, each with a 32-bit count;
+* ``L`` a list of strings, ``X`` a list of bytes, ``I`` a list of unsigned 64-bit integers,
+  each with a 32-bit count;
 * ``T`` an AMQP argument table, as the metadata stores it (``metadata/encoding.py``: lossless,
   bytes stay bytes and bools stay bools, which pamqp's table encoder cannot promise).
 
@@ -62,6 +63,13 @@ class Kind(enum.IntEnum):
     APPEND = 30
     # owner -> entry
     CHALLENGE = 31
+    # entry -> owner
+    READ = 32
+    TRACKED = 33
+    COMMIT_OFFSET = 34
+    CONSUME_PARTITION = 35
+    # owner -> entry
+    RECORDS = 36
 
 
 class Settle(enum.IntEnum):
@@ -118,6 +126,20 @@ SCHEMAS: dict[Kind, str] = {
     Kind.APPEND: "Qssssbb",
     # a fresh nonce the entry's HELLO must prove the secret over, so no hello can be replayed
     Kind.CHALLENGE: "b",
+    # request id, vhost, stream, offset, from the first retained (the offset is ignored),
+    # limit, bytes max, timeout_ms: the topic API's GET, answered by RECORDS
+    Kind.READ: "QssQBQQQ",
+    # request id, vhost, stream, tag: answered by REPLY(end offset, tag's offset + 1 or 0)
+    Kind.TRACKED: "Qsss",
+    # request id, vhost, stream, tag, offset: answered by REPLY(0, 0) once durable
+    Kind.COMMIT_OFFSET: "QsssQ",
+    # consumer id, vhost, partition stream, the member's tag, group, the member's arguments
+    # (x-stream-offset, filter): one partition of a consumer group, read from the group's
+    # committed offset; then as a forwarded stream consumer (CREDIT, DELIVER, STREAM_ACK)
+    Kind.CONSUME_PARTITION: "QssssT",
+    # request id, next offset, then the records' offsets, timestamps, exchanges, routing
+    # keys, properties and bodies
+    Kind.RECORDS: "QQIIXXXX",
 }
 
 
@@ -134,6 +156,10 @@ _PACKERS: dict[str, Callable[[list[bytes], Any], None]] = {
     "L": lambda out, values: (
         out.append(_U32.pack(len(values))),
         [_pack_bytes(out, value.encode()) for value in values],
+    ),
+    "X": lambda out, values: (
+        out.append(_U32.pack(len(values))),
+        [_pack_bytes(out, value) for value in values],
     ),
     "I": lambda out, values: (
         out.append(_U32.pack(len(values))),
@@ -180,16 +206,17 @@ def decode(payload: bytes) -> tuple[Kind, list[Any]]:
                     fields.append(table_from_json(data.decode()))
                 else:
                     fields.append(data)
-            elif letter == "L":
+            elif letter in "LX":
                 (count,) = _U32.unpack_from(view, position)
                 position += 4
-                strings = []
+                items: list[Any] = []
                 for _ in range(count):
                     (length,) = _U32.unpack_from(view, position)
                     position += 4
-                    strings.append(payload[position : position + length].decode())
+                    item = payload[position : position + length]
+                    items.append(item.decode() if letter == "L" else item)
                     position += length
-                fields.append(strings)
+                fields.append(items)
             else:
                 (count,) = _U32.unpack_from(view, position)
                 position += 4

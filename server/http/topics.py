@@ -12,9 +12,12 @@ topic is 404 {"error": "Object Not Found", "reason": "Not Found"}, as the manage
 answers; a topic name longer than 255 bytes (no queue or exchange can have one) is 400.
 
 A topic is a super stream (its partitions in their order: partition i is `NAME-i`) or else a
-stream (one partition, 0). The same records are seen over AMQP: a record is stored as an
-AMQP publisher's message would be, body = value, routing key = key (UTF-8, at most 255
-bytes), headers = the AMQP headers, persistent.
+stream (one partition, 0). In a cluster a partition another node leads is read, appended to
+and committed on that node, through the link (`forward`), by the same code as here.
+
+The same records are seen over AMQP: a record is stored as an AMQP publisher's message would
+be, body = value, routing key = key (UTF-8, at most 255 bytes), headers = the AMQP headers,
+persistent.
 
 POST body: {"records": [{"key"?, "value", "partition"?, "headers"?, "sequence"?}, ...],
 "key_format"?, "value_format"?, "producer"?}, or one record's fields at the top level.
@@ -59,6 +62,7 @@ import asyncio
 import base64
 import binascii
 import json
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +72,7 @@ from pamqp import commands
 from warrenmq.amqp import frames, replies
 from warrenmq.amqp.properties import HEADERS_FLAG_BYTE0
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
-from warrenmq.exchanges.errors import RoutingError
+from warrenmq.exchanges.errors import NotFound, RoutingError
 from warrenmq.exchanges.super_stream import SuperStreamExchange
 from warrenmq.log import Record
 from warrenmq.server.forward.entry import RemoteQueue
@@ -102,7 +106,8 @@ class Topic:
     name: str
     exchange: str | None
     """The super stream's exchange; None for a stream."""
-    partitions: list[Stream]
+    partitions: list[Stream | RemoteQueue]
+    """Each a stream led here or a `RemoteQueue` standing for one another node leads."""
 
 
 def _checked_name(kind: str, name: str) -> str:
@@ -116,15 +121,26 @@ def topic_of(vhost: VirtualHost, name: str) -> Topic:
     """The super stream, else the stream, called `name` (404 when neither is)."""
     exchange = vhost.router.get(_checked_name("topic", name))
     if exchange is not None and isinstance(exchange.table, SuperStreamExchange):
-        partitions = [vhost.queues.get(d.name) for d in exchange.table.partitions()]
-        streams = [p for p in partitions if isinstance(p, Stream)]
+        partitions = [_stream(vhost, d.name) for d in exchange.table.partitions()]
+        streams = [p for p in partitions if p is not None]
         if streams and len(streams) == len(partitions):
             return Topic(name, name, streams)
         raise object_not_found()
+    stream = _stream(vhost, name)
+    if stream is not None:
+        return Topic(name, None, [stream])
+    raise object_not_found()
+
+
+def _stream(vhost: VirtualHost, name: str) -> Stream | RemoteQueue | None:
+    """The stream `name`, led here or elsewhere (None: no stream)."""
     queue = vhost.queues.get(name)
     if isinstance(queue, Stream):
-        return Topic(name, None, [queue])
-    raise object_not_found()
+        return queue
+    remote = vhost.remote.get(name)
+    if remote is not None and remote.queue_type == Stream.queue_type:
+        return remote
+    return None
 
 
 def topics_of(vhost: VirtualHost) -> list[Topic]:
@@ -137,8 +153,9 @@ def topics_of(vhost: VirtualHost) -> list[Topic]:
             except ApiError:
                 continue
     partitions = {stream.name for topic in topics for stream in topic.partitions}
-    for stream in vhost.queues.values():
-        if isinstance(stream, Stream) and stream.name not in partitions:
+    for queue in [*vhost.queues.values(), *vhost.remote.values()]:
+        stream = _stream(vhost, queue.name)
+        if stream is not None and stream.name not in partitions:
             topics.append(Topic(stream.name, None, [stream]))
     return topics
 
@@ -297,6 +314,8 @@ async def post_messages(call: Call) -> web.Response:
     indexes = {stream.name: index for index, stream in enumerate(partitions)}
     stored = Stored()
     placed: list[tuple[int, int | None]] = []
+    # Records for partitions led elsewhere: (their place in `placed`, their append there).
+    appending: list[tuple[int, asyncio.Future[int | None]]] = []
     # Staged without a pause between them: one tick writes them, one fsync makes them durable.
     for tag, record in enumerate(outgoing, 1):
         if record.partition is not None or topic.exchange is None:
@@ -309,6 +328,13 @@ async def post_messages(call: Call) -> web.Response:
             raise bad_request(f"records[{tag - 1}] routes to no partition of {topic.name}")
         index = indexes[names[0]]
         stream = partitions[index]
+        if isinstance(stream, RemoteQueue):
+            append = stream.append(
+                topic.exchange or "", record.routing_key, record.properties, record.body
+            )
+            appending.append((len(placed), asyncio.ensure_future(append)))
+            placed.append((index, None))
+            continue
         offset = stream.staged_end
         sync(
             vhost.stage,
@@ -322,13 +348,16 @@ async def post_messages(call: Call) -> web.Response:
         )
         placed.append((index, offset if stream.staged_end > offset else None))
     await call.api.host.after_commit()
+    remote_offsets = await _appended(future for _, future in appending)
     unstored = stored.failed or any(
         offset is not None
-        and (partitions[index].deleted or partitions[index].log.durable_offset <= offset)
+        and (partitions[index].deleted or partitions[index].log.durable_offset <= offset)  # type: ignore[union-attr]
         for index, offset in placed
     )
     if unstored:
         raise _unstored()
+    for (position, _), offset in zip(appending, remote_offsets, strict=True):
+        placed[position] = (placed[position][0], offset)
     return _offsets_reply(placed)
 
 
@@ -367,10 +396,14 @@ def _remote_stream(vhost: VirtualHost, name: str) -> RemoteQueue | None:
 async def _append_remote(remote: RemoteQueue, outgoing: list[_Outgoing]) -> list[int | None]:
     """Each record appended by the stream's node, in order (sent together: one tick there
     writes them), once fsynced there."""
-    appending = [
+    return await _appended(
         asyncio.ensure_future(remote.append("", r.routing_key, r.properties, r.body))
         for r in outgoing
-    ]
+    )
+
+
+async def _appended(appending: Iterable[Awaitable[int | None]]) -> list[int | None]:
+    """The offsets of records appended on the nodes leading their partitions."""
     try:
         return list(await asyncio.gather(*appending))
     except (RoutingError, replies.ProtocolError) as error:
@@ -425,24 +458,27 @@ async def get_messages(call: Call) -> web.Response:
     topic = topic_of(vhost, call.params["topic"])
     partition = query_integer(call, "partition", 0, 0, len(topic.partitions) - 1)
     stream = topic.partitions[partition]
-    offset = query_integer(call, "offset", stream.log.start_offset, 0, 2**63 - 1)
+    # Without one: the first retained.
+    offset = query_integer(call, "offset", -1, 0, 2**63 - 1) if "offset" in call.query else None
     limit = query_integer(call, "limit", LIMIT_DEFAULT, 1, LIMIT_MAX)
     timeout_ms = query_integer(call, "timeout_ms", 0, 0, TIMEOUT_MS_MAX)
     formats = (_format(call.query, "key_format"), _format(call.query, "value_format"))
     call.check("read", QUEUE, stream.name)
-    records = stream.read(offset, limit, READ_BYTES_MAX)
-    if not records and timeout_ms:
-        readable = stream.readable(offset)
-        if readable is None:
-            raise ApiError(503, "service_unavailable", "too many readers wait on this partition")
-        try:
-            await asyncio.wait_for(readable, timeout_ms / 1000)
-        except TimeoutError:
-            pass
-        if stream.deleted:
-            raise object_not_found()
-        records = stream.read(offset, limit, READ_BYTES_MAX)
-    next_offset = records[-1].offset + 1 if records else max(offset, stream.log.start_offset)
+    try:
+        if isinstance(stream, RemoteQueue):
+            read = await stream.read(offset, limit, READ_BYTES_MAX, timeout_ms)
+        else:
+            read = await stream.read_waiting(offset, limit, READ_BYTES_MAX, timeout_ms)
+    except (RoutingError, replies.ProtocolError) as error:
+        if isinstance(error, replies.ProtocolError) and error.code == replies.RESOURCE_ERROR:
+            read = None
+        elif isinstance(error, NotFound):
+            raise object_not_found() from None
+        else:
+            raise refused(error) from None
+    if read is None:
+        raise ApiError(503, "service_unavailable", "too many readers wait on this partition")
+    records, next_offset = read
     return reply(
         {
             "records": [_record_json(partition, record, formats) for record in records],
@@ -451,7 +487,7 @@ async def get_messages(call: Call) -> web.Response:
     )
 
 
-def _commits(given: Any, topic: Topic) -> dict[int, int]:
+def _commits(given: Any, topic: Topic, ends: list[int]) -> dict[int, int]:
     """partition -> offset of a commit's "offsets" (400 when one is out of range)."""
     if not isinstance(given, list) or not given:
         raise bad_request("offsets must be a non-empty array of {partition, offset}")
@@ -467,7 +503,7 @@ def _commits(given: Any, topic: Topic) -> dict[int, int]:
             raise bad_request(f"partition must be from 0 to {len(topic.partitions) - 1}")
         if partition in commits:
             raise bad_request(f"partition {partition} is committed twice")
-        end = topic.partitions[partition].log.end_offset
+        end = ends[partition]
         if not 0 <= offset <= end:
             raise bad_request(f"offset of partition {partition} must be from 0 to {end}")
         commits[partition] = offset
@@ -485,7 +521,9 @@ async def commit(call: Call) -> web.Response:
     group = _group(body.get("group"))
     vhost = call.vhost()
     topic = topic_of(vhost, text(body, "topic"))
-    commits = _commits(body.get("offsets"), topic)
+    tag = group_tag(group)
+    ends = [end for end, _ in await _tracked(topic, tag)]
+    commits = _commits(body.get("offsets"), topic, ends)
     for partition in commits:
         call.check("read", QUEUE, topic.partitions[partition].name)
     active = vhost.groups.get((topic.name, group)) if topic.exchange is not None else None
@@ -495,12 +533,42 @@ async def commit(call: Call) -> web.Response:
             "conflict",
             f"group {group} of {topic.name} has members: their acks commit its offsets",
         )
-    tag = group_tag(group)
-    streams = [topic.partitions[partition] for partition in commits]
-    for stream, offset in zip(streams, commits.values(), strict=True):
-        stream.tracked.set(tag, offset)
-    await asyncio.gather(*(stream.tracked.commit() for stream in streams))
+    committing = []
+    for partition, offset in commits.items():
+        stream = topic.partitions[partition]
+        if isinstance(stream, RemoteQueue):
+            committing.append(stream.commit_offset(tag, offset))
+        else:
+            stream.tracked.set(tag, offset)
+            committing.append(stream.tracked.commit())
+    await _on_partitions(asyncio.gather(*committing))
     return no_content()
+
+
+async def _tracked(topic: Topic, tag: str) -> list[tuple[int, int | None]]:
+    """Each partition's end offset and its offset tracked under `tag` (asked of the node
+    leading it)."""
+    asked = []
+    for stream in topic.partitions:
+        if isinstance(stream, RemoteQueue):
+            asked.append(stream.tracked(tag))
+        else:
+            asked.append(_known((stream.log.end_offset, stream.tracked.get(tag))))
+    return await _on_partitions(asyncio.gather(*asked))
+
+
+async def _known(value: Any) -> Any:
+    return value
+
+
+async def _on_partitions(asked: Awaitable[Any]) -> Any:
+    """What the nodes leading a topic's partitions answered; their refusals as the API's."""
+    try:
+        return await asked
+    except (RoutingError, replies.ProtocolError) as error:
+        if isinstance(error, NotFound):
+            raise object_not_found() from None
+        raise refused(error) from None
 
 
 async def offsets(call: Call) -> web.Response:
@@ -512,7 +580,7 @@ async def offsets(call: Call) -> web.Response:
     committed = [
         {"topic": topic.name, "partition": index, "offset": offset}
         for topic in topics
-        for index, stream in enumerate(topic.partitions)
-        if (offset := stream.tracked.get(tag)) is not None
+        for index, (_, offset) in enumerate(await _tracked(topic, tag))
+        if offset is not None
     ]
     return reply({"group": group, "offsets": committed})

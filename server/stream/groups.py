@@ -15,12 +15,15 @@ durable. A partition with no committed offset starts where the member's `x-strea
 says (by default "next"). Deliveries carry `x-stream-offset` and `x-stream-partition` (the
 partition stream's name). A member's prefetch applies to each of its partitions.
 
-Pure bookkeeping on top of `Stream.attach`: no I/O, no clock.
+Pure bookkeeping on top of `Stream.attach`: no I/O, no clock. A partition another node leads
+(a `RemoteQueue`) is read by a member through the link: `attach_elsewhere` registers it there,
+where `attach_partition` attaches it as it would here. The group itself (members and who owns
+which partition) lives on the node its members are connected to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from warrenmq.server.queue.consumer import Consumer, ConsumerChannel
@@ -39,6 +42,39 @@ def group_tag(group: str) -> str:
     return GROUP_TAG_PREFIX + group
 
 
+def attach_partition(
+    partition: Stream,
+    group: str,
+    tag: str,
+    channel: ConsumerChannel,
+    spec: offset_spec.OffsetSpec,
+    stream_filter: StreamFilter | None,
+    prefetch_count: int,
+) -> Consumer:
+    """A member's consumer of one partition: from the group's committed offset there, else
+    where the member's `spec` says; acks move that committed offset; each delivery names the
+    partition."""
+    tracked_tag = group_tag(group)
+    committed = partition.tracked.get(tracked_tag)
+    if committed is None:
+        start = partition.start_offset(spec)
+    else:
+        start = max(committed, partition.log.start_offset)
+    consumer = partition.attach(
+        tag,
+        channel,
+        start,
+        tracked_tag=tracked_tag,
+        stream_filter=stream_filter,
+        exclusive=False,
+        prefetch_count=prefetch_count,
+    )
+    cursor = consumer.queue
+    assert isinstance(cursor, Cursor)
+    cursor.partition_entry = partition_entry(partition.name)
+    return consumer
+
+
 class Member:
     """One member of a group: the consumer its channel holds (`consumer`, never delivered
     to itself) and one consumer per partition it owns."""
@@ -55,8 +91,12 @@ class Member:
         spec: offset_spec.OffsetSpec,
         stream_filter: StreamFilter | None,
         prefetch_count: int,
+        arguments: Mapping[str, Any],
     ) -> None:
         self.group = group
+        self.arguments = dict(arguments)
+        """What the member consumed with (its offset spec and filter), for the partitions
+        another node leads."""
         self.spec = spec
         self.filter = stream_filter
         self.owned: dict[int, Consumer] = {}
@@ -92,18 +132,22 @@ class Group:
         self,
         super_stream: str,
         name: str,
-        partitions: Sequence[Stream],
+        partitions: Sequence[Any],
         wake: Callable[[Cursor], None],
+        attach_elsewhere: Callable[[Any, Member], Consumer] | None = None,
     ) -> None:
+        """`partitions`: each a `Stream`, or a stand-in for one another node leads that
+        `attach_elsewhere` attaches a member to."""
         self.super_stream = super_stream
         self.name = name
         self.partitions = list(partitions)
         self.tag = group_tag(name)
         self.members: list[Member] = []
-        self._moving: dict[int, tuple[Cursor, Member]] = {}
+        self._moving: dict[int, tuple[Any, Member]] = {}
         """Partitions taken from a member (its cursor, the member) whose deliveries from
         them are not all acked yet."""
         self._wake = wake
+        self._attach_elsewhere = attach_elsewhere
 
     def join(
         self,
@@ -112,8 +156,9 @@ class Group:
         spec: offset_spec.OffsetSpec,
         stream_filter: StreamFilter | None,
         prefetch_count: int,
+        arguments: Mapping[str, Any] | None = None,
     ) -> Consumer:
-        member = Member(self, tag, channel, spec, stream_filter, prefetch_count)
+        member = Member(self, tag, channel, spec, stream_filter, prefetch_count, arguments or {})
         self.members.append(member)
         self.rebalance()
         return member.consumer
@@ -167,9 +212,7 @@ class Group:
         """Stop delivering partition `index` to `member`; it moves once its deliveries are
         all acked."""
         consumer = member.owned.pop(index)
-        cursor = consumer.queue
-        assert isinstance(cursor, Cursor)
-        cursor.stream.remove_consumer(consumer)
+        cursor = _detached(consumer)
         if cursor.holds_unacked:
             self._moving[index] = (cursor, member)
             cursor.on_drained = lambda: self._settle_move(index)
@@ -179,13 +222,12 @@ class Group:
     def _release(self, member: Member, index: int) -> None:
         """A leaving member's partition: what it did not ack is returned."""
         consumer = member.owned.pop(index)
-        cursor = consumer.queue
-        assert isinstance(cursor, Cursor)
-        cursor.stream.remove_consumer(consumer)
-        self._commit(index, cursor)
+        self._commit(index, _detached(consumer))
 
-    def _commit(self, index: int, cursor: Cursor) -> None:
-        self.partitions[index].tracked.set(self.tag, cursor.tracked_offset)
+    def _commit(self, index: int, cursor: Any) -> None:
+        # Another node's partition: its node commits what the member acked there.
+        if isinstance(cursor, Cursor):
+            self.partitions[index].tracked.set(self.tag, cursor.tracked_offset)
 
     def _settle_move(self, index: int) -> None:
         moving = self._moving.pop(index, None)
@@ -198,31 +240,39 @@ class Group:
 
     def _assign(self, member: Member, index: int) -> None:
         partition = self.partitions[index]
-        committed = partition.tracked.get(self.tag)
-        if committed is None:
-            start = partition.start_offset(member.spec)
-        else:
-            start = max(committed, partition.log.start_offset)
-        consumer = partition.attach(
+        if not isinstance(partition, Stream):
+            assert self._attach_elsewhere is not None
+            member.owned[index] = self._attach_elsewhere(partition, member)
+            return
+        consumer = attach_partition(
+            partition,
+            self.name,
             member.consumer.tag,
             member.consumer.channel,
-            start,
-            tracked_tag=self.tag,
-            stream_filter=member.filter,
-            exclusive=False,
-            prefetch_count=member.consumer.prefetch_count,
+            member.spec,
+            member.filter,
+            member.consumer.prefetch_count,
         )
-        cursor = consumer.queue
-        assert isinstance(cursor, Cursor)
-        cursor.partition_entry = partition_entry(partition.name)
         member.owned[index] = consumer
-        self._wake(cursor)
+        self._wake(consumer.queue)  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, Any]:
         """Members, assignments, committed offsets and lag, for the HTTP API."""
         partitions = []
         for index, partition in enumerate(self.partitions):
             owner = self.owner(index)
+            if not isinstance(partition, Stream):
+                # Its committed offset and lag are known on the node leading it.
+                partitions.append(
+                    {
+                        "partition": partition.name,
+                        "member": None if owner is None else owner.consumer.tag,
+                        "moving": index in self._moving,
+                        "committed_offset": None,
+                        "lag": None,
+                    }
+                )
+                continue
             committed = partition.tracked.get(self.tag)
             partitions.append(
                 {
@@ -239,3 +289,14 @@ class Group:
             "members": [member.consumer.tag for member in self.members],
             "partitions": partitions,
         }
+
+
+def _detached(consumer: Consumer) -> Any:
+    """Stop a partition's consumer (a `Cursor`'s, or one registered on another node); its
+    cursor, which still knows what it holds unacked."""
+    cursor = consumer.queue
+    if isinstance(cursor, Cursor):
+        cursor.stream.remove_consumer(consumer)
+    else:
+        cursor.remove_consumer(consumer)
+    return cursor

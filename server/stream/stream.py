@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from warrenmq.exchanges.errors import NotFound
 from warrenmq.log import LogConfig, PartitionLog, RawRecord, Record
 from warrenmq.log.batch import staged_batch_bounds
 from warrenmq.server.queue.consumer import ROTATING, Consumer, ConsumerChannel
@@ -453,6 +454,30 @@ class Stream:
         else:
             readers.append((offset, future))
         return future
+
+    async def read_waiting(
+        self, offset: int | None, count_max: int, bytes_max: int, timeout_ms: int
+    ) -> tuple[list[Record], int] | None:
+        """The topic API's read: `read` from `offset` (None: the first retained), waiting up
+        to `timeout_ms` for the tick to wake it once a record is fsynced when there is none
+        yet; with the offset to read next. None when `READERS_MAX` readers wait already;
+        NotFound once the stream is deleted."""
+        if offset is None:
+            offset = self.log.start_offset
+        records = self.read(offset, count_max, bytes_max)
+        if not records and timeout_ms:
+            readable = self.readable(offset)
+            if readable is None:
+                return None
+            try:
+                await asyncio.wait_for(readable, timeout_ms / 1000)
+            except TimeoutError:
+                pass
+            if self.deleted:
+                raise NotFound(f"no queue '{self.name}' in vhost '{self.vhost}'")
+            records = self.read(offset, count_max, bytes_max)
+        next_offset = records[-1].offset + 1 if records else max(offset, self.log.start_offset)
+        return records, next_offset
 
     def _wake_readers(self) -> None:
         end = self.log.durable_offset
