@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 import pytest
 from brokers import ThreadBroker
-from http_api import eventually
+from http_api import HttpApi, eventually, path
 from ports import free_port
 
 from warrenmq.server.metadata import commands as c
@@ -430,3 +430,66 @@ def test_a_queue_led_elsewhere_has_its_own_timeouts_on_the_entry_node(nodes):
         )
     )
     assert eventually(lambda: remote.consumer_timeout_ms, 5_000) == 5_000
+
+
+def test_the_topic_api_and_a_group_member_via_b_reach_the_partitions_a_leads(nodes):
+    a, b = nodes
+    connection = a.connect()
+    channel = connection.channel()
+    channel.exchange_declare(
+        "orders", "x-super-stream", durable=True, arguments={"x-super-stream-partitions": 2}
+    )
+    channel.confirm_delivery()
+    for i in range(20):
+        channel.basic_publish("orders", f"k{i}", b"%d" % i)
+    connection.close()
+    remote = b.broker.vhosts["/"].remote
+    eventually(lambda: bool({"orders-0", "orders-1"} & remote.keys()), True)
+    # Placement spreads the partitions: one of them at least is A's.
+    on_a = next(p for p in (0, 1) if f"orders-{p}" in remote)
+    api = HttpApi(b.management_url)
+    records = {}
+    for partition in (0, 1):
+        got = api.get(path("topics", "orders", "messages") + f"?partition={partition}&limit=5")
+        assert got.status == 200, got.raw
+        records[partition] = got.json["records"]
+        following = got.json["next_offset"]
+        rest = api.get(
+            path("topics", "orders", "messages") + f"?partition={partition}&offset={following}"
+        )
+        records[partition] += rest.json["records"]
+    assert sorted(r["value"] for rs in records.values() for r in rs) == list(range(20))
+    ends = {p: len(rs) for p, rs in records.items()}
+    assert [r["offset"] for r in records[on_a]] == list(range(ends[on_a]))
+    assert ends[on_a] >= 1
+    committed = {p: ends[p] - (p == on_a) for p in (0, 1)}
+    commit = {
+        "group": "g",
+        "topic": "orders",
+        "offsets": [{"partition": p, "offset": o} for p, o in committed.items()],
+    }
+    assert api.post("/consumer/commit", commit).status == 204
+    assert api.get("/consumer/offsets?group=g&topic=orders").json["offsets"] == [
+        {"topic": "orders", "partition": p, "offset": o} for p, o in committed.items()
+    ]
+    stream_on_a = a.broker.vhosts["/"].queues[f"orders-{on_a}"]
+    assert stream_on_a.tracked.get("group:g") == committed[on_a]
+    # A member connected to B resumes from the group's offset on A's partition; its ack
+    # moves that offset there.
+    connection = b.connect()
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=100)
+    got = []
+    channel.basic_consume(
+        "orders",
+        lambda ch, method, props, body: (
+            got.append((props.headers["x-stream-partition"], props.headers["x-stream-offset"])),
+            ch.basic_ack(method.delivery_tag),
+        ),
+        arguments={"x-consumer-group": "g", "x-stream-offset": "first"},
+    )
+    _pump(connection, lambda: got)
+    connection.process_data_events(time_limit=0.3)
+    assert got == [(f"orders-{on_a}", ends[on_a] - 1)]
+    eventually(lambda: stream_on_a.tracked.get("group:g"), ends[on_a])
+    connection.close()
