@@ -70,7 +70,6 @@ def broker(request):
 _STREAMS = "a stream led by another node is not consumed through forwarding yet"
 _DEAD_LETTERS = "dead-lettering, delivery counts and delivery limits across nodes"
 _TIMEOUTS = "consumer and visibility timeouts of a queue led elsewhere use the entry's defaults"
-_HTTP = "the entry node's HTTP API and metrics lack the counts of queues led elsewhere"
 _RESTART = "what a whole-cluster restart keeps of transient entities and in-flight deliveries"
 _DELAYED = "delayed messages held across a whole-cluster restart are not delivered"
 CLUSTER_GAPS = {
@@ -93,12 +92,7 @@ CLUSTER_GAPS = {
     "test_delayed_messages.py": {
         "test_a_restart_before_the_delays_expire_keeps_them": _DELAYED,
     },
-    "test_management_api.py": {
-        "test_queue_depth_and_message_stats_follow_amqp": _HTTP,
-        "test_queue_delete_if_empty_and_purge": _HTTP,
-    },
     "test_metrics.py": {
-        "test_per_object_queue_metrics_follow_the_queue": _HTTP,
         "test_dead_letters_are_counted_by_reason": _DEAD_LETTERS,
     },
     "test_policies.py": {

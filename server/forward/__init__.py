@@ -38,9 +38,10 @@ The link
     reject | requeue, offsets). CANCEL(id) is answered once removed (and an auto-delete
     queue deleted); CANCELLED(id, reason) tells of a consumer the owner dropped.
 
-    GET, PURGE, DELETE(if_unused, if_empty) and STATS (a passive declare's counts) are
-    requests answered by REPLY/GOT or by ERROR(reply code, text), which the entry node
-    raises as the same channel or connection exception a single node raises.
+    GET, PURGE, DELETE(if_unused, if_empty) and STATS (the queue's figures, for a passive
+    declare, the HTTP API and the metrics) are requests answered by REPLY/GOT/STATS_REPLY
+    or by ERROR(reply code, text), which the entry node raises as the same channel or
+    connection exception a single node raises.
 
 Loss of a link
     Entry node: publishes not yet confirmed are nacked (never confirmed without the owner),

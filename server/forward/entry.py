@@ -23,6 +23,7 @@ from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.message_counts import MessageCounts
+from warrenmq.server.queue.queue_stats import QueueStats
 from warrenmq.server.stream.stream import Stream
 
 from . import wire
@@ -168,7 +169,7 @@ class EntryLink(FramedLink):
             consumer = self.consumers.pop(fields[0], None)
             if consumer is not None:
                 consumer.queue.cancelled(consumer, fields[1])  # type: ignore[attr-defined]
-        elif kind in (wire.Kind.REPLY, wire.Kind.GOT, wire.Kind.ERROR):
+        elif kind in (wire.Kind.REPLY, wire.Kind.GOT, wire.Kind.ERROR, wire.Kind.STATS_REPLY):
             future = self._requests.pop(fields[0], None)
             if future is None or future.done():
                 return
@@ -252,6 +253,8 @@ class RemoteQueue:
         self.ready_count = 0
         """As the owner last said (a declare, a get)."""
         self.consumer_count = 0
+        self.stats: QueueStats | None = None
+        """The owner's figures, as it last said (`refresh_counts`)."""
         self._staged: list[tuple[Any, bool, bool, Any, tuple[str, ...]]] = []
         self._written: list[Any] = []
         self._stored: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -464,8 +467,10 @@ class RemoteQueue:
         return (await self._request(wire.Kind.DELETE, if_unused, if_empty))[0]
 
     async def refresh_counts(self) -> None:
-        """passive declare: the owner's message and consumer counts."""
-        self.ready_count, self.consumer_count = await self._request(wire.Kind.STATS)
+        """passive declare, the HTTP API, the metrics: the owner's figures."""
+        (values,) = await self._request(wire.Kind.STATS)
+        stats = self.stats = QueueStats.from_values(values)
+        self.ready_count, self.consumer_count = stats.ready, stats.consumers
 
     # -- lifecycle --------------------------------------------------------------------------
 

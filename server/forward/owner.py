@@ -18,6 +18,7 @@ from warrenmq.amqp.replies import ProtocolError
 from warrenmq.exchanges.errors import NotFound, RoutingError
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
+from warrenmq.server.queue.queue_stats import QueueStats
 from warrenmq.server.queue.work_queue import WorkQueue
 
 from . import wire
@@ -358,7 +359,7 @@ class OwnerLink(FramedLink):
     def _stats(self, request_id: int, vhost_name: str, name: str) -> None:
         vhost = self._vhost(vhost_name)
         queue = vhost.check_queue(name, self._owner(vhost, name))
-        self.send(wire.Kind.REPLY, request_id, queue.ready_count, queue.consumer_count)
+        self.send(wire.Kind.STATS_REPLY, request_id, QueueStats.of(queue).values())
 
     # -- the link going -----------------------------------------------------------------------
 

@@ -55,6 +55,8 @@ class Kind(enum.IntEnum):
     REPLY = 25
     GOT = 26
     ERROR = 27
+    # owner -> entry: the answer to STATS
+    STATS_REPLY = 28
 
 
 class Settle(enum.IntEnum):
@@ -101,6 +103,8 @@ SCHEMAS: dict[Kind, str] = {
     Kind.GOT: "QQQQbbbbBQQ",
     # request (or consumer) id, reply code, reply text
     Kind.ERROR: "QQs",
+    # request id, the queue's figures (`QueueStats.values`)
+    Kind.STATS_REPLY: "QI",
 }
 
 
