@@ -34,6 +34,15 @@ CREDIT_WINDOW = 256
 with a prefetch gets at most what it has room for)."""
 
 
+_ANSWERS = (
+    wire.Kind.REPLY,
+    wire.Kind.GOT,
+    wire.Kind.ERROR,
+    wire.Kind.STATS_REPLY,
+    wire.Kind.PEEKED,
+)
+
+
 def node_name(node: int) -> str:
     return f"warren@{node}"
 
@@ -169,7 +178,7 @@ class EntryLink(FramedLink):
             consumer = self.consumers.pop(fields[0], None)
             if consumer is not None:
                 consumer.queue.cancelled(consumer, fields[1])  # type: ignore[attr-defined]
-        elif kind in (wire.Kind.REPLY, wire.Kind.GOT, wire.Kind.ERROR, wire.Kind.STATS_REPLY):
+        elif kind in _ANSWERS:
             future = self._requests.pop(fields[0], None)
             if future is None or future.done():
                 return
@@ -471,6 +480,20 @@ class RemoteQueue:
         (values,) = await self._request(wire.Kind.STATS)
         stats = self.stats = QueueStats.from_values(values)
         self.ready_count, self.consumer_count = stats.ready, stats.consumers
+
+    async def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
+        """The DLQ tools' browse (`QueueEngine.browse`) on the owner, asked a slice at a time
+        until `count_max` messages came or the queue has no more."""
+        browsed: list[tuple[Message, bool]] = []
+        while len(browsed) < count_max:
+            columns = await self._request(wire.Kind.PEEK, start, count_max - len(browsed))
+            if not columns[0]:
+                break
+            for *fields, redelivered, deliveries, failures, in_flight in zip(*columns, strict=True):
+                message = Message(*fields, bool(redelivered), deliveries, failures)
+                browsed.append((message, bool(in_flight)))
+            start = browsed[-1][0].offset + 1
+        return browsed
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -28,6 +28,10 @@ from .link import FramedLink, log
 if TYPE_CHECKING:
     from warrenmq.server.vhost import VirtualHost
 
+PEEK_MESSAGES_MAX = 1000
+PEEK_REPLY_BYTES = 1 << 20
+PEEKED_COLUMNS = len(Message._fields) + 1
+
 
 class OwnerHost(Protocol):
     """What the owner's side needs of the broker process."""
@@ -162,6 +166,8 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._delete, *fields)
         elif kind is wire.Kind.STATS:
             self._answer(fields[0], self._stats, *fields)
+        elif kind is wire.Kind.PEEK:
+            self._answer(fields[0], self._peek, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -360,6 +366,24 @@ class OwnerLink(FramedLink):
         vhost = self._vhost(vhost_name)
         queue = vhost.check_queue(name, self._owner(vhost, name))
         self.send(wire.Kind.STATS_REPLY, request_id, QueueStats.of(queue).values())
+
+    def _peek(
+        self, request_id: int, vhost_name: str, name: str, start: int, count_max: int
+    ) -> None:
+        """Browse for the DLQ tools: at most PEEK_MESSAGES_MAX messages and, past the first,
+        PEEK_REPLY_BYTES of them (the entry node asks again from where this stopped)."""
+        vhost = self._vhost(vhost_name)
+        wanted = min(count_max, PEEK_MESSAGES_MAX)
+        browsed = vhost.peek(name, self._owner(vhost, name), wanted, start)
+        rows: list[tuple[Any, ...]] = []
+        size = 0
+        for message, in_flight in browsed:
+            size += len(message.properties) + len(message.body)
+            if rows and size > PEEK_REPLY_BYTES:
+                break
+            rows.append((*message, in_flight))
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        self.send(wire.Kind.PEEKED, request_id, *(columns or [[]] * PEEKED_COLUMNS))
 
     # -- the link going -----------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ the payload). Fields are packed by a per-kind schema, one letter per field:
 
 * ``Q`` an unsigned 64-bit integer, ``B`` a bool;
 * ``s`` a UTF-8 string and ``b`` bytes, each with a 32-bit length;
-* ``L`` a list of strings, ``I`` a list of unsigned 64-bit integers, each with a 32-bit count;
+* ``L`` a list of strings, ``I`` a list of unsigned 64-bit integers, ``M`` a list of bytes,
+  each with a 32-bit count;
 * ``T`` an AMQP argument table, as the metadata stores it (``metadata/encoding.py``: lossless,
   bytes stay bytes and bools stay bools, which pamqp's table encoder cannot promise).
 
@@ -57,6 +58,9 @@ class Kind(enum.IntEnum):
     ERROR = 27
     # owner -> entry: the answer to STATS
     STATS_REPLY = 28
+    # entry -> owner: browse a queue (the DLQ tools), answered by PEEKED
+    PEEK = 29
+    PEEKED = 30
 
 
 class Settle(enum.IntEnum):
@@ -105,6 +109,11 @@ SCHEMAS: dict[Kind, str] = {
     Kind.ERROR: "QQs",
     # request id, the queue's figures (`QueueStats.values`)
     Kind.STATS_REPLY: "QI",
+    # request id, vhost, queue, from offset, messages at most
+    Kind.PEEK: "QssQQ",
+    # request id, then the messages found, a list per field: offsets, timestamps, exchanges,
+    # routing keys, properties, bodies, redelivered, delivery counts, failed counts, in flight
+    Kind.PEEKED: "QIIMMMMIIII",
 }
 
 
@@ -127,6 +136,10 @@ _PACKERS: dict[str, Callable[[list[bytes], Any], None]] = {
         out.append(b"".join(_U64.pack(value) for value in values)),
     ),
     "T": lambda out, table: _pack_bytes(out, table_to_json(table).encode()),
+    "M": lambda out, values: (
+        out.append(_U32.pack(len(values))),
+        [_pack_bytes(out, value) for value in values],
+    ),
 }
 
 
@@ -177,6 +190,19 @@ def decode(payload: bytes) -> tuple[Kind, list[Any]]:
                     strings.append(payload[position : position + length].decode())
                     position += length
                 fields.append(strings)
+            elif letter == "M":
+                (count,) = _U32.unpack_from(view, position)
+                position += 4
+                chunks = []
+                for _ in range(count):
+                    (length,) = _U32.unpack_from(view, position)
+                    position += 4
+                    chunk = payload[position : position + length]
+                    if len(chunk) != length:
+                        raise ValueError("field runs past the message")
+                    chunks.append(chunk)
+                    position += length
+                fields.append(chunks)
             else:
                 (count,) = _U32.unpack_from(view, position)
                 position += 4

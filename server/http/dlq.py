@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import inspect
 import json
 from typing import Any
 
@@ -28,7 +29,7 @@ from warrenmq.dlq.redrive import RedriveSpec, last_death
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
 from warrenmq.server.vhost import Published
 
-from .api import Call, reply, sync
+from .api import Call, core, reply, sync
 from .errors import bad_request, object_not_found
 from .exchanges import Stored
 
@@ -56,8 +57,11 @@ def _number(call: Call, key: str, default: int, most: int) -> int:
     return int(value)
 
 
-def _lines(call: Call, name: str, count: int, start: int) -> list[dict[str, Any]]:
+async def _lines(call: Call, name: str, count: int, start: int) -> list[dict[str, Any]]:
     browsed = sync(call.vhost().peek, name, NO_OWNER, count, start)
+    if inspect.isawaitable(browsed):
+        # Another node leads the queue: browsed there.
+        browsed = await core(browsed)
     return [
         describe(
             message.offset,
@@ -78,7 +82,7 @@ async def browse(call: Call) -> web.Response:
     name = _queue_name(call)
     count = _number(call, "count", BROWSE_COUNT_DEFAULT, BROWSE_COUNT_MAX)
     start = _number(call, "from", 0, 1 << 62)
-    return reply(_lines(call, name, count, start))
+    return reply(await _lines(call, name, count, start))
 
 
 async def export(call: Call) -> web.StreamResponse:
@@ -88,7 +92,7 @@ async def export(call: Call) -> web.StreamResponse:
     await response.prepare(call.request)
     start = 0
     while True:
-        lines = _lines(call, name, EXPORT_SLICE, start)
+        lines = await _lines(call, name, EXPORT_SLICE, start)
         if not lines:
             break
         await response.write("".join(json.dumps(line) + "\n" for line in lines).encode())

@@ -1,0 +1,79 @@
+"""The HTTP API and the DLQ tools of node B on a queue node A leads (`server/forward`): B shows
+A's figures for it, and browses, exports and purges it through the link."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from http_api import HttpApi, path
+from test_dlq_tools import warren
+from test_forwarding import QUEUE, _placed_on_a, _publish, _ready_on, _two_nodes
+
+from warrenmq.server.forward import owner
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    a, b = _two_nodes(tmp_path)
+    try:
+        _placed_on_a(a, b)
+        yield a, b
+    finally:
+        for node in (b, a):
+            node.stop()
+
+
+def test_the_http_api_of_b_shows_the_owners_figures(nodes):
+    a, b = nodes
+    _publish(b, [b"1", b"2", b"3"])
+    connection = a.connect()
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=1)
+    channel.basic_consume(QUEUE, lambda *args: None)
+    connection.process_data_events(time_limit=1)
+    api = HttpApi(b.management_url)
+    shown = api.get(path("api", "queues", "/", QUEUE)).json
+    assert shown["node"] == "warren@1"
+    assert (shown["messages"], shown["messages_ready"], shown["messages_unacknowledged"]) == (
+        3,
+        2,
+        1,
+    )
+    assert shown["consumers"] == 1
+    assert shown["message_stats"]["publish"] == 3
+    assert shown["message_stats"]["deliver"] == 1
+    listed = {q["name"]: q for q in api.get("/api/queues").json}
+    assert listed[QUEUE]["messages"] == 3
+    connection.close()
+
+
+def test_dlq_tools_of_b_browse_export_and_purge_a_queue_a_leads(nodes, capsys, monkeypatch):
+    a, b = nodes
+    bodies = [b"a", b"b", b"c", b"\xff\x00d"]
+    _publish(b, bodies)
+    # One message per answer: B asks again from where each stopped.
+    monkeypatch.setattr(owner, "PEEK_REPLY_BYTES", 1)
+    consumer = a.connect()
+    channel = consumer.channel()
+    method, _, _ = channel.basic_get(QUEUE)
+    status, out, _ = warren(b, capsys, "peek", QUEUE, "-n", "3", "--json")
+    assert status == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line["body_preview"] for line in lines] == ["a", "b", "c"]
+    assert [line["state"] for line in lines] == ["unacked", "ready", "ready"]
+    status, exported, _ = warren(b, capsys, "export", QUEUE)
+    assert status == 0
+    offsets = [json.loads(line)["offset"] for line in exported.splitlines()]
+    assert len(offsets) == len(bodies)
+    assert offsets[:3] == [line["offset"] for line in lines]
+    # Browsing consumed nothing.
+    channel.basic_nack(method.delivery_tag, requeue=True)
+    consumer.close()
+    assert _ready_on(a) == len(bodies)
+    assert warren(b, capsys, "purge", QUEUE)[0] == 0
+    assert _ready_on(a) == 0
+    status, out, _ = warren(b, capsys, "import", QUEUE, stdin=exported.encode())
+    assert status == 0 and out.strip() == f"imported {len(bodies)}, refused 0"
+    got = [a.connect().channel().basic_get(QUEUE, auto_ack=True)[2] for _ in bodies]
+    assert got == bodies
