@@ -71,7 +71,6 @@ _STREAMS = "a stream led by another node is not consumed through forwarding yet"
 _DEAD_LETTERS = "dead-lettering, delivery counts and delivery limits across nodes"
 _TIMEOUTS = "consumer and visibility timeouts of a queue led elsewhere use the entry's defaults"
 _RESTART = "what a whole-cluster restart keeps of transient entities and in-flight deliveries"
-_DELAYED = "delayed messages held across a whole-cluster restart are not delivered"
 CLUSTER_GAPS = {
     "test_consumer_timeout.py": {
         "test_a_timed_out_consumer_is_cancelled_and_its_deliveries_requeued": _TIMEOUTS,
@@ -88,9 +87,6 @@ CLUSTER_GAPS = {
         "test_a_closed_channel_beyond_the_limit_dead_letters": _DEAD_LETTERS,
         "test_x_death_field_types_on_the_wire": _DEAD_LETTERS,
         "test_quorum_queues_default_to_a_delivery_limit_of_20": _DEAD_LETTERS,
-    },
-    "test_delayed_messages.py": {
-        "test_a_restart_before_the_delays_expire_keeps_them": _DELAYED,
     },
     "test_metrics.py": {
         "test_dead_letters_are_counted_by_reason": _DEAD_LETTERS,

@@ -352,10 +352,11 @@ class Broker:
         )
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
-            kept = set(vhost.recover())
+            # Before the vhost's recovery: a delayed hand-off it resumes may target them.
             for record in self.store.state.queues(name).values():
                 if record.node != self.node_id:
                     self.forwarding.place(vhost, record.name)
+            kept = set(vhost.recover())
             if vhost.directory.exists():
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:

@@ -1,14 +1,16 @@
-"""The HTTP API and the DLQ tools of node B on a queue node A leads (`server/forward`): B shows
-A's figures for it, and browses, exports and purges it through the link."""
+"""Node B's own services on a queue node A leads (`server/forward`): its HTTP API shows A's
+figures for it, its DLQ tools browse, export and purge it, and its delayed exchanges hand
+due messages to it, all through the link."""
 
 from __future__ import annotations
 
 import json
 
+import pika
 import pytest
 from http_api import HttpApi, path
 from test_dlq_tools import warren
-from test_forwarding import QUEUE, _placed_on_a, _publish, _ready_on, _two_nodes
+from test_forwarding import QUEUE, _consume, _placed_on_a, _publish, _ready_on, _two_nodes
 
 from warrenmq.server.forward import owner
 
@@ -77,3 +79,26 @@ def test_dlq_tools_of_b_browse_export_and_purge_a_queue_a_leads(nodes, capsys, m
     assert status == 0 and out.strip() == f"imported {len(bodies)}, refused 0"
     got = [a.connect().channel().basic_get(QUEUE, auto_ack=True)[2] for _ in bodies]
     assert got == bodies
+
+
+def test_a_delayed_exchange_on_b_hands_due_messages_to_as_queue(nodes):
+    """B holds the delayed messages (the exchange's store is where they were published) and,
+    when they are due, stages them on A's queue through the link."""
+    a, b = nodes
+    connection = b.connect()
+    channel = connection.channel()
+    channel.exchange_declare(
+        "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
+    )
+    channel.queue_bind(QUEUE, "dx", "k")
+    channel.confirm_delivery()
+    for delay in (300, 100, 200):
+        channel.basic_publish(
+            "dx",
+            "k",
+            str(delay).encode(),
+            pika.BasicProperties(delivery_mode=2, headers={"x-delay": delay}),
+        )
+    connection.close()
+    got = [body for _, body in _consume(a, 3)]
+    assert got == [b"100", b"200", b"300"]
