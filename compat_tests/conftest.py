@@ -70,7 +70,6 @@ def broker(request):
 _STREAMS = "a stream led by another node is not consumed through forwarding yet"
 _DEAD_LETTERS = "dead-lettering, delivery counts and delivery limits across nodes"
 _TIMEOUTS = "consumer and visibility timeouts of a queue led elsewhere use the entry's defaults"
-_RESTART = "what a whole-cluster restart keeps of transient entities and in-flight deliveries"
 CLUSTER_GAPS = {
     "test_consumer_timeout.py": {
         "test_a_timed_out_consumer_is_cancelled_and_its_deliveries_requeued": _TIMEOUTS,
@@ -93,9 +92,6 @@ CLUSTER_GAPS = {
     },
     "test_policies.py": {
         "test_a_delivery_limit_policy_on_a_quorum_queue": _DEAD_LETTERS,
-    },
-    "test_restart.py": {
-        "test_restart_keeps_durable_and_drops_transient": _RESTART,
     },
     "test_streams.py": {
         "test_consume_refusals_are_rabbitmqs": _STREAMS,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import wire
 from .entry import EntryLink, RemoteQueue
 from .link import log
 from .owner import OwnerLink
@@ -91,6 +92,13 @@ class Forwarding:
                 self.host.want_dispatch,
             )
         )
+
+    async def boot_of(self, node: int) -> int:
+        """The boot `node` runs (`NodeStarted`); LinkError, OSError or NotFound when it
+        cannot be reached."""
+        link = self.link(node)
+        (boot, _) = await link.request(wire.Kind.BOOT, link.next_id())
+        return boot
 
     def accept(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve a link another node dialled: the AMQP listener saw its first bytes."""

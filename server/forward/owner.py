@@ -46,6 +46,8 @@ class OwnerHost(Protocol):
 
     def metadata_applied(self, index: int) -> asyncio.Future[Any]: ...
 
+    boot: int
+
 
 class LinkChannel:
     """The consumer channel of one consumer forwarded over a link (`ConsumerChannel`)."""
@@ -168,6 +170,8 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._stats, *fields)
         elif kind is wire.Kind.PEEK:
             self._answer(fields[0], self._peek, *fields)
+        elif kind is wire.Kind.BOOT:
+            self.send(wire.Kind.REPLY, fields[0], self.host.boot, 0)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 

@@ -61,6 +61,8 @@ class Kind(enum.IntEnum):
     # entry -> owner: browse a queue (the DLQ tools), answered by PEEKED
     PEEK = 29
     PEEKED = 30
+    # entry -> owner: which boot of the owner runs (`NodeStarted`), answered by REPLY
+    BOOT = 31
 
 
 class Settle(enum.IntEnum):
@@ -114,6 +116,8 @@ SCHEMAS: dict[Kind, str] = {
     # request id, then the messages found, a list per field: offsets, timestamps, exchanges,
     # routing keys, properties, bodies, redelivered, delivery counts, failed counts, in flight
     Kind.PEEKED: "QIIMMMMIIII",
+    # request id (the REPLY's first count is the owner's boot)
+    Kind.BOOT: "Q",
 }
 
 
