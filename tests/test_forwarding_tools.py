@@ -7,23 +7,15 @@ from __future__ import annotations
 import json
 
 import pika
-import pytest
+import test_forwarding
 from http_api import HttpApi, path
 from test_dlq_tools import warren
-from test_forwarding import QUEUE, _consume, _placed_on_a, _publish, _ready_on, _two_nodes
+from test_forwarding import QUEUE, _consume, _publish, _ready_on
 
 from warrenmq.server.forward import owner
 
-
-@pytest.fixture
-def nodes(tmp_path):
-    a, b = _two_nodes(tmp_path)
-    try:
-        _placed_on_a(a, b)
-        yield a, b
-    finally:
-        for node in (b, a):
-            node.stop()
+# Node A leading QUEUE, node B forwarding to it.
+nodes = test_forwarding.nodes
 
 
 def test_the_http_api_of_b_shows_the_owners_figures(nodes):

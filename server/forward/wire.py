@@ -184,27 +184,17 @@ def decode(payload: bytes) -> tuple[Kind, list[Any]]:
                     fields.append(table_from_json(data.decode()))
                 else:
                     fields.append(data)
-            elif letter == "L":
+            elif letter in "LM":
                 (count,) = _U32.unpack_from(view, position)
                 position += 4
-                strings = []
-                for _ in range(count):
-                    (length,) = _U32.unpack_from(view, position)
-                    position += 4
-                    strings.append(payload[position : position + length].decode())
-                    position += length
-                fields.append(strings)
-            elif letter == "M":
-                (count,) = _U32.unpack_from(view, position)
-                position += 4
-                chunks = []
+                chunks: list[Any] = []
                 for _ in range(count):
                     (length,) = _U32.unpack_from(view, position)
                     position += 4
                     chunk = payload[position : position + length]
                     if len(chunk) != length:
                         raise ValueError("field runs past the message")
-                    chunks.append(chunk)
+                    chunks.append(chunk.decode() if letter == "L" else chunk)
                     position += length
                 fields.append(chunks)
             else:

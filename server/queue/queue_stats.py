@@ -1,6 +1,6 @@
-"""A queue's figures at one moment, as the HTTP API and the metrics show them: its depths,
-consumers and message counters. Taken on the node that leads the queue (`of`) and sent as a
-list of numbers to a node that shows it (a STATS request over a forwarding link).
+"""A queue's figures at one moment, as the HTTP API shows them: its depths, consumers and
+message counters. Taken on the node that leads the queue (`of`) and sent as a list of numbers
+to a node that shows it (a STATS request over a forwarding link).
 """
 
 from __future__ import annotations
@@ -9,23 +9,25 @@ from typing import Any
 
 from .message_counts import MessageCounts
 
+COUNTERS = (
+    "published",
+    "delivered",
+    "delivered_no_ack",
+    "got",
+    "got_no_ack",
+    "got_empty",
+    "consumer_acks",
+    "redelivered",
+)
+"""The `MessageCounts` a queue's figures carry, by the same names."""
+
 
 class QueueStats:
     __slots__ = (
         "ready",
         "unacked",
         "consumers",
-        "published",
-        "delivered",
-        "delivered_no_ack",
-        "got",
-        "got_no_ack",
-        "got_empty",
-        "consumer_acks",
-        "redelivered",
-        "message_log_bytes",
-        "message_log_segments",
-        "stale_settles",
+        *COUNTERS,
     )
 
     def __init__(self, *values: int) -> None:
@@ -41,17 +43,7 @@ class QueueStats:
             engine.ready_count,
             engine.unacked_count,
             queue.consumer_count,
-            counts.published,
-            counts.delivered,
-            counts.delivered_no_ack,
-            counts.got,
-            counts.got_no_ack,
-            counts.got_empty,
-            counts.consumer_acks,
-            counts.redelivered,
-            engine.message_log_bytes,
-            engine.message_log_segments,
-            queue.stale_settles,
+            *(getattr(counts, name) for name in COUNTERS),
         )
 
     def values(self) -> list[int]:
