@@ -1,6 +1,6 @@
 """Node B's own services on a queue node A leads (`server/forward`): its HTTP API shows A's
-figures for it, its DLQ tools browse, export and purge it, and its delayed exchanges hand
-due messages to it, all through the link."""
+figures for it, its DLQ tools browse, export, purge and redrive it (the task runs on A), and
+its delayed exchanges hand due messages to it, all through the link."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import pika
 import test_forwarding
-from http_api import HttpApi, path
-from test_dlq_tools import warren
+from http_api import HttpApi, eventually, path
+from test_dlq_tools import dead_letters, warren
 from test_forwarding import QUEUE, _consume, _publish, _ready_on
 
 from warrenmq.server.forward import owner
@@ -94,3 +94,26 @@ def test_a_delayed_exchange_on_b_hands_due_messages_to_as_queue(nodes):
     connection.close()
     got = [body for _, body in _consume(a, 3)]
     assert got == [b"100", b"200", b"300"]
+
+
+def test_a_redrive_through_b_runs_on_a_and_moves_dead_letters_to_a_queue_b_leads(nodes, capsys):
+    a, b = nodes
+    dead_letters(a, "src", "dlq", [b"x", b"y"])
+    # Their source queue is now one B leads.
+    connection = a.connect()
+    connection.channel().queue_delete("src")
+    connection.close()
+    connection = b.connect()
+    connection.channel().queue_declare("src", durable=True)
+    connection.close()
+    eventually(lambda: "src" in a.broker.vhosts["/"].remote, True)
+    status, out, err = warren(b, capsys, "redrive", "dlq", "--json")
+    assert status == 0, err
+    task = json.loads(out)
+    assert (task["state"], task["moved"]) == ("done", 2)
+    assert list(a.broker.redrives.tasks) == [task["id"]] and not b.broker.redrives.tasks
+    status, out, _ = warren(b, capsys, "redrives", "--json")
+    assert [listed["id"] for listed in json.loads(out)] == [task["id"]]
+    assert _ready_on(a, "dlq") == 0
+    channel = b.connect().channel()
+    assert [channel.basic_get("src", auto_ack=True)[2] for _ in range(2)] == [b"x", b"y"]

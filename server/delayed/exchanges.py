@@ -49,7 +49,7 @@ from warrenmq.exchanges.delayed import DELAY_HEADER, DELAYED_MESSAGE, DelayedTar
 from warrenmq.exchanges.router import Exchange, Router
 from warrenmq.log import RawRecord
 
-from ..forward.entry import RemoteQueue
+from ..forward.entry import RemoteQueue, append_position
 from ..queue.log_queue import remove_directory
 from ..queue.work_queue import WorkQueue
 from .message_log import DELAY, DelayedMessageLog, Held
@@ -280,7 +280,7 @@ class DelayedExchanges:
             (
                 staging.held.offset,
                 tuple(
-                    (queue.name, _append_position(queue, staging.properties))
+                    (queue.name, append_position(queue, staging.properties))
                     for queue in staging.queues
                 ),
             )
@@ -399,14 +399,6 @@ class DelayedExchanges:
         if unfinished:
             store.hand_offs += 1
             self._stage(store, unfinished)
-
-
-def _append_position(queue: WorkQueue, properties: bytes) -> int:
-    """Where the queue's log stands before a staging (0 for a queue another node leads:
-    its log is not read from here, see `_not_stored`)."""
-    if isinstance(queue, RemoteQueue):
-        return 0
-    return queue.engine.append_position(properties)
 
 
 def _not_stored(

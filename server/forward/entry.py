@@ -40,6 +40,7 @@ _ANSWERS = (
     wire.Kind.ERROR,
     wire.Kind.STATS_REPLY,
     wire.Kind.PEEKED,
+    wire.Kind.REDRIVEN,
 )
 
 
@@ -223,6 +224,15 @@ class EntryLink(FramedLink):
 
     def writable_again(self) -> None:
         pass
+
+
+def append_position(queue: Any, properties: bytes) -> int:
+    """Where a queue's log stands before a staging, for a hand-off's journal (delayed
+    messages, redrives); 0 for a queue another node leads, whose log is not read from here:
+    after a crash its messages are staged there again (at least once)."""
+    if isinstance(queue, RemoteQueue):
+        return 0
+    return queue.engine.append_position(properties)
 
 
 class RemoteQueue:

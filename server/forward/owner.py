@@ -11,6 +11,7 @@ deliveries do; its consumers are cancelled.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,6 +48,7 @@ class OwnerHost(Protocol):
     def metadata_applied(self, index: int) -> asyncio.Future[Any]: ...
 
     boot: int
+    redrives: Any
 
 
 class LinkChannel:
@@ -172,6 +174,8 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._peek, *fields)
         elif kind is wire.Kind.BOOT:
             self.send(wire.Kind.REPLY, fields[0], self.host.boot, 0)
+        elif kind is wire.Kind.REDRIVE:
+            self._answer(fields[0], self._redrive, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -388,6 +392,12 @@ class OwnerLink(FramedLink):
             rows.append((*message, in_flight))
         columns = [list(column) for column in zip(*rows, strict=True)]
         self.send(wire.Kind.PEEKED, request_id, *(columns or [[]] * PEEKED_COLUMNS))
+
+    async def _redrive(
+        self, request_id: int, operation: str, vhost: str, queue: str, argument: str
+    ) -> None:
+        answer = await self.host.redrives.operate(operation, vhost, queue, argument)
+        self.send(wire.Kind.REDRIVEN, request_id, json.dumps(answer))
 
     # -- the link going -----------------------------------------------------------------------
 

@@ -63,6 +63,9 @@ class Kind(enum.IntEnum):
     PEEKED = 30
     # entry -> owner: which boot of the owner runs (`NodeStarted`), answered by REPLY
     BOOT = 31
+    # entry -> owner: a redrive task's operation (`server/redrive.py`), answered by REDRIVEN
+    REDRIVE = 32
+    REDRIVEN = 33
 
 
 class Settle(enum.IntEnum):
@@ -118,6 +121,11 @@ SCHEMAS: dict[Kind, str] = {
     Kind.PEEKED: "QIIMMMMIIII",
     # request id (the REPLY's first count is the owner's boot)
     Kind.BOOT: "Q",
+    # request id, operation (start, list, get, cancel, resume), vhost, queue, its argument
+    # (start: the spec as JSON; get, cancel, resume: the task id)
+    Kind.REDRIVE: "Qssss",
+    # request id, the answer as JSON: a task, a list of tasks, or {"error": ..., "reason": ...}
+    Kind.REDRIVEN: "Qs",
 }
 
 
