@@ -39,9 +39,12 @@ The link
     queue deleted); CANCELLED(id, reason) tells of a consumer the owner dropped.
 
     GET, PURGE, DELETE(if_unused, if_empty) and STATS (the queue's figures, for a passive
-    declare, the HTTP API and the metrics) are requests answered by REPLY/GOT/STATS_REPLY
-    or by ERROR(reply code, text), which the entry node raises as the same channel or
-    connection exception a single node raises.
+    declare and the HTTP API) are requests answered by REPLY/GOT/STATS_REPLY or by
+    ERROR(reply code, text), which the entry node raises as the same channel or connection
+    exception a single node raises. The entry node's own services ask too: PEEK (the DLQ
+    tools' browse, answered by PEEKED a slice at a time), REDRIVE (a redrive task's
+    operation on the node leading its DLQ, answered by REDRIVEN) and BOOT (which start of
+    the owner runs, for `NodeStarted`, answered by REPLY).
 
 Loss of a link
     Entry node: publishes not yet confirmed are nacked (never confirmed without the owner),
