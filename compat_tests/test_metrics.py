@@ -57,7 +57,7 @@ def test_aggregated_metrics_have_rabbitmqs_names_and_types(metrics_url):
     )
 
 
-def test_per_object_queue_metrics_follow_the_queue(metrics_url, connection, uid):
+def test_per_object_queue_metrics_follow_the_queue(broker, metrics_url, connection, uid):
     channel = connection.channel()
     queue = f"{uid}-metered"
     channel.queue_declare(queue, auto_delete=True)
@@ -67,16 +67,21 @@ def test_per_object_queue_metrics_follow_the_queue(metrics_url, connection, uid)
     labels = (("queue", queue), ("vhost", "/"))
     deadline = time.monotonic() + SETTLE_S_MAX
     while True:
-        families = scrape(metrics_url + "/metrics/per-object")
-        ready = families["rabbitmq_queue_messages_ready"][1].get(labels)
+        # A queue's samples are on the node leading it, and only there.
+        scraped = [scrape(url + "/metrics/per-object") for url in broker.metrics_urls]
+        showing = [f for f in scraped if labels in f["rabbitmq_queue_messages_ready"][1]]
+        ready = showing[0]["rabbitmq_queue_messages_ready"][1][labels] if showing else None
         if ready == 3 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert ready == 3
-    assert families["rabbitmq_queue_messages"][1][labels] == 3
-    assert families["rabbitmq_queue_consumers"][1][labels] == 0
-    # A channel's publishes, by the exchange they went to.
-    published = families["rabbitmq_channel_messages_published"][1]
+    assert len(showing) == 1
+    assert showing[0]["rabbitmq_queue_messages"][1][labels] == 3
+    assert showing[0]["rabbitmq_queue_consumers"][1][labels] == 0
+    # A channel's publishes, by the exchange they went to, on the node of its connection.
+    published = scrape(metrics_url + "/metrics/per-object")["rabbitmq_channel_messages_published"][
+        1
+    ]
     to_default = [
         value
         for labels, value in published.items()

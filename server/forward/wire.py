@@ -5,7 +5,8 @@ the payload). Fields are packed by a per-kind schema, one letter per field:
 
 * ``Q`` an unsigned 64-bit integer, ``B`` a bool;
 * ``s`` a UTF-8 string and ``b`` bytes, each with a 32-bit length;
-* ``L`` a list of strings, ``I`` a list of unsigned 64-bit integers, each with a 32-bit count;
+* ``L`` a list of strings, ``I`` a list of unsigned 64-bit integers, ``M`` a list of bytes,
+  each with a 32-bit count;
 * ``T`` an AMQP argument table, as the metadata stores it (``metadata/encoding.py``: lossless,
   bytes stay bytes and bools stay bools, which pamqp's table encoder cannot promise).
 
@@ -62,6 +63,16 @@ class Kind(enum.IntEnum):
     APPEND = 30
     # owner -> entry
     CHALLENGE = 31
+    # owner -> entry: the answer to STATS
+    STATS_REPLY = 32
+    # entry -> owner: browse a queue (the DLQ tools), answered by PEEKED
+    PEEK = 33
+    PEEKED = 34
+    # entry -> owner: which boot of the owner runs (`NodeStarted`), answered by REPLY
+    BOOT = 35
+    # entry -> owner: a redrive task's operation (`server/redrive.py`), answered by REDRIVEN
+    REDRIVE = 36
+    REDRIVEN = 37
 
 
 class Settle(enum.IntEnum):
@@ -118,6 +129,20 @@ SCHEMAS: dict[Kind, str] = {
     Kind.APPEND: "Qssssbb",
     # a fresh nonce the entry's HELLO must prove the secret over, so no hello can be replayed
     Kind.CHALLENGE: "b",
+    # request id, the queue's figures (`QueueStats.values`)
+    Kind.STATS_REPLY: "QI",
+    # request id, vhost, queue, from offset, messages at most
+    Kind.PEEK: "QssQQ",
+    # request id, then the messages found, a list per field: offsets, timestamps, exchanges,
+    # routing keys, properties, bodies, redelivered, delivery counts, failed counts, in flight
+    Kind.PEEKED: "QIIMMMMIIII",
+    # request id (the REPLY's first count is the owner's boot)
+    Kind.BOOT: "Q",
+    # request id, operation (start, list, get, cancel, resume), vhost, queue, its argument
+    # (start: the spec as JSON; get, cancel, resume: the task id)
+    Kind.REDRIVE: "Qssss",
+    # request id, the answer as JSON: a task, a list of tasks, or {"error": ..., "reason": ...}
+    Kind.REDRIVEN: "Qs",
 }
 
 
@@ -140,6 +165,10 @@ _PACKERS: dict[str, Callable[[list[bytes], Any], None]] = {
         out.append(b"".join(_U64.pack(value) for value in values)),
     ),
     "T": lambda out, table: _pack_bytes(out, table_to_json(table).encode()),
+    "M": lambda out, values: (
+        out.append(_U32.pack(len(values))),
+        [_pack_bytes(out, value) for value in values],
+    ),
 }
 
 
@@ -180,16 +209,19 @@ def decode(payload: bytes) -> tuple[Kind, list[Any]]:
                     fields.append(table_from_json(data.decode()))
                 else:
                     fields.append(data)
-            elif letter == "L":
+            elif letter in "LM":
                 (count,) = _U32.unpack_from(view, position)
                 position += 4
-                strings = []
+                chunks: list[Any] = []
                 for _ in range(count):
                     (length,) = _U32.unpack_from(view, position)
                     position += 4
-                    strings.append(payload[position : position + length].decode())
+                    chunk = payload[position : position + length]
+                    if len(chunk) != length:
+                        raise ValueError("field runs past the message")
+                    chunks.append(chunk.decode() if letter == "L" else chunk)
                     position += length
-                fields.append(strings)
+                fields.append(chunks)
             else:
                 (count,) = _U32.unpack_from(view, position)
                 position += 4
