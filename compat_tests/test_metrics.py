@@ -98,17 +98,24 @@ def test_an_unknown_registry_is_404(metrics_url):
     assert excinfo.value.code == 404
 
 
-def dead_lettered(metrics_url: str, reason: str, queue_type: str) -> float:
+def dead_lettered(metrics_urls: list[str], reason: str, queue_type: str) -> float:
     """rabbitmq_global_messages_dead_lettered_<reason>_total of one queue type, every
     strategy summed (a classic queue's dead-lettering is at-most-once in RabbitMQ, at-least-once
-    in Warren)."""
-    samples = scrape(metrics_url + "/metrics")[f"rabbitmq_global_messages_dead_lettered_{reason}"][
-        1
-    ]
-    return sum(value for labels, value in samples.items() if ("queue_type", queue_type) in labels)
+    in Warren), over every node: as RabbitMQ's, a node counts what its own queues dead-letter,
+    and a cluster's total is the sum over its nodes."""
+    total = 0.0
+    for metrics_url in metrics_urls:
+        samples = scrape(metrics_url + "/metrics")[
+            f"rabbitmq_global_messages_dead_lettered_{reason}"
+        ][1]
+        total += sum(
+            value for labels, value in samples.items() if ("queue_type", queue_type) in labels
+        )
+    return total
 
 
-def test_dead_letters_are_counted_by_reason(metrics_url, connection, uid):
+def test_dead_letters_are_counted_by_reason(broker, metrics_url, connection, uid):
+    metrics_urls = broker.metrics_urls
     channel = connection.channel()
     channel.confirm_delivery()
     target = f"{uid}-dead"
@@ -116,8 +123,8 @@ def test_dead_letters_are_counted_by_reason(metrics_url, connection, uid):
     to_target = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
     classic = "rabbit_classic_queue"
     reasons = ("rejected", "expired", "maxlen", "delivery_limit")
-    before = {reason: dead_lettered(metrics_url, reason, classic) for reason in reasons[:3]} | {
-        "delivery_limit": dead_lettered(metrics_url, "delivery_limit", "rabbit_quorum_queue")
+    before = {reason: dead_lettered(metrics_urls, reason, classic) for reason in reasons[:3]} | {
+        "delivery_limit": dead_lettered(metrics_urls, "delivery_limit", "rabbit_quorum_queue")
     }
 
     channel.queue_declare(f"{uid}-rejects", auto_delete=True, arguments=to_target)
@@ -157,11 +164,11 @@ def test_dead_letters_are_counted_by_reason(metrics_url, connection, uid):
         deadline = time.monotonic() + SETTLE_S_MAX
         while True:
             counted = {
-                reason: dead_lettered(metrics_url, reason, classic) - before[reason]
+                reason: dead_lettered(metrics_urls, reason, classic) - before[reason]
                 for reason in reasons[:3]
             } | {
                 "delivery_limit": dead_lettered(
-                    metrics_url, "delivery_limit", "rabbit_quorum_queue"
+                    metrics_urls, "delivery_limit", "rabbit_quorum_queue"
                 )
                 - before["delivery_limit"]
             }
