@@ -75,6 +75,12 @@ class Broker(abc.ABC):
     def url(self) -> str:
         return self.url_for()
 
+    @property
+    def metrics_urls(self) -> list[str]:
+        """Every node's Prometheus URL: as RabbitMQ's, a node's metrics show the queues it
+        leads (a cluster's are summed over its nodes)."""
+        return [self.metrics_url] if self.metrics_url is not None else []
+
     def url_for(
         self, user: str = "guest", password: str = "guest", vhost: str = "/", **query
     ) -> str:
@@ -337,6 +343,10 @@ class WarrenClusterBroker(WarrenBroker):
         super().stop()
         for node in self.others:
             node.stop()
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        return [*super().metrics_urls, *(url for node in self.others for url in node.metrics_urls)]
 
     def destroy(self) -> None:
         super().destroy()

@@ -67,28 +67,11 @@ def broker(request):
 # What forwarding does not do yet (issue 11): by file, the test functions expected to fail on
 # the cluster ("[quorum]": only their quorum-queue runs). They still run; every other test must
 # pass there. Remove a line once its test passes across nodes.
-_HTTP = "the entry node's HTTP API and metrics lack the counts of queues led elsewhere"
-_RESTART = "what a whole-cluster restart keeps of transient entities and in-flight deliveries"
-_DELAYED = "delayed messages held across a whole-cluster restart are not delivered"
 _SUPER_STREAMS = (
     "a super stream's partitions are spread over the nodes: the topic API reads and commits, "
     "and consumer groups join, only the partitions led by the entry node"
 )
 CLUSTER_GAPS = {
-    "test_delayed_messages.py": {
-        "test_a_restart_before_the_delays_expire_keeps_them": _DELAYED,
-    },
-    "test_management_api.py": {
-        "test_queue_depth_and_message_stats_follow_amqp": _HTTP,
-        "test_queue_delete_if_empty_and_purge": _HTTP,
-    },
-    "test_metrics.py": {
-        "test_per_object_queue_metrics_follow_the_queue": _HTTP,
-        "test_dead_letters_are_counted_by_reason": _HTTP,
-    },
-    "test_restart.py": {
-        "test_restart_keeps_durable_and_drops_transient": _RESTART,
-    },
     "test_topics.py": {
         "test_what_pika_publishes_to_a_super_stream_http_reads": _SUPER_STREAMS,
         "test_an_http_commit_is_where_a_pika_group_member_resumes": _SUPER_STREAMS,

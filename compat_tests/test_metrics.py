@@ -57,7 +57,7 @@ def test_aggregated_metrics_have_rabbitmqs_names_and_types(metrics_url):
     )
 
 
-def test_per_object_queue_metrics_follow_the_queue(metrics_url, connection, uid):
+def test_per_object_queue_metrics_follow_the_queue(broker, metrics_url, connection, uid):
     channel = connection.channel()
     queue = f"{uid}-metered"
     channel.queue_declare(queue, auto_delete=True)
@@ -67,16 +67,21 @@ def test_per_object_queue_metrics_follow_the_queue(metrics_url, connection, uid)
     labels = (("queue", queue), ("vhost", "/"))
     deadline = time.monotonic() + SETTLE_S_MAX
     while True:
-        families = scrape(metrics_url + "/metrics/per-object")
-        ready = families["rabbitmq_queue_messages_ready"][1].get(labels)
+        # A queue's samples are on the node leading it, and only there.
+        scraped = [scrape(url + "/metrics/per-object") for url in broker.metrics_urls]
+        showing = [f for f in scraped if labels in f["rabbitmq_queue_messages_ready"][1]]
+        ready = showing[0]["rabbitmq_queue_messages_ready"][1][labels] if showing else None
         if ready == 3 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert ready == 3
-    assert families["rabbitmq_queue_messages"][1][labels] == 3
-    assert families["rabbitmq_queue_consumers"][1][labels] == 0
-    # A channel's publishes, by the exchange they went to.
-    published = families["rabbitmq_channel_messages_published"][1]
+    assert len(showing) == 1
+    assert showing[0]["rabbitmq_queue_messages"][1][labels] == 3
+    assert showing[0]["rabbitmq_queue_consumers"][1][labels] == 0
+    # A channel's publishes, by the exchange they went to, on the node of its connection.
+    published = scrape(metrics_url + "/metrics/per-object")["rabbitmq_channel_messages_published"][
+        1
+    ]
     to_default = [
         value
         for labels, value in published.items()
@@ -93,17 +98,24 @@ def test_an_unknown_registry_is_404(metrics_url):
     assert excinfo.value.code == 404
 
 
-def dead_lettered(metrics_url: str, reason: str, queue_type: str) -> float:
+def dead_lettered(metrics_urls: list[str], reason: str, queue_type: str) -> float:
     """rabbitmq_global_messages_dead_lettered_<reason>_total of one queue type, every
     strategy summed (a classic queue's dead-lettering is at-most-once in RabbitMQ, at-least-once
-    in Warren)."""
-    samples = scrape(metrics_url + "/metrics")[f"rabbitmq_global_messages_dead_lettered_{reason}"][
-        1
-    ]
-    return sum(value for labels, value in samples.items() if ("queue_type", queue_type) in labels)
+    in Warren), over every node: as RabbitMQ's, a node counts what its own queues dead-letter,
+    and a cluster's total is the sum over its nodes."""
+    total = 0.0
+    for metrics_url in metrics_urls:
+        samples = scrape(metrics_url + "/metrics")[
+            f"rabbitmq_global_messages_dead_lettered_{reason}"
+        ][1]
+        total += sum(
+            value for labels, value in samples.items() if ("queue_type", queue_type) in labels
+        )
+    return total
 
 
-def test_dead_letters_are_counted_by_reason(metrics_url, connection, uid):
+def test_dead_letters_are_counted_by_reason(broker, metrics_url, connection, uid):
+    metrics_urls = broker.metrics_urls
     channel = connection.channel()
     channel.confirm_delivery()
     target = f"{uid}-dead"
@@ -111,8 +123,8 @@ def test_dead_letters_are_counted_by_reason(metrics_url, connection, uid):
     to_target = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
     classic = "rabbit_classic_queue"
     reasons = ("rejected", "expired", "maxlen", "delivery_limit")
-    before = {reason: dead_lettered(metrics_url, reason, classic) for reason in reasons[:3]} | {
-        "delivery_limit": dead_lettered(metrics_url, "delivery_limit", "rabbit_quorum_queue")
+    before = {reason: dead_lettered(metrics_urls, reason, classic) for reason in reasons[:3]} | {
+        "delivery_limit": dead_lettered(metrics_urls, "delivery_limit", "rabbit_quorum_queue")
     }
 
     channel.queue_declare(f"{uid}-rejects", auto_delete=True, arguments=to_target)
@@ -152,11 +164,11 @@ def test_dead_letters_are_counted_by_reason(metrics_url, connection, uid):
         deadline = time.monotonic() + SETTLE_S_MAX
         while True:
             counted = {
-                reason: dead_lettered(metrics_url, reason, classic) - before[reason]
+                reason: dead_lettered(metrics_urls, reason, classic) - before[reason]
                 for reason in reasons[:3]
             } | {
                 "delivery_limit": dead_lettered(
-                    metrics_url, "delivery_limit", "rabbit_quorum_queue"
+                    metrics_urls, "delivery_limit", "rabbit_quorum_queue"
                 )
                 - before["delivery_limit"]
             }

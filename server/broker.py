@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import gc
 import logging
+import secrets
 import shutil
 import time
 from collections.abc import Awaitable
@@ -191,6 +192,8 @@ class Broker:
         alarms.RESOURCE_CHECK_READ_BYTES); connections count them."""
         self._metadata_follower: asyncio.Task[None] | None = None
         self.node = ClusterNode(self)
+        self.boot = secrets.randbits(62)
+        """This start of the broker (`NodeStarted`)."""
         # The management API and the metrics: adapters of their own on this event loop.
         self.http = HttpListeners(self)
         self.redrives = Redrives(
@@ -233,6 +236,7 @@ class Broker:
             # From here on (no await since the metadata opened), every entry applied here,
             # wherever it was proposed, reaches the running side.
             self.store.machine.listener = self.node.applied
+            await self.node.started()
             self.server = await self._loop.create_server(
                 lambda: BrokerConnection(self),
                 self.config.bind,
@@ -352,10 +356,11 @@ class Broker:
         )
         for name in self.store.state.vhosts:
             vhost = self._new_vhost(name)
-            kept = set(vhost.recover())
+            # Before the vhost's recovery: a delayed hand-off it resumes may target them.
             for record in self.store.state.queues(name).values():
                 if record.node != self.node_id:
                     self.forwarding.place(vhost, record.name)
+            kept = set(vhost.recover())
             if vhost.directory.exists():
                 for leftover in vhost.directory.iterdir():
                     if leftover.name not in kept:

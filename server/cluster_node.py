@@ -16,12 +16,15 @@ called for each applied entry after the state changed:
   group (`check_removed`, polled: a removed node no longer hears of the `ForgetNode`): it
   closes its connections and refuses new ones with the reason (`refusal`).
 
-At start (`register`), a node proposes its `NodeRecord` (where clients and nodes reach its
+At start, before it listens, a node proposes `NodeStarted` (`started`): its boot, and those
+of the members it found running, so that the transient exchanges go when none that held
+them runs; once listening (`register`), its `NodeRecord` (where clients and nodes reach its
 AMQP and HTTP ports) when the state lacks it or holds another.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -32,6 +35,7 @@ from warrenmq.server.metadata.records import NodeRecord, node_name
 from warrenmq.server.metadata.state import Outcome
 
 log = logging.getLogger(__name__)
+BOOT_ASK_S = 2.0
 _POLICY_COMMANDS = (c.SetPolicy, c.ClearPolicy)
 _DELETING_EXCHANGES = (c.DeleteExchange, c.DeleteQueue, c.Unbind)
 
@@ -91,6 +95,32 @@ class ClusterNode:
             http_ports.get("management", 0),
         )
 
+    async def started(self) -> None:
+        """In a cluster, before listening: tell the others which members this node found
+        running (`NodeStarted`), each asked for its boot over a link within BOOT_ASK_S; the
+        transient exchanges survive if one of those held them."""
+        store = self.broker.store
+        assert store is not None
+        if not store.clustered or store.group.removed:
+            return
+        others = [node for node in store.state.nodes if node != self.node_id]
+        forwarding = self.broker.forwarding
+        boots = await asyncio.gather(
+            *(asyncio.wait_for(forwarding.boot_of(node), BOOT_ASK_S) for node in others),
+            return_exceptions=True,
+        )
+        alive = [
+            (node, boot) for node, boot in zip(others, boots, strict=True) if type(boot) is int
+        ]
+        await store.apply_idempotent(
+            c.NodeStarted(
+                self.node_id,
+                self.broker.boot,
+                tuple(node for node, _ in alive),
+                tuple(boot for _, boot in alive),
+            )
+        )
+
     async def register(self) -> None:
         store = self.broker.store
         assert store is not None
@@ -125,6 +155,11 @@ class ClusterNode:
         if isinstance(command, c.ForgetTransient):
             for vhost in broker.vhosts.values():
                 vhost.retire_deleted()
+            return
+        if isinstance(command, c.NodeStarted):
+            # Transient exchanges forgotten: the delayed ones' stores go with them.
+            for vhost in broker.vhosts.values():
+                vhost.delayed.exchanges_deleted(outcome.deleted_exchanges)
             return
         vhost_name = getattr(command, "vhost", None)
         vhost = broker.vhosts.get(vhost_name) if vhost_name is not None else None

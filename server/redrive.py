@@ -17,6 +17,11 @@ task reads each target's log from its recorded position (`stored_from`) and a me
 there, byte for byte, is acknowledged rather than staged again. The same hand-off the
 delayed exchanges use.
 
+In a cluster a task runs on the node leading its DLQ (the HTTP API of any node starts, shows,
+cancels and resumes it there, `server/forward`). A target another node leads is staged on
+through the link, as a publish; its log is not searched after a crash, so a message moved
+there is moved at least once, not exactly once.
+
 A task's state lives in `<data dir>/redrives/<id>.json`, replaced atomically; a task the
 broker was running when it stopped (or crashed) runs again when it starts.
 
@@ -46,6 +51,7 @@ from warrenmq.dlq.redrive import RedriveSpec, last_death
 from warrenmq.log import RawRecord
 
 from . import durable_files
+from .forward.entry import append_position
 from .queue.engine import Message
 from .queue.work_queue import WorkQueue
 from .vhost import Published, VirtualHost, describe
@@ -224,6 +230,29 @@ class Redrives:
         self._run(task)
         return task
 
+    async def operate(self, operation: str, vhost: str, queue: str, argument: str) -> Any:
+        """An operation another node's HTTP API asks of this node's tasks (`server/forward`):
+        list, start (`argument`: the spec as JSON), get, cancel or resume (`argument`: the
+        task id). The answer as the API shows it, or {"refused": "not_found"} or
+        {"refused": "bad_request", "reason": ...}."""
+        try:
+            if operation == "list":
+                return [task.to_json() for task in self.tasks.values()]
+            if operation == "start":
+                spec = RedriveSpec.from_json(json.loads(argument))
+                return self.start(vhost, queue, spec).to_json()
+            if operation == "get":
+                return self.tasks[argument].to_json()
+            if operation == "cancel":
+                return (await self.cancel(argument)).to_json()
+            if operation == "resume":
+                return self.resume(argument).to_json()
+            raise ValueError(f"no redrive operation {operation!r}")
+        except LookupError:
+            return {"refused": "not_found"}
+        except ValueError as error:
+            return {"refused": "bad_request", "reason": str(error)}
+
     async def shutdown(self) -> None:
         """Stop every task after its batch, leaving it running on disk: the next start
         resumes it."""
@@ -341,7 +370,7 @@ class Redrives:
             return self._kept(queue, message, False)
         if spec.exchange is None:
             assert death is not None
-            source = vhost.queues.get(death.queue)
+            source = vhost.served_queue(death.queue)
             if source is None or source.deleted or source is queue:
                 return self._kept(queue, message, True)
             step = _Step(message, True, source)
@@ -376,7 +405,7 @@ class Redrives:
     def _targets(self, vhost: VirtualHost, step: _Step) -> list[WorkQueue]:
         if step.target is not None:
             return [step.target]
-        return [q for name in step.route[0] if (q := vhost.queues.get(name)) is not None]
+        return [q for name in step.route[0] if (q := vhost.served_queue(name)) is not None]
 
     async def _batch(
         self,
@@ -392,7 +421,7 @@ class Redrives:
         for step in steps:
             for target in self._targets(vhost, step):
                 positions.setdefault(target.name, set()).add(
-                    target.engine.append_position(step.record[2])
+                    append_position(target, step.record[2])
                 )
         task.pending = {
             "offsets": [message.offset for message in messages],
@@ -470,6 +499,7 @@ class Redrives:
             return stored
         for name, positions in task.pending["positions"].items():
             target = vhost.queues.get(name)
+            # A target another node leads is not searched: its messages are staged again.
             if target is None or target.deleted or not positions:
                 continue
             for _, record in target.engine.stored_from(positions):

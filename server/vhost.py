@@ -1387,11 +1387,14 @@ class VirtualHost:
 
     def peek(
         self, queue_name: str, owner: str, count_max: int, start: int = 0
-    ) -> list[tuple[Message, bool]]:
+    ) -> list[tuple[Message, bool]] | Awaitable[list[tuple[Message, bool]]]:
         """Browse a queue (the DLQ tools): up to `count_max` messages not yet acknowledged,
-        ready or in flight, from offset `start` on, each with whether it is in flight.
-        Nothing is delivered, counted or renewed."""
+        ready or in flight, from offset `start` on, each with whether it is in flight (an
+        awaitable of them when another node leads the queue). Nothing is delivered, counted
+        or renewed."""
         queue = self.get_queue(queue_name, owner)
+        if isinstance(queue, RemoteQueue):
+            return queue.browse(start, count_max)
         return queue.engine.browse(start, count_max)
 
     def purge(self, queue_name: str, owner: str) -> int | Awaitable[int]:

@@ -209,3 +209,24 @@ def test_the_whole_cluster_restarted_keeps_its_metadata(cluster):
     connection = amqp(cluster, 3)
     assert connection.channel().basic_get(queue, auto_ack=True)[2] == b"kept"
     connection.close()
+
+
+def test_transient_exchanges_outlive_a_rolling_restart_not_a_whole_cluster_one(cluster):
+    """As RabbitMQ's RAM tables: a node that comes back while another that held them runs
+    has them (it asked the others for their boots, `NodeStarted`); the whole cluster stopped
+    at once forgets them."""
+    exchange = name("transient")
+    connection = amqp(cluster, 1)
+    connection.channel().exchange_declare(exchange, "fanout", durable=False)
+    connection.close()
+    target = path("api", "exchanges", "/", exchange)
+    for node in (1, 2, 3):
+        cluster.kill(node)
+        cluster.start(node)
+        cluster.wait_listening(node)
+    for node in (1, 2, 3):
+        assert api(cluster, node).get(target).status == 200
+    cluster.stop()
+    cluster.start_all()
+    for node in (1, 2, 3):
+        assert eventually(lambda n=node: api(cluster, n).get(target).status, 404) == 404

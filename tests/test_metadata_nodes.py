@@ -84,6 +84,65 @@ def test_forget_transient_of_a_node_keeps_other_nodes_exclusive_queues_and_excha
     assert state.router("/").get("transient") is None
 
 
+def _with_transient_exchange_held_by(boots: dict[int, int]) -> MetadataState:
+    state = with_nodes(*boots)
+    for node, boot in boots.items():
+        holders = state.transient_holders
+        state.apply(c.NodeStarted(node, boot, tuple(holders), tuple(holders.values())))
+    state.apply(c.DeclareExchange("/", "durable", "fanout", durable=True))
+    state.apply(c.DeclareExchange("/", "transient", "fanout"))
+    state.apply(c.DeclareQueue("/", "q", durable=True, node=2))
+    state.apply(c.Bind("/", "transient", "q"))
+    state.apply(c.Bind("/", "durable", "q"))
+    state.apply(c.Bind("/", "durable", "transient", destination_kind="exchange"))
+    return state
+
+
+def test_a_node_started_while_a_holder_runs_keeps_the_transient_exchanges():
+    """A rolling restart: node 1 comes back while 2 and 3 run as they did."""
+    state = _with_transient_exchange_held_by({1: 11, 2: 22, 3: 33})
+    outcome = state.apply(c.NodeStarted(1, 111, (2, 3), (22, 33)))
+    assert outcome.deleted_exchanges == ()
+    assert state.router("/").get("transient") is not None
+    assert state.transient_holders == {1: 111, 2: 22, 3: 33}
+    # Then 2 and 3 in turn: each finds a holder running.
+    state.apply(c.NodeStarted(2, 222, (1, 3), (111, 33)))
+    state.apply(c.NodeStarted(3, 333, (1, 2), (111, 222)))
+    assert state.router("/").get("transient") is not None
+
+
+def test_a_node_started_with_no_holder_running_forgets_the_transient_exchanges():
+    """The whole cluster restarted: node 2 finds 1 down and 3 running a new boot."""
+    state = _with_transient_exchange_held_by({1: 11, 2: 22, 3: 33})
+    outcome = state.apply(c.NodeStarted(2, 222, (3,), (333,)))
+    assert outcome.deleted_exchanges == ("transient",)
+    assert state.router("/").get("transient") is None
+    assert state.router("/").get("durable") is not None
+    assert [(source, b.destination.name) for source, b in state.bindings("/")] == [("durable", "q")]
+    assert state.queue("/", "q") is not None
+    assert state.transient_holders == {2: 222}
+    # Applied again (its outcome was lost): nothing more goes, and 2 still holds.
+    state.apply(c.DeclareExchange("/", "later", "fanout"))
+    state.apply(c.NodeStarted(2, 222, (3,), (333,)))
+    assert state.router("/").get("later") is not None
+    # 3 then finds 2 running: it keeps what 2 holds.
+    state.apply(c.NodeStarted(3, 333, (2,), (222,)))
+    assert state.router("/").get("later") is not None
+    assert state.transient_holders == {2: 222, 3: 333}
+
+
+def test_holders_survive_snapshots_entries_and_a_forgotten_node():
+    state = _with_transient_exchange_held_by({1: 11, 2: 22})
+    restored = MetadataState.from_snapshot(state.snapshot())
+    assert restored.transient_holders == {1: 11, 2: 22}
+    assert restored.router("/").get("transient") is not None
+    assert restored.snapshot() == state.snapshot()
+    command = c.NodeStarted(3, 1 << 61, (1, 2), (11, 22))
+    assert decode_commands(encode_commands([command])) == [command]
+    state.apply(c.ForgetNode(1))
+    assert state.transient_holders == {2: 22}
+
+
 def test_the_seed_guard_refuses_a_second_seed():
     state = MetadataState()
     state.apply(c.ExpectNew())

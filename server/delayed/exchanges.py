@@ -25,6 +25,10 @@ queue's commit and the store's: a byte-identical message staged on the same queu
 else may be taken for it (then it is not delivered), and a copy already consumed from a
 queue that deleted its whole segment since is not found (then it is delivered again).
 
+A queue another node leads (a `RemoteQueue`) is staged on as a local one, its confirm being
+the owner's; its log cannot be searched from here, so a crash between 1 and 3 stages the
+message there again: at least once, not exactly once, on such a queue.
+
 A queue that could not store a message (a write or fsync failure) is retried alone after
 `RETRY_DELAY_MS`, with a new intent; the queues that stored it are done.
 
@@ -45,6 +49,7 @@ from warrenmq.exchanges.delayed import DELAY_HEADER, DELAYED_MESSAGE, DelayedTar
 from warrenmq.exchanges.router import Exchange, Router
 from warrenmq.log import RawRecord
 
+from ..forward.entry import RemoteQueue, append_position
 from ..queue.log_queue import remove_directory
 from ..queue.work_queue import WorkQueue
 from .message_log import DELAY, DelayedMessageLog, Held
@@ -67,6 +72,8 @@ class Core(Protocol):
 
     @property
     def router(self) -> Router: ...
+
+    def served_queue(self, name: str) -> WorkQueue | None: ...
 
     def route(
         self, exchange: str, routing_key: str, properties: bytes, internal_allowed: bool = False
@@ -258,22 +265,22 @@ class DelayedExchanges:
             with_delay_negated(held.properties, held.delay_ms),
             internal_allowed=True,
         )
-        queues = self._core.queues
-        return Staging(held, properties, [queues[name] for name in routed if name in queues])
+        served = self._core.served_queue
+        return Staging(held, properties, [q for name in routed if (q := served(name)) is not None])
 
     def _begin(self, store: DelayedStore, stagings: list[Staging]) -> None:
         """Write the intent of a hand-off; it is staged once the intent is durable."""
         # A retry's queues may have been deleted since.
-        live = self._core.queues
+        served = self._core.served_queue
         stagings = [
-            staging._replace(queues=[q for q in staging.queues if live.get(q.name) is q])
+            staging._replace(queues=[q for q in staging.queues if served(q.name) is q])
             for staging in stagings
         ]
         intents = [
             (
                 staging.held.offset,
                 tuple(
-                    (queue.name, queue.engine.append_position(staging.properties))
+                    (queue.name, append_position(queue, staging.properties))
                     for queue in staging.queues
                 ),
             )
@@ -303,13 +310,13 @@ class DelayedExchanges:
         queue's write is done (and durable, for a persistent message on a durable queue)."""
         pairs: list[tuple[Staging, WorkQueue]] = []
         handoff = DelayedHandoff(store, stagings, pairs, self._handed_off)
-        queues = self._core.queues
+        served = self._core.served_queue
         for staging in stagings:
             held = staging.held
             delivery_mode, _, expiration, _ = fastpath.scan_properties(staging.properties)
             record = (held.exchange, held.routing_key, staging.properties, held.body)
             for queue in staging.queues:
-                if queues.get(queue.name) is not queue:
+                if served(queue.name) is not queue:
                     continue  # deleted since: nothing left to hold the message there
                 pairs.append((staging, queue))
                 publisher = (handoff, len(pairs))
@@ -374,9 +381,8 @@ class DelayedExchanges:
             stagings[held.offset] = Staging(held, properties, [])
             for name, position in intents[held.offset]:
                 by_queue.setdefault(name, []).append((position, held.offset))
-        queues = self._core.queues
         for name, wanted in by_queue.items():
-            queue = queues.get(name)
+            queue = self._core.served_queue(name)
             if queue is not None:
                 for offset in _not_stored(queue, wanted, stagings):
                     stagings[offset].queues.append(queue)
@@ -400,7 +406,10 @@ def _not_stored(
 ) -> list[int]:
     """Which of the (position, offset) messages `queue` does not hold at or after their
     position. Copies of identical messages are matched one to one: the latest position takes
-    the latest copy that is at or after it."""
+    the latest copy that is at or after it. A queue another node leads is not searched: every
+    message is staged there again, which may deliver one twice (at least once)."""
+    if isinstance(queue, RemoteQueue):
+        return [offset for _, offset in wanted]
     keys: dict[int, RawRecord] = {}
     for _, offset in wanted:
         staging = stagings[offset]

@@ -59,9 +59,13 @@ The link
     API's POST to a stream led elsewhere sends each record as APPEND, answered with its
     offset there once fsynced.
 
-    GET, PURGE, DELETE(if_unused, if_empty) and STATS (a passive declare's counts) are
-    requests answered by REPLY/GOT or by ERROR(reply code, text), which the entry node
-    raises as the same channel or connection exception a single node raises.
+    GET, PURGE, DELETE(if_unused, if_empty) and STATS (the queue's figures, for a passive
+    declare and the HTTP API) are requests answered by REPLY/GOT/STATS_REPLY or by
+    ERROR(reply code, text), which the entry node raises as the same channel or connection
+    exception a single node raises. The entry node's own services ask too: PEEK (the DLQ
+    tools' browse, answered by PEEKED a slice at a time), REDRIVE (a redrive task's
+    operation on the node leading its DLQ, answered by REDRIVEN) and BOOT (which start of
+    the owner runs, for `NodeStarted`, answered by REPLY).
 
 Loss of a link
     Entry node: publishes not yet confirmed are nacked (never confirmed without the owner),

@@ -22,6 +22,7 @@ from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.message_counts import MessageCounts
+from warrenmq.server.queue.queue_stats import QueueStats
 from warrenmq.server.queue.work_queue import timeouts
 from warrenmq.server.stream.cursor import StreamDeliveries
 
@@ -31,6 +32,17 @@ from .link import FramedLink, LinkError, log
 CREDIT_WINDOW = 256
 """Deliveries an owner may send ahead to one consumer that has no prefetch of its own (one
 with a prefetch gets at most what it has room for)."""
+
+
+_ANSWERS = (
+    wire.Kind.REPLY,
+    wire.Kind.GOT,
+    wire.Kind.ERROR,
+    wire.Kind.STATS_REPLY,
+    wire.Kind.PEEKED,
+    wire.Kind.REDRIVEN,
+    wire.Kind.RECORDS,
+)
 
 
 def node_name(node: int) -> str:
@@ -176,7 +188,7 @@ class EntryLink(FramedLink):
             consumer = self.consumers.pop(fields[0], None)
             if consumer is not None:
                 consumer.queue.cancelled(consumer, fields[1])  # type: ignore[attr-defined]
-        elif kind in (wire.Kind.REPLY, wire.Kind.GOT, wire.Kind.ERROR, wire.Kind.RECORDS):
+        elif kind in _ANSWERS:
             future = self._requests.pop(fields[0], None)
             if future is None or future.done():
                 return
@@ -239,6 +251,15 @@ class EntryLink(FramedLink):
         pass
 
 
+def append_position(queue: Any, properties: bytes) -> int:
+    """Where a queue's log stands before a staging, for a hand-off's journal (delayed
+    messages, redrives); 0 for a queue another node leads, whose log is not read from here:
+    after a crash its messages are staged there again (at least once)."""
+    if isinstance(queue, RemoteQueue):
+        return 0
+    return queue.engine.append_position(properties)
+
+
 class RemoteQueue:
     """A queue another node leads, as this node's vhost, tick and channels use it.
 
@@ -276,6 +297,8 @@ class RemoteQueue:
         self.ready_count = 0
         """As the owner last said (a declare, a get)."""
         self.consumer_count = 0
+        self.stats: QueueStats | None = None
+        """The owner's figures, as it last said (`refresh_counts`)."""
         self._staged: list[tuple[Any, bool, bool, Any, tuple[str, ...], int]] = []
         self._written: list[Any] = []
         self._stored: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -527,8 +550,24 @@ class RemoteQueue:
         await self._request(wire.Kind.COMMIT_OFFSET, tag, offset)
 
     async def refresh_counts(self) -> None:
-        """passive declare: the owner's message and consumer counts."""
-        self.ready_count, self.consumer_count = await self._request(wire.Kind.STATS)
+        """passive declare, the HTTP API, the metrics: the owner's figures."""
+        (values,) = await self._request(wire.Kind.STATS)
+        stats = self.stats = QueueStats.from_values(values)
+        self.ready_count, self.consumer_count = stats.ready, stats.consumers
+
+    async def browse(self, start: int, count_max: int) -> list[tuple[Message, bool]]:
+        """The DLQ tools' browse (`QueueEngine.browse`) on the owner, asked a slice at a time
+        until `count_max` messages came or the queue has no more."""
+        browsed: list[tuple[Message, bool]] = []
+        while len(browsed) < count_max:
+            columns = await self._request(wire.Kind.PEEK, start, count_max - len(browsed))
+            if not columns[0]:
+                break
+            for *fields, redelivered, deliveries, failures, in_flight in zip(*columns, strict=True):
+                message = Message(*fields, bool(redelivered), deliveries, failures)
+                browsed.append((message, bool(in_flight)))
+            start = browsed[-1][0].offset + 1
+        return browsed
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ those other nodes dialled here; and the placement of a queue as local or remote.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import wire
 from .entry import EntryLink, RemoteQueue
 from .link import log
 from .owner import OwnerLink
@@ -91,6 +93,23 @@ class Forwarding:
                 self.host.want_dispatch,
             )
         )
+
+    async def boot_of(self, node: int) -> int:
+        """The boot `node` runs (`NodeStarted`); LinkError, OSError or NotFound when it
+        cannot be reached."""
+        link = self.link(node)
+        (boot, _) = await link.request(wire.Kind.BOOT, link.next_id())
+        return boot
+
+    async def redrive(
+        self, node: int, operation: str, vhost: str = "", queue: str = "", argument: str = ""
+    ) -> Any:
+        """A redrive task operation on `node` (`Redrives.operate`): its answer; LinkError,
+        OSError or NotFound when the node cannot be reached."""
+        link = self.link(node)
+        fields = (operation, vhost, queue, argument)
+        (answer,) = await link.request(wire.Kind.REDRIVE, link.next_id(), *fields)
+        return json.loads(answer)
 
     def accept(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve a link another node dialled: the AMQP listener saw its first bytes."""

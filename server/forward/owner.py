@@ -11,6 +11,7 @@ deliveries do; its consumers are cancelled.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +21,7 @@ from warrenmq.server.errors import internal_error
 from warrenmq.server.queue import arguments as queue_arguments
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.engine import Message
+from warrenmq.server.queue.queue_stats import QueueStats
 from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.stream.cursor import Cursor
 from warrenmq.server.stream.stream import Stream
@@ -30,6 +32,10 @@ from .link import FramedLink, log
 
 if TYPE_CHECKING:
     from warrenmq.server.vhost import VirtualHost
+
+PEEK_MESSAGES_MAX = 1000
+PEEK_REPLY_BYTES = 1 << 20
+PEEKED_COLUMNS = len(Message._fields) + 1
 
 
 class OwnerHost(Protocol):
@@ -46,6 +52,9 @@ class OwnerHost(Protocol):
     def metadata_applied(self, index: int) -> asyncio.Future[Any]: ...
 
     def after_commit(self) -> asyncio.Future[None]: ...
+
+    boot: int
+    redrives: Any
 
 
 class LinkChannel:
@@ -186,6 +195,12 @@ class OwnerLink(FramedLink):
             self._stream_ack(*fields)
         elif kind is wire.Kind.APPEND:
             self._answer(fields[0], self._append, *fields)
+        elif kind is wire.Kind.PEEK:
+            self._answer(fields[0], self._peek, *fields)
+        elif kind is wire.Kind.BOOT:
+            self.send(wire.Kind.REPLY, fields[0], self.host.boot, 0)
+        elif kind is wire.Kind.REDRIVE:
+            self._answer(fields[0], self._redrive, *fields)
         elif kind is wire.Kind.READ:
             self._answer(fields[0], self._read, *fields)
         elif kind is wire.Kind.TRACKED:
@@ -546,7 +561,31 @@ class OwnerLink(FramedLink):
     def _stats(self, request_id: int, vhost_name: str, name: str) -> None:
         vhost = self._vhost(vhost_name)
         queue = vhost.check_queue(name, self._owner(vhost, name))
-        self.send(wire.Kind.REPLY, request_id, queue.ready_count, queue.consumer_count)
+        self.send(wire.Kind.STATS_REPLY, request_id, QueueStats.of(queue).values())
+
+    def _peek(
+        self, request_id: int, vhost_name: str, name: str, start: int, count_max: int
+    ) -> None:
+        """Browse for the DLQ tools: at most PEEK_MESSAGES_MAX messages and, past the first,
+        PEEK_REPLY_BYTES of them (the entry node asks again from where this stopped)."""
+        vhost = self._vhost(vhost_name)
+        wanted = min(count_max, PEEK_MESSAGES_MAX)
+        browsed = vhost.peek(name, self._owner(vhost, name), wanted, start)
+        rows: list[tuple[Any, ...]] = []
+        size = 0
+        for message, in_flight in browsed:
+            size += len(message.properties) + len(message.body)
+            if rows and size > PEEK_REPLY_BYTES:
+                break
+            rows.append((*message, in_flight))
+        columns = [list(column) for column in zip(*rows, strict=True)]
+        self.send(wire.Kind.PEEKED, request_id, *(columns or [[]] * PEEKED_COLUMNS))
+
+    async def _redrive(
+        self, request_id: int, operation: str, vhost: str, queue: str, argument: str
+    ) -> None:
+        answer = await self.host.redrives.operate(operation, vhost, queue, argument)
+        self.send(wire.Kind.REDRIVEN, request_id, json.dumps(answer))
 
     # -- the link going -----------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ the payload). Fields are packed by a per-kind schema, one letter per field:
 
 * ``Q`` an unsigned 64-bit integer, ``B`` a bool;
 * ``s`` a UTF-8 string and ``b`` bytes, each with a 32-bit length;
-* ``L`` a list of strings, ``X`` a list of bytes, ``I`` a list of unsigned 64-bit integers,
+* ``L`` a list of strings, ``I`` a list of unsigned 64-bit integers, ``M`` a list of bytes,
   each with a 32-bit count;
 * ``T`` an AMQP argument table, as the metadata stores it (``metadata/encoding.py``: lossless,
   bytes stay bytes and bools stay bools, which pamqp's table encoder cannot promise).
@@ -63,13 +63,23 @@ class Kind(enum.IntEnum):
     APPEND = 30
     # owner -> entry
     CHALLENGE = 31
-    # entry -> owner
-    READ = 32
-    TRACKED = 33
-    COMMIT_OFFSET = 34
-    CONSUME_PARTITION = 35
-    # owner -> entry
-    RECORDS = 36
+    # owner -> entry: the answer to STATS
+    STATS_REPLY = 32
+    # entry -> owner: browse a queue (the DLQ tools), answered by PEEKED
+    PEEK = 33
+    PEEKED = 34
+    # entry -> owner: which boot of the owner runs (`NodeStarted`), answered by REPLY
+    BOOT = 35
+    # entry -> owner: a redrive task's operation (`server/redrive.py`), answered by REDRIVEN
+    REDRIVE = 36
+    REDRIVEN = 37
+    # entry -> owner: the topic API and consumer groups on a partition led elsewhere
+    READ = 38
+    TRACKED = 39
+    COMMIT_OFFSET = 40
+    CONSUME_PARTITION = 41
+    # owner -> entry: the answer to READ
+    RECORDS = 42
 
 
 class Settle(enum.IntEnum):
@@ -126,6 +136,20 @@ SCHEMAS: dict[Kind, str] = {
     Kind.APPEND: "Qssssbb",
     # a fresh nonce the entry's HELLO must prove the secret over, so no hello can be replayed
     Kind.CHALLENGE: "b",
+    # request id, the queue's figures (`QueueStats.values`)
+    Kind.STATS_REPLY: "QI",
+    # request id, vhost, queue, from offset, messages at most
+    Kind.PEEK: "QssQQ",
+    # request id, then the messages found, a list per field: offsets, timestamps, exchanges,
+    # routing keys, properties, bodies, redelivered, delivery counts, failed counts, in flight
+    Kind.PEEKED: "QIIMMMMIIII",
+    # request id (the REPLY's first count is the owner's boot)
+    Kind.BOOT: "Q",
+    # request id, operation (start, list, get, cancel, resume), vhost, queue, its argument
+    # (start: the spec as JSON; get, cancel, resume: the task id)
+    Kind.REDRIVE: "Qssss",
+    # request id, the answer as JSON: a task, a list of tasks, or {"error": ..., "reason": ...}
+    Kind.REDRIVEN: "Qs",
     # request id, vhost, stream, offset, from the first retained (the offset is ignored),
     # limit, bytes max, timeout_ms: the topic API's GET, answered by RECORDS
     Kind.READ: "QssQBQQQ",
@@ -139,7 +163,7 @@ SCHEMAS: dict[Kind, str] = {
     Kind.CONSUME_PARTITION: "QssssT",
     # request id, next offset, then the records' offsets, timestamps, exchanges, routing
     # keys, properties and bodies
-    Kind.RECORDS: "QQIIXXXX",
+    Kind.RECORDS: "QQIIMMMM",
 }
 
 
@@ -157,15 +181,15 @@ _PACKERS: dict[str, Callable[[list[bytes], Any], None]] = {
         out.append(_U32.pack(len(values))),
         [_pack_bytes(out, value.encode()) for value in values],
     ),
-    "X": lambda out, values: (
-        out.append(_U32.pack(len(values))),
-        [_pack_bytes(out, value) for value in values],
-    ),
     "I": lambda out, values: (
         out.append(_U32.pack(len(values))),
         out.append(b"".join(_U64.pack(value) for value in values)),
     ),
     "T": lambda out, table: _pack_bytes(out, table_to_json(table).encode()),
+    "M": lambda out, values: (
+        out.append(_U32.pack(len(values))),
+        [_pack_bytes(out, value) for value in values],
+    ),
 }
 
 
@@ -206,17 +230,19 @@ def decode(payload: bytes) -> tuple[Kind, list[Any]]:
                     fields.append(table_from_json(data.decode()))
                 else:
                     fields.append(data)
-            elif letter in "LX":
+            elif letter in "LM":
                 (count,) = _U32.unpack_from(view, position)
                 position += 4
-                items: list[Any] = []
+                chunks: list[Any] = []
                 for _ in range(count):
                     (length,) = _U32.unpack_from(view, position)
                     position += 4
-                    item = payload[position : position + length]
-                    items.append(item.decode() if letter == "L" else item)
+                    chunk = payload[position : position + length]
+                    if len(chunk) != length:
+                        raise ValueError("field runs past the message")
+                    chunks.append(chunk.decode() if letter == "L" else chunk)
                     position += length
-                fields.append(items)
+                fields.append(chunks)
             else:
                 (count,) = _U32.unpack_from(view, position)
                 position += 4

@@ -11,24 +11,33 @@ each message anew, as a redrive moving it does (`server/redrive.py`), so without
 
 Listing the queues dead letters reach, and redrive tasks (`server/redrive.py`): started on a
 queue, then listed, watched, cancelled and resumed under /api/dlq/redrives.
+
+In a cluster, the tools work on a queue another node leads through the link to it: browsing
+there, and its redrive tasks run there (`Redrives.operate`); /api/dlq/redrives shows every
+node's tasks, and a task id this node does not know is looked for on the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import binascii
+import inspect
 import json
 from typing import Any
 
 from aiohttp import web
 
 from warrenmq.amqp import fastpath
+from warrenmq.amqp.replies import ProtocolError
 from warrenmq.dlq.inspect import describe, raw_message
 from warrenmq.dlq.redrive import RedriveSpec, last_death
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE
+from warrenmq.exchanges.errors import RoutingError
+from warrenmq.server.forward.entry import RemoteQueue
+from warrenmq.server.forward.link import LinkError
 from warrenmq.server.vhost import Published
 
-from .api import Call, reply, sync
+from .api import Call, core, reply, sync
 from .errors import bad_request, object_not_found
 from .exchanges import Stored
 
@@ -56,8 +65,11 @@ def _number(call: Call, key: str, default: int, most: int) -> int:
     return int(value)
 
 
-def _lines(call: Call, name: str, count: int, start: int) -> list[dict[str, Any]]:
+async def _lines(call: Call, name: str, count: int, start: int) -> list[dict[str, Any]]:
     browsed = sync(call.vhost().peek, name, NO_OWNER, count, start)
+    if inspect.isawaitable(browsed):
+        # Another node leads the queue: browsed there.
+        browsed = await core(browsed)
     return [
         describe(
             message.offset,
@@ -78,7 +90,7 @@ async def browse(call: Call) -> web.Response:
     name = _queue_name(call)
     count = _number(call, "count", BROWSE_COUNT_DEFAULT, BROWSE_COUNT_MAX)
     start = _number(call, "from", 0, 1 << 62)
-    return reply(_lines(call, name, count, start))
+    return reply(await _lines(call, name, count, start))
 
 
 async def export(call: Call) -> web.StreamResponse:
@@ -88,7 +100,7 @@ async def export(call: Call) -> web.StreamResponse:
     await response.prepare(call.request)
     start = 0
     while True:
-        lines = _lines(call, name, EXPORT_SLICE, start)
+        lines = await _lines(call, name, EXPORT_SLICE, start)
         if not lines:
             break
         await response.write("".join(json.dumps(line) + "\n" for line in lines).encode())
@@ -179,6 +191,30 @@ async def _census(queue: Any) -> tuple[dict[str, int], dict[str, int]]:
     return by_reason, by_source
 
 
+def _answered(answer: Any) -> Any:
+    """What another node's `Redrives.operate` answered (None: the node could not be
+    reached), its refusal as this API's."""
+    if answer is None:
+        raise object_not_found()
+    if isinstance(answer, dict) and "refused" in answer:
+        if answer["refused"] == "not_found":
+            raise object_not_found()
+        raise bad_request(answer["reason"])
+    return answer
+
+
+def _other_nodes(call: Call) -> list[int]:
+    return [node for node in call.state.nodes if node != call.api.host.node.node_id]
+
+
+async def _asked(call: Call, node: int, operation: str, *fields: str) -> Any:
+    """A redrive operation on another node; None when it cannot be reached."""
+    try:
+        return await call.api.host.forwarding.redrive(node, operation, *fields)
+    except (LinkError, OSError, RoutingError, ProtocolError):
+        return None
+
+
 async def start_redrive(call: Call) -> web.Response:
     """POST /api/dlq/{vhost}/{queue}/redrive: start a redrive task (see `RedriveSpec` for
     the body); 201 with the task. Needs read on the queue and write where it publishes: the
@@ -195,6 +231,12 @@ async def start_redrive(call: Call) -> web.Response:
         call.check("write", EXCHANGE, spec.exchange)
     else:
         call.check("write", EXCHANGE, "")
+    queue = call.vhost().served_queue(name)
+    if isinstance(queue, RemoteQueue):
+        # The task runs where the queue is.
+        fields = (call.vhost().name, name, json.dumps(spec.to_json()))
+        answer = await _asked(call, queue.node, "start", *fields)
+        return reply(_answered(answer), status=201)
     try:
         task = call.api.host.redrives.start(call.vhost().name, name, spec)
     except LookupError:
@@ -204,42 +246,60 @@ async def start_redrive(call: Call) -> web.Response:
     return reply(task.to_json(), status=201)
 
 
-def _task(call: Call) -> Any:
-    task = call.api.host.redrives.tasks.get(call.params["id"])
-    if task is None or not call.state.can_access(
-        call.caller.name, task.vhost, "read", QUEUE, task.queue
-    ):
+def _visible(call: Call, task: dict[str, Any]) -> bool:
+    return call.state.can_access(call.caller.name, task["vhost"], "read", QUEUE, task["queue"])
+
+
+async def _task(call: Call) -> tuple[int | None, dict[str, Any]]:
+    """The task the path names: (None, it) when it runs here, else (its node, it); 404
+    when no node has it or the caller may not see it."""
+    task_id = call.params["id"]
+    task = call.api.host.redrives.tasks.get(task_id)
+    found: tuple[int | None, dict[str, Any]] | None = None
+    if task is not None:
+        found = (None, task.to_json())
+    else:
+        for node in _other_nodes(call):
+            answer = await _asked(call, node, "get", "", "", task_id)
+            if answer is not None and "refused" not in answer:
+                found = (node, answer)
+                break
+    if found is None or not _visible(call, found[1]):
         raise object_not_found()
-    return task
+    return found
 
 
 async def list_redrives(call: Call) -> web.Response:
-    """GET /api/dlq/redrives: every task the caller may see, newest first."""
-    tasks = [
-        task
-        for task in call.api.host.redrives.tasks.values()
-        if call.state.can_access(call.caller.name, task.vhost, "read", QUEUE, task.queue)
-    ]
-    tasks.sort(key=lambda task: task.created_ms, reverse=True)
-    return reply([task.to_json() for task in tasks])
+    """GET /api/dlq/redrives: every node's tasks the caller may see, newest first."""
+    tasks = [task.to_json() for task in call.api.host.redrives.tasks.values()]
+    for node in _other_nodes(call):
+        tasks += await _asked(call, node, "list") or []
+    shown = [task for task in tasks if _visible(call, task)]
+    shown.sort(key=lambda task: task["created"], reverse=True)
+    return reply(shown)
 
 
 async def get_redrive(call: Call) -> web.Response:
-    return reply(_task(call).to_json())
+    return reply((await _task(call))[1])
 
 
 async def cancel_redrive(call: Call) -> web.Response:
     """DELETE /api/dlq/redrives/{id}: stop the task after its current batch."""
-    task = await call.api.host.redrives.cancel(_task(call).id)
-    return reply(task.to_json())
+    node, task = await _task(call)
+    if node is not None:
+        return reply(_answered(await _asked(call, node, "cancel", "", "", task["id"])))
+    return reply((await call.api.host.redrives.cancel(task["id"])).to_json())
 
 
 async def resume_redrive(call: Call) -> web.Response:
     """POST /api/dlq/redrives/{id}/resume: run a cancelled or failed task again."""
+    node, task = await _task(call)
+    if node is not None:
+        return reply(_answered(await _asked(call, node, "resume", "", "", task["id"])))
     try:
-        task = call.api.host.redrives.resume(_task(call).id)
+        resumed = call.api.host.redrives.resume(task["id"])
     except LookupError:
         raise object_not_found() from None
     except ValueError as error:
         raise bad_request(str(error)) from None
-    return reply(task.to_json())
+    return reply(resumed.to_json())

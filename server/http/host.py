@@ -18,6 +18,7 @@ from warrenmq.log.latency import LatencyHistogram
 from warrenmq.server.alarms import ResourceMonitor
 from warrenmq.server.cluster_node import ClusterNode
 from warrenmq.server.config import BrokerConfig
+from warrenmq.server.forward.forwarding import Forwarding
 from warrenmq.server.metadata import ReplicatedMetadata
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.dead_letter_counts import DeadLetterCounts
@@ -84,6 +85,8 @@ class Host(Protocol):
     redrives: Redrives
     node: ClusterNode
     """This broker as a node of the cluster."""
+    forwarding: Forwarding
+    """The links to the other nodes of the cluster."""
 
     def sync_vhosts(self) -> None:
         """Host the vhosts the store holds (and drop those it no longer holds)."""

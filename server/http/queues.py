@@ -7,13 +7,16 @@ exclusive queue is locked to it (400, RabbitMQ's 405 text), and it declares none
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import inspect
 from typing import Any
 
 from aiohttp import web
 
 from warrenmq.amqp import frames
 from warrenmq.exchanges.binding import QUEUE
+from warrenmq.server.forward.entry import RemoteQueue
 from warrenmq.server.metadata import QueueRecord
 from warrenmq.server.metadata.records import node_name
 from warrenmq.server.queue.arguments import queue_type
@@ -34,6 +37,8 @@ ENCODINGS = ("auto", "base64")
 MESSAGES_PER_GET_MAX = 10_000
 # No owner: a request owns no exclusive queue (see the module docstring).
 NO_OWNER: Any = None
+STATS_WAIT_S = 5.0
+"""How long a listing waits for the nodes leading its queues to give their figures."""
 
 
 def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None) -> dict:
@@ -57,6 +62,8 @@ def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None)
     }
     if queue is None:
         return item
+    if isinstance(queue, RemoteQueue):
+        return _led_elsewhere_json(api, item, queue)
     engine = queue.engine
     ready = engine.ready_count
     unacked = engine.unacked_count
@@ -72,11 +79,50 @@ def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None)
     return item
 
 
+def _led_elsewhere_json(api: ManagementApi, item: dict[str, Any], queue: RemoteQueue) -> dict:
+    """The figures of a queue another node leads, as that node last gave them
+    (`refresh_led_elsewhere`); none when it did not answer."""
+    stats = queue.stats
+    if stats is None:
+        return item
+    depths = (stats.messages, stats.ready, stats.unacked)
+    item.update(detailed(api.rates, queue, "depths", DEPTHS, depths))
+    item["consumers"] = stats.consumers
+    item["exclusive_consumer_tag"] = None
+    item["single_active_consumer_tag"] = None
+    item["message_stats"] = detailed(api.rates, queue, "messages", QUEUE_STATS, queue_counts(stats))
+    return item
+
+
+async def refresh_led_elsewhere(queues: list[RemoteQueue]) -> None:
+    """Ask the nodes leading these queues for their figures, all at once; a queue whose
+    node does not answer within STATS_WAIT_S (or is down) keeps none."""
+    for queue in queues:
+        queue.stats = None
+    if not queues:
+        return
+    asked = [asyncio.ensure_future(queue.refresh_counts()) for queue in queues]
+    done, pending = await asyncio.wait(asked, timeout=STATS_WAIT_S)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        # A node down or the queue gone there: shown without figures.
+        task.exception()
+
+
 def vhost_records(api: ManagementApi, vhost: str) -> list[tuple[QueueRecord, WorkQueue | None]]:
-    """A vhost's queues: each declaration, and its live queue if it is hosted."""
+    """A vhost's queues: each declaration, and its live queue if it is hosted or led by
+    another node (see `refresh_led_elsewhere` for the latter's figures)."""
     hosted = api.host.vhosts.get(vhost)
-    queues = hosted.queues if hosted is not None else {}
-    return [(record, queues.get(record.name)) for record in api.state.queues(vhost).values()]
+    if hosted is None:
+        return [(record, None) for record in api.state.queues(vhost).values()]
+    return [
+        (record, hosted.served_queue(record.name)) for record in api.state.queues(vhost).values()
+    ]
+
+
+def led_elsewhere(entries: list[tuple[QueueRecord, WorkQueue | None]]) -> list[RemoteQueue]:
+    return [queue for _, queue in entries if isinstance(queue, RemoteQueue)]
 
 
 def vhost_queues(api: ManagementApi, vhost: str) -> list[dict]:
@@ -89,6 +135,7 @@ def _sort_keys(entry: tuple[QueueRecord, WorkQueue | None]) -> dict[str, str]:
 
 async def list_queues(call: Call) -> web.Response:
     entries = [entry for vhost in call.vhosts() for entry in vhost_records(call.api, vhost)]
+    await refresh_led_elsewhere(led_elsewhere(entries))
     return call.listing_built_per_page(
         entries, _sort_keys, lambda entry: queue_json(call.api, *entry), DEFAULT_SORT
     )
@@ -105,9 +152,11 @@ def _record(call: Call) -> QueueRecord:
 
 async def get_queue(call: Call) -> web.Response:
     record = _record(call)
-    queue = call.vhost().queues.get(record.name)
+    queue = call.vhost().served_queue(record.name)
+    if isinstance(queue, RemoteQueue):
+        await refresh_led_elsewhere([queue])
     item = queue_json(call.api, record, queue)
-    if queue is not None:
+    if queue is not None and not isinstance(queue, RemoteQueue):
         item["consumer_details"] = [
             consumer_json(call.api, record.vhost, record.name, consumer)
             for consumer in queue.consumers.values()
@@ -171,7 +220,10 @@ async def delete_queue(call: Call) -> web.Response:
 async def purge_queue(call: Call) -> web.Response:
     record = _record(call)
     call.check("read", QUEUE, record.name)
-    sync(call.vhost().purge, record.name, NO_OWNER)
+    purged = sync(call.vhost().purge, record.name, NO_OWNER)
+    if inspect.isawaitable(purged):
+        # Another node leads the queue: purged there.
+        await core(purged)
     return no_content()
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from warrenmq.server.queue.message_counts import MessageCounts
+from warrenmq.server.queue.queue_stats import QueueStats
 
 from .rates import Rates
 
@@ -40,12 +41,13 @@ CHANNEL_STATS = (
 DEPTHS = ("messages", "messages_ready", "messages_unacknowledged")
 
 
-def _deliver_get(counts: MessageCounts) -> int:
+def _deliver_get(counts: MessageCounts | QueueStats) -> int:
     return counts.delivered + counts.delivered_no_ack + counts.got + counts.got_no_ack
 
 
-def queue_counts(counts: MessageCounts) -> tuple[int, ...]:
-    """A queue's counters, in QUEUE_STATS order."""
+def queue_counts(counts: MessageCounts | QueueStats) -> tuple[int, ...]:
+    """A queue's counters (its own, or the figures the node leading it gave), in
+    QUEUE_STATS order."""
     return (
         counts.published,
         counts.delivered,

@@ -214,6 +214,20 @@ class ForgetNode:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeStarted:
+    """A cluster member started (its `boot`, random per start) and found the members in
+    `alive_nodes` running, with the boots in `alive_boots`. Transient exchanges live in the
+    running nodes' memory, as in RabbitMQ (RAM tables): a node that starts while another
+    that holds them runs copies them; one that starts with none running (the whole cluster
+    restarted) finds them gone, and so they are forgotten."""
+
+    node_id: int
+    boot: int
+    alive_nodes: tuple[int, ...] = ()
+    alive_boots: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ExpectNew:
     """Refused unless the state is empty (no vhost): first in a seed entry, so that of the
     seeds several new nodes propose only the first applies."""
@@ -242,4 +256,5 @@ Command = (
     | RegisterNode
     | ForgetNode
     | ExpectNew
+    | NodeStarted
 )

@@ -40,6 +40,10 @@ a leader is known and this node has applied what it has learnt committed. Then:
   joining node never seeds: its log comes from the cluster);
 * a restarted member forgets only the transient and exclusive queues IT led
   (`ForgetTransient(node)`): another node's exclusive queues still have their connections.
+  Transient exchanges are forgotten once no node that held them runs (`NodeStarted`,
+  proposed by the broker before it listens, with the boots of the members it found
+  running): a whole-cluster restart drops them, a rolling one keeps them, as RabbitMQ's
+  RAM tables do.
 Every applied entry, whoever proposed it, is reported to `MetadataMachine.listener`
 (commands with their outcomes): the broker reconciles its running side with it.
 

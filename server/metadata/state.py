@@ -163,6 +163,8 @@ class MetadataState:
         self._exchange_counts: dict[str, int] = {}
         self.nodes: dict[int, NodeRecord] = {}
         """The cluster's members by id (`RegisterNode`); empty until a node registers."""
+        self.transient_holders: dict[int, int] = {}
+        """The boot of each member holding the transient exchanges (`NodeStarted`)."""
         # How many queues each node leads, for balanced placement.
         self._led: dict[int, int] = {}
         self._handlers: dict[type, Callable[[Any], Outcome]] = {
@@ -188,6 +190,7 @@ class MetadataState:
             c.RegisterNode: self._register_node,
             c.ForgetNode: self._forget_node,
             c.ExpectNew: self._expect_new,
+            c.NodeStarted: self._node_started,
         }
 
     # --- the state machine -----------------------------------------------------------------
@@ -388,6 +391,7 @@ class MetadataState:
                 [n.node_id, n.host, n.amqp_port, n.amqps_port, n.http_port]
                 for _, n in sorted(self.nodes.items())
             ],
+            "transient_holders": sorted(self.transient_holders.items()),
             "limits": [
                 ["vhost", name, dict(value)] for name, value in sorted(self.vhost_limits.items())
             ]
@@ -419,6 +423,12 @@ class MetadataState:
                 for row in document["bindings"]
                 if row[2] != QUEUE or (row[0], row[3]) not in forgotten
             ]
+        self._rebuild(document)
+        # Transient entities never had rows, so there is nothing to write.
+        return Outcome(True)
+
+    def _rebuild(self, document: dict) -> None:
+        """Become the state `document` describes (what is left after a forget)."""
         durable = MetadataState(self.limits)
         for replayed in _snapshot_commands(document):
             durable.apply(replayed)
@@ -426,8 +436,6 @@ class MetadataState:
         self.__dict__.update(durable.__dict__)
         # The handlers must stay bound to this object, not to the one rebuilt.
         self._handlers = handlers
-        # Transient entities never had rows, so there is nothing to write.
-        return Outcome(True)
 
     @classmethod
     def from_snapshot(cls, data: bytes, limits: Limits | None = None) -> MetadataState:
@@ -752,7 +760,47 @@ class MetadataState:
         return Outcome(True)
 
     def _forget_node(self, command: c.ForgetNode) -> Outcome:
+        self.transient_holders.pop(command.node_id, None)
         return Outcome(self.nodes.pop(command.node_id, None) is not None)
+
+    def _node_started(self, command: c.NodeStarted) -> Outcome:
+        """The holders of the transient exchanges still running with the boot they held them
+        in (the starting node's own boot counts: the command may apply twice); none left, and
+        the exchanges are forgotten. The starting node holds them from now on."""
+        if len(command.alive_nodes) != len(command.alive_boots):
+            raise PreconditionFailed("a boot for each node found running, no more")
+        alive = dict(zip(command.alive_nodes, command.alive_boots, strict=True))
+        alive[command.node_id] = command.boot
+        holders = {
+            node: boot for node, boot in self.transient_holders.items() if alive.get(node) == boot
+        }
+        outcome = Outcome(True)
+        if not holders:
+            outcome = self._forget_transient_exchanges()
+        holders[command.node_id] = command.boot
+        self.transient_holders = holders
+        return outcome
+
+    def _forget_transient_exchanges(self) -> Outcome:
+        """Drop every transient exchange and the bindings that touch one."""
+        forgotten = {
+            (vhost, exchange.name)
+            for vhost, router in self._routers.items()
+            for exchange in router.exchanges()
+            if not exchange.durable
+        }
+        if not forgotten:
+            return Outcome(True)
+        document = self._document()
+        document["exchanges"] = [row for row in document["exchanges"] if row[3]]
+        document["bindings"] = [
+            row
+            for row in document["bindings"]
+            if (row[0], row[1]) not in forgotten
+            and (row[2] != EXCHANGE or (row[0], row[3]) not in forgotten)
+        ]
+        self._rebuild(document)
+        return Outcome(True, deleted_exchanges=tuple(sorted(name for _, name in forgotten)))
 
     def _expect_new(self, command: c.ExpectNew) -> Outcome:
         if self.vhosts:
@@ -911,6 +959,14 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
         commands.append(c.SetPermissions(user, vhost, configure, write, read))
     for vhost, name, pattern, apply_to, priority, definition in document["policies"]:
         commands.append(c.SetPolicy(vhost, name, pattern, definition, priority, apply_to))
+    # Before the exchanges (a first holder finds none to forget), each holder alive to the
+    # next: snapshots from before holders existed have none.
+    holders: list[list[int]] = document.get("transient_holders", [])
+    for index, (node, boot) in enumerate(holders):
+        earlier = holders[:index]
+        commands.append(
+            c.NodeStarted(node, boot, tuple(n for n, _ in earlier), tuple(b for _, b in earlier))
+        )
     for vhost, name, type_name, durable, auto_delete, internal, arguments in document["exchanges"]:
         commands.append(
             c.DeclareExchange(
