@@ -67,16 +67,7 @@ def broker(request):
 # What forwarding does not do yet (issue 11): by file, the test functions expected to fail on
 # the cluster ("[quorum]": only their quorum-queue runs). They still run; every other test must
 # pass there. Remove a line once its test passes across nodes.
-_SUPER_STREAMS = (
-    "a super stream's partitions are spread over the nodes: the topic API reads and commits, "
-    "and consumer groups join, only the partitions led by the entry node"
-)
-CLUSTER_GAPS = {
-    "test_topics.py": {
-        "test_what_pika_publishes_to_a_super_stream_http_reads": _SUPER_STREAMS,
-        "test_an_http_commit_is_where_a_pika_group_member_resumes": _SUPER_STREAMS,
-    },
-}
+CLUSTER_GAPS = {}
 
 
 def _cluster_gap(nodeid: str) -> str | None:
