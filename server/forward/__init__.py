@@ -56,8 +56,19 @@ The link
     acks go as STREAM_ACK(id, offsets), by consumer and not by queue (every consumer of a
     stream holds the same offsets): credit, and the tracked offset; nack and reject are
     refused on the entry node (`entry.RemoteCursor`), and nothing is requeued. The topic
-    API's POST to a stream led elsewhere sends each record as APPEND, answered with its
-    offset there once fsynced.
+    API's POST to a stream (or super stream partition) led elsewhere sends each record as
+    APPEND, answered with its offset there once fsynced; its GET is READ, answered by
+    RECORDS (`Stream.read_waiting` there, long poll included); its commit and offsets are
+    COMMIT_OFFSET and TRACKED (a group's committed offset is the partition's tracked offset,
+    kept where the partition is).
+
+    A consumer group lives on the node its members are connected to (`stream/groups.py`):
+    the members and who owns which partition. A partition another node leads is read by
+    its member through CONSUME_PARTITION(id, vhost, partition, tag, group, arguments): the
+    owner attaches it as a local member's partition (`groups.attach_partition`: from the
+    group's committed offset, acks move it, deliveries name the partition), then it is a
+    forwarded stream consumer (CREDIT, DELIVER, STREAM_ACK, CANCEL). The entry node counts
+    its unacked deliveries, for a partition moving to another member to wait for them.
 
     GET, PURGE, DELETE(if_unused, if_empty) and STATS (the queue's figures, for a passive
     declare and the HTTP API) are requests answered by REPLY/GOT/STATS_REPLY or by
