@@ -137,18 +137,20 @@ def test_a_restart_before_the_delays_expire_keeps_them(broker, uid):
     channel.queue_declare(f"{uid}-q", durable=True)
     channel.queue_bind(f"{uid}-q", f"{uid}-x", "k")
     channel.confirm_delivery()
-    delays = [5000, 3000, 4000, 6000, 3500]
+    # Seconds apart, and the first far enough out for a whole cluster's restart on a loaded
+    # machine to finish before it.
+    delays = [10000, 6000, 8000, 12000, 7000]
     started = time.monotonic()
     for delay in delays:
         channel.basic_publish(f"{uid}-x", "k", *held(delay))
     connection.close()
     broker.restart()
-    assert time.monotonic() - started < 3, "restarted too late to test it"
+    assert time.monotonic() - started < min(delays) / 1000, "restarted too late to test it"
     connection = pika.BlockingConnection(broker.params())
     channel = connection.channel()
     assert drain(channel, f"{uid}-q") == []
-    got = consume(channel, f"{uid}-q", len(delays), timeout_s=5)
-    assert [body for body, _, _ in got] == [b"3000", b"3500", b"4000", b"5000", b"6000"]
+    got = consume(channel, f"{uid}-q", len(delays), timeout_s=min(delays) / 1000 + 2)
+    assert [body for body, _, _ in got] == [str(delay).encode() for delay in sorted(delays)]
     channel.queue_delete(f"{uid}-q")
     channel.exchange_delete(f"{uid}-x")
     connection.close()
