@@ -24,17 +24,20 @@ is the `MetadataState`:
   caller that checks the state before proposing (the vhost's declare) must expect a command
   proposed before its own, not yet applied, to change it first: see `VirtualHost`.
 * Snapshots are `MetadataState.snapshot()` (every entity, transient ones included), taken
-  every `SNAPSHOT_ENTRIES` applied entries; the log before them is dropped. A restart
+  every `SNAPSHOT_ENTRIES` applied entries (the broker's `metadata_snapshot_entries`); the
+  log before them is dropped. A restart
   restores the snapshot and re-applies the log after it: the state is a function of the log.
 * A restarted broker then proposes `ForgetTransient` if the state holds transient exchanges,
   transient or exclusive queues: they did not survive the restart, exactly as before, but
   now by a log entry rather than by not having been stored.
 
-A cluster (`open(..., node_id, peers)` with more than one peer) runs the same group with a
-transport: `propose` works on every member (a follower forwards to the leader) and resolves
-once the entry is applied HERE, so read-your-writes holds on the node a client uses. A
-proposal made while no leader is known is retried for `LEADER_WAIT_S`. `open` returns once
-a leader is known and this node has applied what it has learnt committed. Then:
+A cluster (`open(..., node_id, peers)`, even with this node its only peer: one that others
+can join later) runs the same group with a transport: `propose` works on every member (a
+follower forwards to the leader) and resolves once the entry is applied HERE, so
+read-your-writes holds on the node a client uses. A proposal made while no leader is known
+is retried for `LEADER_WAIT_S`. `open` returns once a leader is known and this node has
+applied what it has learnt committed (a joining node: once it has an entry or a snapshot).
+Then:
 * a brand-new log is seeded by every bootstrap node with the same entry headed by
   `ExpectNew`: the first to apply wins, the others' are refused by every replica alike (a
   joining node never seeds: its log comes from the cluster);
@@ -76,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from warrenmq.cluster.group import GroupConfig, GroupStopped, ProposalLost, RaftGroup
-from warrenmq.cluster.raft.core import NotLeader, RaftError
+from warrenmq.cluster.raft.core import NotLeader, ProposalRefused, RaftError
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.encoding import decode_commands, encode_commands
@@ -93,6 +96,9 @@ SNAPSHOT_ENTRIES = 20_000
 ROWS_WRITE_DELAY_S = 0.1
 # How long a proposal waits for a leader to be known (an election) before it fails.
 LEADER_WAIT_S = 10.0
+# How long a membership change is requested again while its outcome is unknown: a node added
+# before it listens costs the group an election that waits for it to start.
+MEMBERSHIP_WAIT_S = 30.0
 # How often a starting member logs that it still waits for the cluster.
 _WAIT_LOG_INTERVAL_S = 5.0
 # The Raft files hold password hashes too.
@@ -199,6 +205,7 @@ class ReplicatedMetadata:
         node_id: int = SINGLE_NODE_ID,
         peers: Mapping[int, tuple[str, int]] | None = None,
         joining: bool = False,
+        snapshot_entries: int | None = None,
     ) -> ReplicatedMetadata:
         """Open the data dir's metadata: recover the log, upgrade or seed it from the rows
         if it is new, take in offline CLI edits and drop what did not survive a restart.
@@ -219,7 +226,8 @@ class ReplicatedMetadata:
             raft_dir = data_dir / RAFT_DIRECTORY
             raft_dir.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
             machine = MetadataMachine(rows, await rows.written_log_index())
-            clustered = peers is not None and len(peers) > 1
+            # A `cluster` of this node alone is still one other nodes can join: it listens.
+            clustered = bool(peers)
             voters = None
             if joining:
                 voters = tuple(sorted(node for node in peers or {} if node != node_id))
@@ -229,7 +237,7 @@ class ReplicatedMetadata:
                     data_dir=raft_dir,
                     peers=dict(peers) if clustered and peers is not None else None,
                     voters=voters,
-                    snapshot_entries=SNAPSHOT_ENTRIES,
+                    snapshot_entries=snapshot_entries or SNAPSHOT_ENTRIES,
                 ),
                 machine,
             )
@@ -241,7 +249,7 @@ class ReplicatedMetadata:
                 logger.warning("node %d was removed from the cluster", node_id)
                 return metadata
             if clustered:
-                await metadata._wait_caught_up()
+                await metadata._wait_caught_up(joining=joining and new_log)
             else:
                 await group.wait_leading()
             if new_log and not joining:
@@ -258,15 +266,22 @@ class ReplicatedMetadata:
             raise
         return metadata
 
-    async def _wait_caught_up(self) -> None:
+    async def _wait_caught_up(self, joining: bool) -> None:
         """Until a leader is known and this member applied what it knows committed (every
-        entry committed before it started, once it heard from that leader)."""
+        entry committed before it started, once it heard from that leader). A node `joining`
+        with an empty log also waits for its first entry or snapshot: the leader tells a
+        follower its commit index only up to what they share, so before that, "applied all
+        it knows committed" is true of nothing at all, and the broker would start empty."""
         group = self.group
         loop = asyncio.get_running_loop()
         logged_s = loop.time()
         while True:
             raft = group.raft
-            if raft.leader_id is not None and group.applied_index >= raft.commit_index:
+            if (
+                raft.leader_id is not None
+                and group.applied_index >= raft.commit_index
+                and not (joining and group.applied_index == 0)
+            ):
                 return
             if group.stopped:
                 raise StoreFailed("the metadata group stopped") from group.fatal_error
@@ -342,6 +357,36 @@ class ReplicatedMetadata:
                 if not isinstance(error.__cause__, ProposalLost) or loop.time() > deadline_s:
                     raise
                 logger.info("metadata change %r: %s; proposing it again", command, error)
+
+    # --- membership ------------------------------------------------------------------------
+
+    async def add_member(self, node_id: int, host: str, port: int) -> None:
+        """Make `node_id` (its Raft transport at host:port) a voter of the metadata group."""
+        await self._change_membership(lambda: self.group.add_member(node_id, host, port))
+
+    async def remove_member(self, node_id: int) -> None:
+        """Remove `node_id` from the metadata group's voters."""
+        await self._change_membership(lambda: self.group.remove_member(node_id))
+
+    async def _change_membership(self, request: Callable[[], asyncio.Future[Any]]) -> None:
+        """A membership change, requested again while its outcome is unknown, no leader is
+        known or the leader refuses it for now: both changes are no-ops once done, so
+        repeating one is safe. The common case: a voter added to a one-node group before it
+        listens makes the leader step down (it hears from no quorum), which loses the
+        change's outcome although it committed; the group has no leader until the new voter
+        answers."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + MEMBERSHIP_WAIT_S
+        while True:
+            try:
+                await request()
+                return
+            except (ProposalLost, ProposalRefused, NotLeader) as error:
+                alone = self.group.transport is None  # no peers: refused for good
+                if alone or self.group.removed or loop.time() > deadline_s:
+                    raise
+                logger.info("membership change: %s; requesting it again", error)
+            await asyncio.sleep(self.group.config.tick_s * 5)
 
     async def _propose(self, commands: list[c.Command]) -> list[Outcome]:
         if self.group.fatal_error is not None:
