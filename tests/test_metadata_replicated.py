@@ -15,6 +15,7 @@ import textwrap
 import pytest
 
 from warrenmq.cluster.group import ProposalLost
+from warrenmq.cluster.raft.core import NotLeader
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata import passwords, replicated
@@ -278,6 +279,31 @@ def test_a_repeatable_command_whose_outcome_a_leader_change_lost_is_proposed_aga
         outcome = await metadata.apply_idempotent(command)
         assert outcome.changed and lost
         assert metadata.state.nodes[1].amqp_port == 5672
+        await metadata.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_proposal_that_reached_no_leader_is_proposed_again(tmp_path):
+    """A node starting in a cluster queued its seed for a leader it had no link to yet; the
+    group gave up on it (NotLeader: never sent) and the start failed. It is proposed again."""
+
+    async def scenario():
+        metadata = await ReplicatedMetadata.open(tmp_path)
+        propose = metadata.group.propose
+        refused = []
+
+        def no_leader_for_the_first(data: bytes):
+            if not refused:
+                refused.append(data)
+                future = asyncio.get_running_loop().create_future()
+                future.set_exception(NotLeader(3))
+                return future
+            return propose(data)
+
+        metadata.group.propose = no_leader_for_the_first
+        outcome = await metadata.apply(c.RegisterNode(1, "127.0.0.1", 5672, 0, 15672))
+        assert outcome.changed and refused
         await metadata.close()
 
     asyncio.run(scenario())

@@ -392,9 +392,7 @@ class ReplicatedMetadata:
         if self.group.fatal_error is not None:
             raise StoreFailed("metadata log failed earlier") from self.group.fatal_error
         try:
-            proposed = await self._proposed(encode_commands(commands))
-            # Shielded: a caller cancelled while waiting does not take the entry back.
-            applied = await asyncio.shield(proposed)
+            applied = await self._applied(encode_commands(commands))
         except (GroupStopped, ProposalLost) as error:
             raise StoreFailed(f"metadata change not applied: {error}") from error
         except RaftError as error:
@@ -404,13 +402,16 @@ class ReplicatedMetadata:
             raise result.error
         return result.outcomes
 
-    async def _proposed(self, data: bytes) -> asyncio.Future[Any]:
-        """The group's proposal of `data`, retried while no leader is known (an election)."""
+    async def _applied(self, data: bytes) -> Any:
+        """The group's proposal of `data`, once applied here; proposed again while no leader
+        is known or reachable (an election, a node starting before its links are up): a
+        proposal that fails NotLeader never reached a leader."""
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + LEADER_WAIT_S
         while True:
             try:
-                return self.group.propose(data)
+                # Shielded: a caller cancelled while waiting does not take the entry back.
+                return await asyncio.shield(self.group.propose(data))
             except NotLeader:
                 if loop.time() > deadline_s:
                     raise
