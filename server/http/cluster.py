@@ -11,7 +11,7 @@ adds Warren's cluster fields: `node_id`, `host`, `amqp_port`, `http_port`, and `
 Membership (administrators; `warren cluster join|leave|remove` calls these):
 * PUT /api/cluster/members/{node_id} {"host": H, "port": P}: add the node, its Raft transport
   at H:P, as a voter (the node was started with `--join`);
-* DELETE /api/cluster/members/{node_id}: remove it from the group, then forget its record;
+* DELETE /api/cluster/members/{node_id}: forget its record, then remove it from the group;
   the removed node refuses to serve from then on.
 """
 
@@ -113,8 +113,12 @@ async def add_member(call: Call) -> web.Response:
 async def remove_member(call: Call) -> web.Response:
     node_id = _node_id(call)
     store = call.api.host.store
-    await _membership(store.remove_member(node_id))
+    # Forgotten first: once removed from the group, a node can no longer propose, and
+    # `warren cluster leave` asks the leaving node itself. The node stops serving when it
+    # applies its ForgetNode, before it is cut off; both steps are no-ops when done, so a
+    # failed removal can be asked again.
     await core(store.apply(c.ForgetNode(node_id)))
+    await _membership(store.remove_member(node_id))
     return no_content()
 
 

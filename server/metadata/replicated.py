@@ -124,6 +124,8 @@ class MetadataMachine:
         those after it left out), after the state changed: whoever proposed it."""
         # Entries up to here already have their rows in the view (a restart replays them).
         self._rows_log_index = rows_log_index
+        self.frozen = False
+        """The state is the rows view, not the log's (a removed node): entries are skipped."""
 
     @property
     def state(self) -> MetadataState:
@@ -131,6 +133,8 @@ class MetadataMachine:
 
     def apply(self, index: int, data: bytes) -> EntryResult:
         result = EntryResult()
+        if self.frozen:
+            return result
         try:
             commands = decode_commands(data)
         except ValueError as error:
@@ -173,6 +177,8 @@ class MetadataMachine:
         return self.rows.state.snapshot()
 
     def restore(self, index: int, data: bytes) -> None:
+        if self.frozen:
+            return
         self.rows.state = MetadataState.from_snapshot(data, self.rows.state.limits)
         if index > self._rows_log_index:
             logger.warning("the metadata rows are behind snapshot %d; rewriting them", index)
@@ -247,6 +253,7 @@ class ReplicatedMetadata:
             if group.removed:
                 # It must not serve (the broker refuses clients) nor change anything.
                 logger.warning("node %d was removed from the cluster", node_id)
+                await metadata._freeze_to_rows_view()
                 return metadata
             if clustered:
                 await metadata._wait_caught_up(joining=joining and new_log)
@@ -294,6 +301,15 @@ class ReplicatedMetadata:
                     "" if self.node_id in raft.voters else " (not a voter: join it)",
                 )
             await asyncio.sleep(group.config.tick_s)
+
+    async def _freeze_to_rows_view(self) -> None:
+        """A removed node serves nothing, but its users still log in, to hear why it refuses
+        them rather than that their password is wrong. No leader tells it a commit index
+        again, so its log replays only as far as its hard state says (often nothing): its
+        state is the rows view instead (what it applied before its removal), and it applies
+        nothing more."""
+        self.machine.frozen = True
+        await self.rows.reload()
 
     async def _seed_from_rows(self) -> None:
         """A new log starts with what the rows hold: the upgrade of a data dir that predates
@@ -365,25 +381,41 @@ class ReplicatedMetadata:
         await self._change_membership(lambda: self.group.add_member(node_id, host, port))
 
     async def remove_member(self, node_id: int) -> None:
-        """Remove `node_id` from the metadata group's voters."""
-        await self._change_membership(lambda: self.group.remove_member(node_id))
+        """Remove `node_id` from the metadata group's voters; this node too (it leaves)."""
+        await self._change_membership(
+            lambda: self.group.remove_member(node_id), leaving=node_id == self.node_id
+        )
 
-    async def _change_membership(self, request: Callable[[], asyncio.Future[Any]]) -> None:
+    async def _change_membership(
+        self, request: Callable[[], asyncio.Future[Any]], leaving: bool = False
+    ) -> None:
         """A membership change, requested again while its outcome is unknown, no leader is
         known or the leader refuses it for now: both changes are no-ops once done, so
         repeating one is safe. The common case: a voter added to a one-node group before it
         listens makes the leader step down (it hears from no quorum), which loses the
         change's outcome although it committed; the group has no leader until the new voter
-        answers."""
+        answers.
+
+        A node `leaving` never applies its own removal (the leader stops replicating to it
+        at once): it learns it from a member that did (`group.removed`), and is done then."""
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + MEMBERSHIP_WAIT_S
+        group = self.group
         while True:
             try:
-                await request()
+                change = request()
+                while leaving and not change.done():
+                    if group.removed:
+                        change.add_done_callback(_retrieved)
+                        return
+                    await asyncio.wait([change], timeout=group.config.tick_s * 5)
+                await change
                 return
             except (ProposalLost, ProposalRefused, NotLeader) as error:
-                alone = self.group.transport is None  # no peers: refused for good
-                if alone or self.group.removed or loop.time() > deadline_s:
+                if leaving and group.removed:
+                    return
+                alone = group.transport is None  # no peers: refused for good
+                if alone or group.removed or loop.time() > deadline_s:
                     raise
                 logger.info("membership change: %s; requesting it again", error)
             await asyncio.sleep(self.group.config.tick_s * 5)
