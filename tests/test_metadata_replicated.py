@@ -254,24 +254,33 @@ def test_sigkill_after_apply_returned_loses_nothing(tmp_path):
     asyncio.run(check())
 
 
+def fail_the_first_proposal(metadata, error: Exception) -> list[bytes]:
+    """Have the group's next proposal fail with `error`, nothing proposed; returns the list
+    its data goes in (cleared, the next one fails again)."""
+    propose = metadata.group.propose
+    failed: list[bytes] = []
+
+    def fail_the_first(data: bytes):
+        if not failed:
+            failed.append(data)
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(error)
+            return future
+        return propose(data)
+
+    metadata.group.propose = fail_the_first
+    return failed
+
+
 def test_a_repeatable_command_whose_outcome_a_leader_change_lost_is_proposed_again(tmp_path):
     """A node starting while its cluster elects saw a proposal fail with ProposalLost (the
     outcome unknown) and gave up its start; a command harmless twice is proposed again."""
 
     async def scenario():
         metadata = await ReplicatedMetadata.open(tmp_path)
-        propose = metadata.group.propose
-        lost = []
-
-        def lose_the_first(data: bytes):
-            if not lost:
-                lost.append(data)
-                future = asyncio.get_running_loop().create_future()
-                future.set_exception(ProposalLost("applied before the leader's answer arrived"))
-                return future
-            return propose(data)
-
-        metadata.group.propose = lose_the_first
+        lost = fail_the_first_proposal(
+            metadata, ProposalLost("applied before the leader's answer arrived")
+        )
         command = c.RegisterNode(1, "127.0.0.1", 5672, 0, 15672)
         with pytest.raises(StoreFailed):
             await metadata.apply(command)
@@ -290,18 +299,7 @@ def test_a_proposal_that_reached_no_leader_is_proposed_again(tmp_path):
 
     async def scenario():
         metadata = await ReplicatedMetadata.open(tmp_path)
-        propose = metadata.group.propose
-        refused = []
-
-        def no_leader_for_the_first(data: bytes):
-            if not refused:
-                refused.append(data)
-                future = asyncio.get_running_loop().create_future()
-                future.set_exception(NotLeader(3))
-                return future
-            return propose(data)
-
-        metadata.group.propose = no_leader_for_the_first
+        refused = fail_the_first_proposal(metadata, NotLeader(3))
         outcome = await metadata.apply(c.RegisterNode(1, "127.0.0.1", 5672, 0, 15672))
         assert outcome.changed and refused
         await metadata.close()
