@@ -175,6 +175,9 @@ class BrokerConfig:
     "client-local" (this node), "balanced" (the node leading the fewest queues), or Warren's
     "other-node" (the fewest among the OTHER nodes: every queue a client uses through this
     node is forwarded, which the compat suite's cluster run relies on)."""
+    metadata_snapshot_entries: int = 20_000
+    """The metadata log is compacted into a snapshot once this many entries were applied
+    after the last one; a node that joins, or fell behind further, catches up by snapshot."""
     cluster_secret: str = ""
     """Shared by the nodes of a cluster: a node proves it (an HMAC, never the secret itself)
     when it opens a link to forward queue work to another (`server/forward`)."""
@@ -282,6 +285,9 @@ class BrokerConfig:
             raise ConfigError(
                 f"node_id {self.node_id} is not in cluster ({self.cluster}): list this node too"
             )
+        entries = self.metadata_snapshot_entries
+        if entries < 1:
+            raise ConfigError(f"metadata_snapshot_entries must be at least 1, got {entries}")
         if self.join and len(peers) < 2:
             raise ConfigError("join needs cluster to list the running voters and this node")
 

@@ -90,7 +90,15 @@ class LocalCluster:
     def log_path(self, node_id: int) -> Path:
         return self.directory / f"node-{node_id}.log"
 
-    def start(self, node_id: int) -> None:
+    def add(self) -> LocalNode:
+        """A new node, next id, free ports: recorded, not started (`start(id, join=True)`
+        starts it waiting to be added, `warren cluster join` adds it)."""
+        node_id = max(self.nodes) + 1
+        node = self.nodes[node_id] = LocalNode(node_id, free_port(), free_port(), free_port())
+        self._record()
+        return node
+
+    def start(self, node_id: int, join: bool = False) -> None:
         node = self.nodes[node_id]
         command = [
             sys.executable,
@@ -110,6 +118,7 @@ class LocalCluster:
             "--no-metrics",
             "--data-dir",
             str(self.directory / f"node-{node_id}"),
+            *(["--join"] if join else []),
         ]
         self.directory.mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(node_id)

@@ -119,6 +119,8 @@ def test_cluster_settings_from_file_environment_and_flags(tmp_path):
     assert flagged.node_host == "broker-2"
     assert load(environ={}).cluster_peers == {}
     assert load(environ={}).node_host == "127.0.0.1"
+    compacting = load(environ={"WARREN_METADATA_SNAPSHOT_ENTRIES": "50"})
+    assert compacting.metadata_snapshot_entries == 50
 
 
 @pytest.mark.parametrize(
@@ -132,6 +134,7 @@ def test_cluster_settings_from_file_environment_and_flags(tmp_path):
         ({"cluster": "1=a:1,2=b:1", "node_id": 3}, "node_id 3 is not in cluster"),
         ({"node_id": 0}, "node_id must be at least 1"),
         ({"join": True}, "join needs cluster"),
+        ({"metadata_snapshot_entries": 0}, "metadata_snapshot_entries must be at least 1"),
     ],
 )
 def test_bad_cluster_settings_are_refused_with_the_reason(overrides, message):

@@ -4,56 +4,26 @@ metadata leader SIGKILLed, the whole cluster restarted, `warren cluster status`.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-
 import pika
 import pytest
-from brokers import connect
-from http_api import HttpApi, eventually, name, path
-
-from warrenmq.server.local_cluster import LocalCluster
-
-WARREN = [sys.executable, "-m", "warrenmq.server.cli"]
-ELECTION_WAIT_S = 30.0
-
-
-def warren(*args: str) -> str:
-    done = subprocess.run([*WARREN, *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+from cluster_nodes import (
+    amqp,
+    api,
+    declare_until_it_works,
+    down,
+    leader,
+    queue_nodes,
+    up,
+    warren,
+)
+from http_api import eventually, name, path
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    directory = tmp_path / "cluster"
-    printed = warren("cluster", "up", "--nodes", "3", "--data-dir", str(directory))
-    assert printed.count("amqp://guest:guest@127.0.0.1:") == 3
-    running = LocalCluster.recorded(directory)
+    running = up(tmp_path / "cluster", 3)
     yield running
-    warren("cluster", "down", "--data-dir", str(directory))
-    assert not any(running.running(node) for node in running.nodes)
-
-
-def api(cluster, node: int) -> HttpApi:
-    return HttpApi(cluster.nodes[node].http_url)
-
-
-def amqp(cluster, node: int) -> pika.BlockingConnection:
-    return connect(cluster.nodes[node].amqp_port)
-
-
-def leader(cluster, among=(1, 2, 3)) -> int:
-    for node in among:
-        for item in api(cluster, node).get("/api/nodes").json:
-            if item["raft"]["role"] == "leader" and item["node_id"] in among:
-                return item["node_id"]
-    raise AssertionError("no leader known")
-
-
-def queue_nodes(cluster, node: int) -> dict[str, str]:
-    return {q["name"]: q["node"] for q in api(cluster, node).get("/api/queues").json}
+    down(running)
 
 
 def test_what_a_follower_declares_is_usable_there_at_once_and_seen_everywhere(cluster):
@@ -151,21 +121,6 @@ def test_work_on_a_queue_another_node_leads_is_forwarded_to_it(cluster):
     channel.queue_delete(queue)
     consumer.close()
     eventually(lambda: queue in queue_nodes(cluster, 1), False)
-
-
-def declare_until_it_works(cluster, node: int, queue: str) -> None:
-    """Declare through `node`, again while the cluster elects a new leader."""
-    deadline_s = time.monotonic() + ELECTION_WAIT_S
-    while True:
-        try:
-            connection = amqp(cluster, node)
-            connection.channel().queue_declare(queue, durable=True)
-            connection.close()
-            return
-        except pika.exceptions.AMQPError:
-            if time.monotonic() > deadline_s:
-                raise
-            time.sleep(0.2)
 
 
 def test_declares_through_the_survivors_work_after_the_metadata_leader_is_killed(cluster):

@@ -254,34 +254,33 @@ def test_sigkill_after_apply_returned_loses_nothing(tmp_path):
     asyncio.run(check())
 
 
-@pytest.mark.parametrize(
-    "failure",
-    [
-        ProposalLost("applied before the leader's answer arrived"),
-        # What CI saw: a forwarded proposal outwaited the group's wait for a leader.
-        NotLeader(2),
-    ],
-    ids=["outcome-lost", "no-leader-took-it"],
-)
-def test_a_repeatable_command_a_leader_change_failed_is_proposed_again(tmp_path, failure):
-    """A node starting while its cluster elects saw a proposal fail (outcome unknown, or no
-    leader took it in time) and gave up its start; a command harmless twice is proposed
-    again."""
+def fail_the_first_proposal(metadata, error: Exception) -> list[bytes]:
+    """Have the group's next proposal fail with `error`, nothing proposed; returns the list
+    its data goes in (cleared, the next one fails again)."""
+    propose = metadata.group.propose
+    failed: list[bytes] = []
+
+    def fail_the_first(data: bytes):
+        if not failed:
+            failed.append(data)
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(error)
+            return future
+        return propose(data)
+
+    metadata.group.propose = fail_the_first
+    return failed
+
+
+def test_a_repeatable_command_whose_outcome_a_leader_change_lost_is_proposed_again(tmp_path):
+    """A node starting while its cluster elects saw a proposal fail with ProposalLost (the
+    outcome unknown) and gave up its start; a command harmless twice is proposed again."""
 
     async def scenario():
         metadata = await ReplicatedMetadata.open(tmp_path)
-        propose = metadata.group.propose
-        lost = []
-
-        def lose_the_first(data: bytes):
-            if not lost:
-                lost.append(data)
-                future = asyncio.get_running_loop().create_future()
-                future.set_exception(failure)
-                return future
-            return propose(data)
-
-        metadata.group.propose = lose_the_first
+        lost = fail_the_first_proposal(
+            metadata, ProposalLost("applied before the leader's answer arrived")
+        )
         command = c.RegisterNode(1, "127.0.0.1", 5672, 0, 15672)
         with pytest.raises(StoreFailed):
             await metadata.apply(command)
@@ -289,6 +288,20 @@ def test_a_repeatable_command_a_leader_change_failed_is_proposed_again(tmp_path,
         outcome = await metadata.apply_idempotent(command)
         assert outcome.changed and lost
         assert metadata.state.nodes[1].amqp_port == 5672
+        await metadata.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_proposal_that_reached_no_leader_is_proposed_again(tmp_path):
+    """A node starting in a cluster queued its seed for a leader it had no link to yet; the
+    group gave up on it (NotLeader: never sent) and the start failed. It is proposed again."""
+
+    async def scenario():
+        metadata = await ReplicatedMetadata.open(tmp_path)
+        refused = fail_the_first_proposal(metadata, NotLeader(3))
+        outcome = await metadata.apply(c.RegisterNode(1, "127.0.0.1", 5672, 0, 15672))
+        assert outcome.changed and refused
         await metadata.close()
 
     asyncio.run(scenario())

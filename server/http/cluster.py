@@ -5,12 +5,13 @@ for the fields that exist: this node with all of its own (`overview.node_json`),
 with `name`, `type` and `running` (whether this node's Raft transport reaches them). Each item
 adds Warren's cluster fields: `node_id`, `host`, `amqp_port`, `http_port`, and `raft`
 (`role` as this node sees it: "leader", "follower" or "non-voter"; `term`; `applied_index`,
-known for this node only; `reachable`).
+`commit_index` and `snapshot_index` (its log's compacted prefix), known for this node only;
+`reachable`).
 
 Membership (administrators; `warren cluster join|leave|remove` calls these):
 * PUT /api/cluster/members/{node_id} {"host": H, "port": P}: add the node, its Raft transport
   at H:P, as a voter (the node was started with `--join`);
-* DELETE /api/cluster/members/{node_id}: remove it from the group, then forget its record;
+* DELETE /api/cluster/members/{node_id}: forget its record, then remove it from the group;
   the removed node refuses to serve from then on.
 """
 
@@ -48,8 +49,9 @@ def nodes_json(api: ManagementApi) -> list[dict[str, Any]]:
     items = []
     for node_id in sorted(members):
         record = records.get(node_id)
-        reachable = node_id == local or node_id in connected
-        item = node_json(api) if node_id == local else {"name": node_name(node_id), "type": "disc"}
+        known = node_id == local
+        reachable = known or node_id in connected
+        item = node_json(api) if known else {"name": node_name(node_id), "type": "disc"}
         item["running"] = reachable
         item.update(
             node_id=node_id,
@@ -59,7 +61,9 @@ def nodes_json(api: ManagementApi) -> list[dict[str, Any]]:
             raft={
                 "role": _role(node_id, status),
                 "term": status["term"],
-                "applied_index": status["applied"] if node_id == local else None,
+                "applied_index": status["applied"] if known else None,
+                "commit_index": status["commit"] if known else None,
+                "snapshot_index": status["first_index"] - 1 if known else None,
                 "reachable": reachable,
             },
         )
@@ -102,15 +106,19 @@ async def add_member(call: Call) -> web.Response:
     port = integer(body, "port")
     if not 0 < port <= 65535:
         raise bad_request(f"port must be 1..65535, got {port}")
-    await _membership(call.api.host.store.group.add_member(node_id, host, port))
+    await _membership(call.api.host.store.add_member(node_id, host, port))
     return no_content()
 
 
 async def remove_member(call: Call) -> web.Response:
     node_id = _node_id(call)
     store = call.api.host.store
-    await _membership(store.group.remove_member(node_id))
+    # Forgotten first: once removed from the group, a node can no longer propose, and
+    # `warren cluster leave` asks the leaving node itself. The node stops serving when it
+    # applies its ForgetNode, before it is cut off; both steps are no-ops when done, so a
+    # failed removal can be asked again.
     await core(store.apply(c.ForgetNode(node_id)))
+    await _membership(store.remove_member(node_id))
     return no_content()
 
 

@@ -24,17 +24,20 @@ is the `MetadataState`:
   caller that checks the state before proposing (the vhost's declare) must expect a command
   proposed before its own, not yet applied, to change it first: see `VirtualHost`.
 * Snapshots are `MetadataState.snapshot()` (every entity, transient ones included), taken
-  every `SNAPSHOT_ENTRIES` applied entries; the log before them is dropped. A restart
+  every `SNAPSHOT_ENTRIES` applied entries (the broker's `metadata_snapshot_entries`); the
+  log before them is dropped. A restart
   restores the snapshot and re-applies the log after it: the state is a function of the log.
 * A restarted broker then proposes `ForgetTransient` if the state holds transient exchanges,
   transient or exclusive queues: they did not survive the restart, exactly as before, but
   now by a log entry rather than by not having been stored.
 
-A cluster (`open(..., node_id, peers)` with more than one peer) runs the same group with a
-transport: `propose` works on every member (a follower forwards to the leader) and resolves
-once the entry is applied HERE, so read-your-writes holds on the node a client uses. A
-proposal made while no leader is known is retried for `LEADER_WAIT_S`. `open` returns once
-a leader is known and this node has applied what it has learnt committed. Then:
+A cluster (`open(..., node_id, peers)`, even with this node its only peer: one that others
+can join later) runs the same group with a transport: `propose` works on every member (a
+follower forwards to the leader) and resolves once the entry is applied HERE, so
+read-your-writes holds on the node a client uses. A proposal made while no leader is known
+is retried for `LEADER_WAIT_S`. `open` returns once a leader is known and this node has
+applied what it has learnt committed (a joining node: once it has an entry or a snapshot).
+Then:
 * a brand-new log is seeded by every bootstrap node with the same entry headed by
   `ExpectNew`: the first to apply wins, the others' are refused by every replica alike (a
   joining node never seeds: its log comes from the cluster);
@@ -80,7 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from warrenmq.cluster.group import GroupConfig, GroupStopped, ProposalLost, RaftGroup
-from warrenmq.cluster.raft.core import NotLeader, RaftError
+from warrenmq.cluster.raft.core import NotLeader, ProposalRefused, RaftError
 from warrenmq.exchanges.errors import RoutingError
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.encoding import decode_commands, encode_commands
@@ -97,6 +100,9 @@ SNAPSHOT_ENTRIES = 20_000
 ROWS_WRITE_DELAY_S = 0.1
 # How long a proposal waits for a leader to be known (an election) before it fails.
 LEADER_WAIT_S = 10.0
+# How long a membership change is requested again while its outcome is unknown: a node added
+# before it listens costs the group an election that waits for it to start.
+MEMBERSHIP_WAIT_S = 30.0
 # How often a starting member logs that it still waits for the cluster.
 _WAIT_LOG_INTERVAL_S = 5.0
 # The Raft files hold password hashes too.
@@ -122,6 +128,8 @@ class MetadataMachine:
         those after it left out), after the state changed: whoever proposed it."""
         # Entries up to here already have their rows in the view (a restart replays them).
         self._rows_log_index = rows_log_index
+        self.frozen = False
+        """The state is the rows view, not the log's (a removed node): entries are skipped."""
 
     @property
     def state(self) -> MetadataState:
@@ -137,6 +145,8 @@ class MetadataMachine:
 
     def apply(self, index: int, data: bytes) -> EntryResult:
         result = EntryResult()
+        if self.frozen:
+            return result
         try:
             commands = decode_commands(data)
         except ValueError as error:
@@ -179,6 +189,8 @@ class MetadataMachine:
         return self.rows.state.snapshot()
 
     def restore(self, index: int, data: bytes) -> None:
+        if self.frozen:
+            return
         self.rows.state = MetadataState.from_snapshot(data, self.rows.state.limits)
         if index > self._rows_log_index:
             logger.warning("the metadata rows are behind snapshot %d; rewriting them", index)
@@ -219,6 +231,7 @@ class ReplicatedMetadata:
         node_id: int = SINGLE_NODE_ID,
         peers: Mapping[int, tuple[str, int]] | None = None,
         joining: bool = False,
+        snapshot_entries: int | None = None,
     ) -> ReplicatedMetadata:
         """Open the data dir's metadata: recover the log, upgrade or seed it from the rows
         if it is new, take in offline CLI edits and drop what did not survive a restart.
@@ -239,7 +252,8 @@ class ReplicatedMetadata:
             raft_dir = data_dir / RAFT_DIRECTORY
             raft_dir.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
             machine = MetadataMachine(rows, await rows.written_log_index())
-            clustered = peers is not None and len(peers) > 1
+            # A `cluster` of this node alone is still one other nodes can join: it listens.
+            clustered = bool(peers)
             voters = None
             if joining:
                 voters = tuple(sorted(node for node in peers or {} if node != node_id))
@@ -249,7 +263,7 @@ class ReplicatedMetadata:
                     data_dir=raft_dir,
                     peers=dict(peers) if clustered and peers is not None else None,
                     voters=voters,
-                    snapshot_entries=SNAPSHOT_ENTRIES,
+                    snapshot_entries=snapshot_entries or SNAPSHOT_ENTRIES,
                 ),
                 machine,
             )
@@ -259,9 +273,10 @@ class ReplicatedMetadata:
             if group.removed:
                 # It must not serve (the broker refuses clients) nor change anything.
                 logger.warning("node %d was removed from the cluster", node_id)
+                await metadata._freeze_to_rows_view()
                 return metadata
             if clustered:
-                await metadata._wait_caught_up()
+                await metadata._wait_caught_up(joining=joining and new_log)
             else:
                 await group.wait_leading()
             if new_log and not joining:
@@ -278,15 +293,22 @@ class ReplicatedMetadata:
             raise
         return metadata
 
-    async def _wait_caught_up(self) -> None:
+    async def _wait_caught_up(self, joining: bool) -> None:
         """Until a leader is known and this member applied what it knows committed (every
-        entry committed before it started, once it heard from that leader)."""
+        entry committed before it started, once it heard from that leader). A node `joining`
+        with an empty log also waits for its first entry or snapshot: the leader tells a
+        follower its commit index only up to what they share, so before that, "applied all
+        it knows committed" is true of nothing at all, and the broker would start empty."""
         group = self.group
         loop = asyncio.get_running_loop()
         logged_s = loop.time()
         while True:
             raft = group.raft
-            if raft.leader_id is not None and group.applied_index >= raft.commit_index:
+            if (
+                raft.leader_id is not None
+                and group.applied_index >= raft.commit_index
+                and not (joining and group.applied_index == 0)
+            ):
                 return
             if group.stopped:
                 raise StoreFailed("the metadata group stopped") from group.fatal_error
@@ -299,6 +321,15 @@ class ReplicatedMetadata:
                     "" if self.node_id in raft.voters else " (not a voter: join it)",
                 )
             await asyncio.sleep(group.config.tick_s)
+
+    async def _freeze_to_rows_view(self) -> None:
+        """A removed node serves nothing, but its users still log in, to hear why it refuses
+        them rather than that their password is wrong. No leader tells it a commit index
+        again, so its log replays only as far as its hard state says (often nothing): its
+        state is the rows view instead (what it applied before its removal), and it applies
+        nothing more."""
+        self.machine.frozen = True
+        await self.rows.reload()
 
     async def _seed_from_rows(self) -> None:
         """A new log starts with what the rows hold: the upgrade of a data dir that predates
@@ -355,28 +386,70 @@ class ReplicatedMetadata:
 
     async def apply_all_idempotent(self, commands: list[c.Command]) -> list[Outcome]:
         """`apply_all` for commands that change nothing when applied twice, proposed again
-        while their outcome is unknown or no leader took them: a leader change can lose track
-        of a proposal, an election on a loaded machine can outlast the group's wait for a
-        leader, and a node starting meanwhile must not give up on what it can safely
-        repeat."""
+        while their outcome is unknown: a leader change can lose track of a proposal, and a
+        node starting meanwhile must not give up on what it can safely repeat (one that
+        reached no leader is proposed again for any command: `_applied`)."""
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + LEADER_WAIT_S
         while True:
             try:
                 return await self.apply_all(commands)
             except StoreFailed as error:
-                unknown = isinstance(error.__cause__, (ProposalLost, NotLeader))
-                if not unknown or loop.time() > deadline_s:
+                if not isinstance(error.__cause__, ProposalLost) or loop.time() > deadline_s:
                     raise
                 logger.info("metadata change %r: %s; proposing it again", commands, error)
+
+    # --- membership ------------------------------------------------------------------------
+
+    async def add_member(self, node_id: int, host: str, port: int) -> None:
+        """Make `node_id` (its Raft transport at host:port) a voter of the metadata group."""
+        await self._change_membership(lambda: self.group.add_member(node_id, host, port))
+
+    async def remove_member(self, node_id: int) -> None:
+        """Remove `node_id` from the metadata group's voters; this node too (it leaves)."""
+        await self._change_membership(
+            lambda: self.group.remove_member(node_id), leaving=node_id == self.node_id
+        )
+
+    async def _change_membership(
+        self, request: Callable[[], asyncio.Future[Any]], leaving: bool = False
+    ) -> None:
+        """A membership change, requested again while its outcome is unknown, no leader is
+        known or the leader refuses it for now: both changes are no-ops once done, so
+        repeating one is safe. The common case: a voter added to a one-node group before it
+        listens makes the leader step down (it hears from no quorum), which loses the
+        change's outcome although it committed; the group has no leader until the new voter
+        answers.
+
+        A node `leaving` never applies its own removal (the leader stops replicating to it
+        at once): it learns it from a member that did (`group.removed`), and is done then."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + MEMBERSHIP_WAIT_S
+        group = self.group
+        while True:
+            try:
+                change = request()
+                while leaving and not change.done():
+                    if group.removed:
+                        change.add_done_callback(_retrieved)
+                        return
+                    await asyncio.wait([change], timeout=group.config.tick_s * 5)
+                await change
+                return
+            except (ProposalLost, ProposalRefused, NotLeader) as error:
+                if leaving and group.removed:
+                    return
+                alone = group.transport is None  # no peers: refused for good
+                if alone or group.removed or loop.time() > deadline_s:
+                    raise
+                logger.info("membership change: %s; requesting it again", error)
+            await asyncio.sleep(self.group.config.tick_s * 5)
 
     async def _propose(self, commands: list[c.Command]) -> list[Outcome]:
         if self.group.fatal_error is not None:
             raise StoreFailed("metadata log failed earlier") from self.group.fatal_error
         try:
-            proposed = await self._proposed(encode_commands(commands))
-            # Shielded: a caller cancelled while waiting does not take the entry back.
-            applied = await asyncio.shield(proposed)
+            applied = await self._applied(encode_commands(commands))
         except (GroupStopped, ProposalLost) as error:
             raise StoreFailed(f"metadata change not applied: {error}") from error
         except RaftError as error:
@@ -386,13 +459,16 @@ class ReplicatedMetadata:
             raise result.error
         return result.outcomes
 
-    async def _proposed(self, data: bytes) -> asyncio.Future[Any]:
-        """The group's proposal of `data`, retried while no leader is known (an election)."""
+    async def _applied(self, data: bytes) -> Any:
+        """The group's proposal of `data`, once applied here; proposed again while no leader
+        is known or reachable (an election, a node starting before its links are up): a
+        proposal that fails NotLeader never reached a leader."""
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + LEADER_WAIT_S
         while True:
             try:
-                return self.group.propose(data)
+                # Shielded: a caller cancelled while waiting does not take the entry back.
+                return await asyncio.shield(self.group.propose(data))
             except NotLeader:
                 if loop.time() > deadline_s:
                     raise

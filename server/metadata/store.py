@@ -547,6 +547,11 @@ class MetadataStore:
         ) as cursor:
             return list(await cursor.fetchall())
 
+    async def reload(self) -> None:
+        """Replace `state` by what the rows hold."""
+        self.state = MetadataState(self.state.limits)
+        await self._load()
+
     async def _load(self) -> None:
         for command in await self.stored_commands():
             try:
