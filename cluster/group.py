@@ -90,6 +90,7 @@ import heapq
 import itertools
 import logging
 import random
+import struct
 import sys
 import time
 import traceback
@@ -131,6 +132,9 @@ _READY_ROUNDS_MAX = 64
 _SOLO_ELECTION_TICKS_MAX = 10_000
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 REMOVED_MARKER_FILE = "removed"
+# The group's own ReadIndex contexts: one byte longer than the demo server's (node.py), so the
+# two never take each other's read states.
+_READ_POINT_CONTEXT = struct.Struct("<cQ")
 
 
 class StateMachine(Protocol):
@@ -230,6 +234,14 @@ def _disk_full(error: BaseException) -> bool:
 
 
 @dataclass(slots=True)
+class _ReadRound:
+    """Callers of `read_point` whose ReadIndex request the core sent at `asked_s`."""
+
+    waiting: list[tuple[asyncio.Future[int], float]]  # (future, deadline_s)
+    asked_s: float
+
+
+@dataclass(slots=True)
 class _Forwarded:
     """A request of this member's for the leader: waiting for one to be known, or sent to
     `leader` over transport connection `link` and waiting for its reply."""
@@ -299,6 +311,11 @@ class RaftGroup:
         self._replies: dict[int, list[Reply]] = {}
         # (index, tie-break, future): resolved once applied up to index, whatever its term
         self._applied_waiters: list[tuple[int, int, asyncio.Future[Applied]]] = []
+        # read_point callers: not yet asked of the core (no leader known, or asked this
+        # iteration), and asked, by the round's context
+        self._reads_unasked: list[tuple[asyncio.Future[int], float]] = []
+        self._read_rounds: dict[bytes, _ReadRound] = {}
+        self._read_round_ids = itertools.count(1)
         # index -> (term it was proposed in, its future)
         self._proposals: dict[int, tuple[int, asyncio.Future[Applied]]] = {}
         self._kick_scheduled = False
@@ -517,7 +534,10 @@ class RaftGroup:
         """Fail what waits for a leader or for the index it was told (a group that stops)."""
         futures = [r.future for r in self._unsent] + [r.future for r in self._sent.values()]
         futures += [future for _, _, future in self._applied_waiters]
+        futures += [future for future, _ in self._reads_unasked]
+        futures += [future for r in self._read_rounds.values() for future, _ in r.waiting]
         self._unsent, self._sent, self._applied_waiters = [], {}, []
+        self._reads_unasked, self._read_rounds = [], {}
         for future in futures:
             if not future.done():
                 future.set_exception(error)
@@ -528,6 +548,67 @@ class RaftGroup:
         future: asyncio.Future[Applied] = asyncio.get_running_loop().create_future()
         self._await_applied(index, None, future)
         return future
+
+    def read_point(self) -> asyncio.Future[int]:
+        """Resolves with a linearizable read point (ReadIndex, Raft §6.4): once this member
+        has applied up to it (`applied`), its state holds every write acknowledged by any
+        member before this call. The leader takes its commit index and confirms it still
+        leads with a heartbeat round; a follower asks the leader for that index (the core's
+        READ_INDEX). Concurrent callers share one round. A group of one answers at once: all
+        its acknowledged writes were applied here. Fails NotLeader when no leader confirmed
+        a round within `leader_wait_s`."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        if self.transport is None:
+            future.set_result(self.applied_index)
+            return future
+        self._check_running()
+        self._reads_unasked.append((future, loop.time() + self._leader_wait_s))
+        self._kick()
+        return future
+
+    def _ask_read_points(self) -> None:
+        raft = self.raft
+        if raft.role != LEADER and raft.leader_id is None:
+            return  # asked once a leader is known (_drive_once kicks then)
+        context = _READ_POINT_CONTEXT.pack(b"g", next(self._read_round_ids))
+        waiting, self._reads_unasked = self._reads_unasked, []
+        self._read_rounds[context] = _ReadRound(waiting, asyncio.get_running_loop().time())
+        raft.read_index(context)
+
+    def _resolve_read_points(self, ready: Ready) -> None:
+        for read_state in ready.read_states:
+            read_round = self._read_rounds.pop(read_state.context, None)
+            if read_round is None:
+                continue
+            for future, _ in read_round.waiting:
+                if not future.done():
+                    future.set_result(read_state.index)
+
+    def _ask_read_points_again(self) -> None:
+        """The rounds asked are put back to be asked anew: asked of a leader that is no
+        longer ours, or lost with a connection, they may never be answered."""
+        rounds, self._read_rounds = self._read_rounds, {}
+        for read_round in rounds.values():
+            self._reads_unasked += read_round.waiting
+        if self._reads_unasked:
+            self._kick()
+
+    def _expire_read_points(self, now_s: float) -> None:
+        """Fail the callers past their deadline; re-ask the rounds unanswered for an
+        election timeout (a request dropped by a leader busy with too many reads, or lost)."""
+        retry_s = self.raft_config.election_ticks * self.config.tick_s
+        if any(now_s - r.asked_s > retry_s for r in self._read_rounds.values()):
+            self._ask_read_points_again()
+        if not any(deadline_s <= now_s for _, deadline_s in self._reads_unasked):
+            return
+        keep = []
+        for future, deadline_s in self._reads_unasked:
+            if deadline_s > now_s:
+                keep.append((future, deadline_s))
+            elif not future.done():
+                future.set_exception(NotLeader(self.raft.leader_id))
+        self._reads_unasked = keep
 
     def _await_applied(self, index: int, term: int | None, future: asyncio.Future[Applied]) -> None:
         """Resolve `future` once `index` is applied here: with the machine's result if its
@@ -762,6 +843,8 @@ class RaftGroup:
         now_s = loop.time()
         if self._unsent or self._sent:
             self._expire_requests(now_s)
+        if self._reads_unasked or self._read_rounds:
+            self._expire_read_points(now_s)
         # Keep the tick rate steady: a late tick does not push every later one back.
         self._next_tick_s = max(self._next_tick_s + self.config.tick_s, now_s)
         self._ticker = loop.call_at(self._next_tick_s, self._on_tick)
@@ -850,6 +933,8 @@ class RaftGroup:
         if self._replies:
             self._send_replies()
         self._before_ready()
+        if self._reads_unasked:
+            self._ask_read_points()
         for _ in range(_READY_ROUNDS_MAX):
             if (
                 self._stalled_ready is not None
@@ -886,7 +971,9 @@ class RaftGroup:
                 raft.role,
             )
             self._on_leadership_change()
-            if self._unsent:
+            if self._read_rounds:
+                self._ask_read_points_again()
+            if self._unsent or self._reads_unasked:
                 self._kick()  # a leader is known now: the requests waiting for one go
         # Everything this iteration had to say is queued: write it now rather than one
         # loop iteration later.
@@ -988,6 +1075,8 @@ class RaftGroup:
         self._send(messages)
         if ready.committed:
             self._apply(ready.committed)
+        if ready.read_states and self._read_rounds:
+            self._resolve_read_points(ready)
         self._after_ready(ready)
 
     def _send(self, messages: Sequence[Message]) -> None:

@@ -747,6 +747,14 @@ class VirtualHost:
         queue.flush(self._clock())
         return queue
 
+    def metadata_read_barrier(self) -> Awaitable[None] | None:
+        """What a client's metadata read (a passive declare) awaits first, in a cluster:
+        until this node's state holds every change acknowledged through any node
+        (`ReplicatedMetadata.read_barrier`). None on a single node, which has nothing to wait
+        for."""
+        store = self.store
+        return store.read_barrier() if store.clustered else None
+
     def check_queue(self, name: str, owner: str) -> WorkQueue:
         """queue.declare passive: the queue (404, or 405 if locked). A use, as RabbitMQ
         counts it: it renews x-expires."""

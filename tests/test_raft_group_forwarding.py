@@ -366,3 +366,68 @@ def test_a_stopped_follower_fails_what_it_forwarded(tmp_path):
             await future
 
     run(tmp_path, 3, scenario)
+
+
+# -- linearizable read points (ReadIndex) -----------------------------------------------
+
+
+def test_a_read_point_through_a_follower_covers_a_write_acknowledged_by_the_leader(tmp_path):
+    async def scenario(cluster: Cluster):
+        leader = await cluster.leader()
+        follower = next(i for i in cluster.groups if i != leader)
+        group = cluster.groups[follower]
+        for i in range(20):
+            written = await asyncio.wait_for(cluster.groups[leader].propose(b"w%d" % i), WAIT_S)
+            # Concurrent readers share one round; each point covers the acknowledged write.
+            points = await asyncio.wait_for(
+                asyncio.gather(*(group.read_point() for _ in range(3))), WAIT_S
+            )
+            assert min(points) >= written.index
+            await asyncio.wait_for(group.applied(points[0]), WAIT_S)
+            assert cluster.journals[follower].values()[-1] == b"w%d" % i
+        own = await asyncio.wait_for(cluster.groups[leader].read_point(), WAIT_S)
+        assert own >= written.index
+
+    run(tmp_path, 3, scenario)
+
+
+def test_a_read_point_asked_of_a_dead_leader_is_asked_of_the_next(tmp_path):
+    async def scenario(cluster: Cluster):
+        leader = await cluster.leader()
+        follower = next(i for i in cluster.groups if i != leader)
+        group = cluster.groups[follower]
+        written = await asyncio.wait_for(cluster.groups[leader].propose(b"before"), WAIT_S)
+        cluster.groups.pop(leader)._fail(RuntimeError("killed"))
+        # Still believed the leader: the request goes to the dead node and is never answered.
+        assert group.raft.leader_id == leader
+        point = await asyncio.wait_for(group.read_point(), WAIT_S)
+        assert point >= written.index
+        assert group.raft.leader_id not in (None, leader)
+
+    run(tmp_path, 3, scenario)
+
+
+def test_a_read_point_with_no_leader_fails_not_leader(tmp_path):
+    async def scenario(cluster: Cluster):
+        await cluster.leader()
+        for node in (2, 3):
+            await cluster.stop(node)
+        await cluster.until(lambda: cluster.groups[1].raft.leader_id is None, "leader lost")
+        with pytest.raises(NotLeader):
+            await asyncio.wait_for(cluster.groups[1].read_point(), WAIT_S)
+
+    run(tmp_path, 3, scenario, leader_wait_s=0.3)
+
+
+def test_a_group_of_one_has_its_read_point_at_once(tmp_path):
+    async def main():
+        group = RaftGroup(GroupConfig(node_id=1, data_dir=tmp_path), Journal())
+        await group.start()
+        try:
+            written = await asyncio.wait_for(group.propose(b"x"), WAIT_S)
+            point = group.read_point()
+            assert point.done() and point.result() == written.index
+        finally:
+            await group.stop()
+
+    asyncio.run(main())

@@ -290,6 +290,29 @@ _ACCESS_REFUSALS = {
 }
 
 
+# The roots whose GETs answer from the metadata: in a cluster they first wait until this
+# node's state holds every change acknowledged through any node (`read_barrier`), so a GET
+# never answers older than a change already answered elsewhere. Not the health checks,
+# overview or metrics: they must answer from this node even while it is cut off.
+_METADATA_READ_ROOTS = frozenset(
+    (
+        "all-configuration",
+        "bindings",
+        "definitions",
+        "exchanges",
+        "permissions",
+        "policies",
+        "queues",
+        "streams",
+        "super-streams",
+        "user-limits",
+        "users",
+        "vhost-limits",
+        "vhosts",
+    )
+)
+
+
 def segments(request: web.Request) -> list[str]:
     """The path's segments, each percent-decoded (400 when one is not UTF-8)."""
     try:
@@ -379,6 +402,10 @@ async def _dispatch(
         return web.Response(status=405, headers={"Allow": route_.allowed})
     host = api.host
     await _sync_external_changes(api)
+    store = api.store
+    if store.clustered and method == "GET" and parts[0] == "api":
+        if parts[1] in _METADATA_READ_ROOTS:
+            await store.read_barrier()
     caller = await log_in(
         api.store,
         request.headers.get("Authorization"),

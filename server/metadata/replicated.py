@@ -474,6 +474,29 @@ class ReplicatedMetadata:
                     raise
             await asyncio.sleep(self.group.config.tick_s * 5)
 
+    # --- reads -----------------------------------------------------------------------------
+
+    async def read_barrier(self) -> None:
+        """Until `state` holds every change acknowledged by any member before this call
+        (a linearizable read; `RaftGroup.read_point`): a read through this node then never
+        answers an older value than a write already answered through another. Only a
+        cluster has to wait; callers skip it when not `clustered`. Retried while no leader
+        is known, then StoreFailed."""
+        group = self.group
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + LEADER_WAIT_S
+        while True:
+            try:
+                index = await group.read_point()
+                break
+            except NotLeader as error:
+                if loop.time() > deadline_s:
+                    raise StoreFailed(f"metadata read not confirmed: {error}") from error
+            except GroupStopped as error:
+                raise StoreFailed(f"metadata read not confirmed: {error}") from error
+        if group.applied_index < index:
+            await group.applied(index)
+
     # --- authentication --------------------------------------------------------------------
 
     async def authenticate(self, username: str, password: str, source: str = "") -> User | None:

@@ -831,6 +831,9 @@ async def _exchange_declare(
     name = method.exchange
     vhost = conn.vhost
     if method.passive:
+        barrier = vhost.metadata_read_barrier()
+        if barrier is not None:
+            await barrier
         vhost.check_exchange(name)
     else:
         # rabbit_channel's order: the type, the default exchange, then permissions.
@@ -891,16 +894,10 @@ def _queue_declare(
             conn.amqp.declare_ok(channel.number, name, 0, 0)
         return None
     if method.passive:
-        name = conn.queue_name(channel, name)
-        queue = vhost.check_queue(name, conn.owner)
-        channel.last_queue = name
-        if method.nowait:
-            return None
-        counting = vhost.refresh_counts(queue)
-        if counting is not None:
-            return _declare_ok_after(conn, channel, queue, counting)
-        conn.amqp.declare_ok(channel.number, name, queue.ready_count, queue.consumer_count)
-        return None
+        barrier = vhost.metadata_read_barrier()
+        if barrier is not None:
+            return _queue_declare_passive_after(conn, channel, method, barrier)
+        return _queue_declare_passive(conn, channel, method)
     server_named = not name
     if server_named:
         name = generated_name("amq.gen-")
@@ -908,6 +905,36 @@ def _queue_declare(
         raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
     conn.check("configure", QUEUE, name)
     return _queue_declare_new(conn, channel, method, name, server_named)
+
+
+def _queue_declare_passive(
+    conn: BrokerConnection, channel: BrokerChannel, method: commands.Queue.Declare
+) -> Awaitable[None] | None:
+    vhost = conn.vhost
+    name = conn.queue_name(channel, method.queue)
+    queue = vhost.check_queue(name, conn.owner)
+    channel.last_queue = name
+    if method.nowait:
+        return None
+    counting = vhost.refresh_counts(queue)
+    if counting is not None:
+        return _declare_ok_after(conn, channel, queue, counting)
+    conn.amqp.declare_ok(channel.number, name, queue.ready_count, queue.consumer_count)
+    return None
+
+
+async def _queue_declare_passive_after(
+    conn: BrokerConnection,
+    channel: BrokerChannel,
+    method: commands.Queue.Declare,
+    barrier: Awaitable[None],
+) -> None:
+    """A passive queue.declare in a cluster: answered once this node's metadata holds every
+    change acknowledged before it, through whichever node (`metadata_read_barrier`)."""
+    await barrier
+    answering = _queue_declare_passive(conn, channel, method)
+    if answering is not None:
+        await answering
 
 
 async def _declare_ok_after(
