@@ -13,7 +13,9 @@ says "outcome unknown" for those) is recorded without a return, as the checker a
 may have taken effect at any time after its call, or never. A read that failed constrains
 nothing and is left out.
 
-What it finds today: reads through a follower are not linearizable (see the xfail).
+Reads are linearizable because the node answering a passive declare or a metadata GET
+first waits for a ReadIndex point (`ReplicatedMetadata.read_barrier`); without it, a
+follower that had not yet applied a write another node answered OK read the value before.
 """
 
 from __future__ import annotations
@@ -161,13 +163,6 @@ def cluster(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="reads are served from the node's own state: a follower that has not yet applied a "
-    "write another node answered OK reads the value before it (a stale read). Linearizable "
-    "reads need a ReadIndex round (the core has one, RaftGroup does not offer it yet) before "
-    "a passive declare or a GET; most runs catch a stale read, not all",
-    strict=False,
-)
 def test_metadata_written_and_read_through_every_node_across_a_leader_kill_is_linearizable(
     cluster,
 ):
