@@ -240,15 +240,18 @@ def test_a_follower_proposal_when_the_leader_dies_resolves_or_is_lost(tmp_path, 
     run(tmp_path, 3, scenario)
 
 
-def test_no_leader_known_waits_briefly_then_fails_not_leader(tmp_path):
+@pytest.mark.parametrize("request_", ["propose", "read_point"])
+def test_no_leader_known_waits_briefly_then_fails_not_leader(tmp_path, request_):
     async def scenario(cluster: Cluster):
         await cluster.leader()
         for node in (2, 3):
             await cluster.stop(node)
         # Alone, node 1 soon knows no leader (check-quorum) and cannot elect one.
         await cluster.until(lambda: cluster.groups[1].raft.leader_id is None, "leader lost")
+        group = cluster.groups[1]
+        asked = group.propose(b"nobody") if request_ == "propose" else group.read_point()
         with pytest.raises(NotLeader):
-            await asyncio.wait_for(cluster.groups[1].propose(b"nobody"), WAIT_S)
+            await asyncio.wait_for(asked, WAIT_S)
 
     run(tmp_path, 3, scenario, leader_wait_s=0.3)
 
@@ -405,18 +408,6 @@ def test_a_read_point_asked_of_a_dead_leader_is_asked_of_the_next(tmp_path):
         assert group.raft.leader_id not in (None, leader)
 
     run(tmp_path, 3, scenario)
-
-
-def test_a_read_point_with_no_leader_fails_not_leader(tmp_path):
-    async def scenario(cluster: Cluster):
-        await cluster.leader()
-        for node in (2, 3):
-            await cluster.stop(node)
-        await cluster.until(lambda: cluster.groups[1].raft.leader_id is None, "leader lost")
-        with pytest.raises(NotLeader):
-            await asyncio.wait_for(cluster.groups[1].read_point(), WAIT_S)
-
-    run(tmp_path, 3, scenario, leader_wait_s=0.3)
 
 
 def test_a_group_of_one_has_its_read_point_at_once(tmp_path):
