@@ -237,6 +237,7 @@ class Broker:
             # From here on (no await since the metadata opened), every entry applied here,
             # wherever it was proposed, reaches the running side.
             self.store.machine.listener = self.node.applied
+            self.store.machine.restored = self.node.resync
             await self.node.started()
             self.server = await self._loop.create_server(
                 lambda: BrokerConnection(self),

@@ -12,6 +12,8 @@ called for each applied entry after the state changed:
 * a queue deleted, or forgotten by `ForgetTransient`: retired here, its consumers
   cancelled, if this node hosted it; delayed exchanges deleted: their stores dropped;
 * policies set or cleared: the vhost's queues take them;
+* a snapshot installed here (this node fell behind the leader's compacted log, so no entry
+  it covers is applied one by one): the whole state at once (`resync`, the same steps);
 * this node forgotten (`ForgetNode`, `warren cluster remove`), or removed from the metadata
   group (`check_removed`, polled: a removed node no longer hears of the `ForgetNode`): it
   closes its connections and refuses new ones with the reason (`refusal`).
@@ -31,7 +33,7 @@ from typing import Any
 from warrenmq.amqp import replies
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.errors import NotFound
-from warrenmq.server.metadata.records import NodeRecord, node_name
+from warrenmq.server.metadata.records import NodeRecord, QueueRecord, node_name
 from warrenmq.server.metadata.state import Outcome
 
 log = logging.getLogger(__name__)
@@ -168,10 +170,7 @@ class ClusterNode:
         if isinstance(command, c.DeclareQueue):
             record = outcome.queue
             if outcome.created and record is not None:
-                if record.node == self.node_id:
-                    vhost.host_declared(record)
-                else:
-                    broker.forwarding.place(vhost, record.name)
+                self._serve(vhost, record)
         elif isinstance(command, c.DeleteQueue):
             queue = vhost.served_queue(outcome.queue.name) if outcome.queue else None
             if queue is not None:
@@ -180,6 +179,37 @@ class ClusterNode:
             vhost.apply_policies()
         if outcome.deleted_exchanges and isinstance(command, _DELETING_EXCHANGES):
             vhost.delayed.exchanges_deleted(outcome.deleted_exchanges)
+
+    def _serve(self, vhost: Any, record: QueueRecord) -> None:
+        """A queue this node leads: its storage opened here (unless it is already); one
+        another node leads: a `RemoteQueue` here, forwarding to that node."""
+        if record.node == self.node_id:
+            vhost.host_declared(record)
+        else:
+            self.broker.forwarding.place(vhost, record.name)
+
+    # -- an installed snapshot --------------------------------------------------------------
+
+    def resync(self) -> None:
+        """A snapshot replaced the state (`MetadataMachine.restored`): none of the entries it
+        covers reached `applied`, so the running side takes the whole state at once, as it
+        would have taken them: vhosts hosted or retired, the queues of the state served here
+        or forwarded to their leader, those gone retired, the delayed exchanges gone dropped,
+        the policies applied."""
+        broker = self.broker
+        broker.sync_vhosts()
+        for vhost in broker.vhosts.values():
+            vhost.retire_deleted()
+            for record in self._state().queues(vhost.name).values():
+                remote = vhost.remote.get(record.name)
+                if remote is not None and remote.node == record.node:
+                    continue
+                if remote is not None:
+                    # Deleted and declared again on another leader meanwhile.
+                    vhost.retire_queue(remote)
+                self._serve(vhost, record)
+            vhost.delayed.exchanges_deleted(list(vhost.delayed.stores))
+            vhost.apply_policies()
 
     def _leave(self) -> None:
         if self.removed:

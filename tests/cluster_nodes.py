@@ -52,6 +52,12 @@ def leader(cluster: LocalCluster, among=(1, 2, 3)) -> int:
     raise AssertionError("no leader known")
 
 
+def local_raft(cluster: LocalCluster, node: int) -> dict:
+    """The metadata group as `node` runs it (role, indexes, snapshot_index)."""
+    (item,) = [i for i in api(cluster, node).get("/api/nodes").json if i["node_id"] == node]
+    return item["raft"]
+
+
 def queue_nodes(cluster: LocalCluster, node: int) -> dict[str, str]:
     return {q["name"]: q["node"] for q in api(cluster, node).get("/api/queues").json}
 

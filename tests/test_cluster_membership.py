@@ -11,7 +11,7 @@ import time
 
 import pika
 import pytest
-from cluster_nodes import WARREN, amqp, api, down, queue_nodes, up, warren
+from cluster_nodes import WARREN, amqp, api, down, local_raft, queue_nodes, up, warren
 from http_api import eventually, name, path
 
 # Small, so that the log a joining node needs was compacted long before it joins.
@@ -66,11 +66,6 @@ def join_before_it_starts(cluster, through: int) -> int:
 def members(cluster, node: int) -> set[int]:
     """The nodes `node` knows of: the group's voters and the nodes the metadata records."""
     return {item["node_id"] for item in api(cluster, node).get("/api/nodes").json}
-
-
-def local_raft(cluster, node: int) -> dict:
-    (item,) = [i for i in api(cluster, node).get("/api/nodes").json if i["node_id"] == node]
-    return item["raft"]
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ metadata leader SIGKILLed, the whole cluster restarted, `warren cluster status`.
 
 from __future__ import annotations
 
+import signal
+
 import pika
 import pytest
 from cluster_nodes import (
@@ -12,11 +14,14 @@ from cluster_nodes import (
     declare_until_it_works,
     down,
     leader,
+    local_raft,
     queue_nodes,
     up,
     warren,
 )
 from http_api import eventually, name, path
+
+from warrenmq.cluster.raft.core import RaftConfig
 
 
 @pytest.fixture
@@ -185,3 +190,58 @@ def test_transient_exchanges_outlive_a_rolling_restart_not_a_whole_cluster_one(c
     cluster.start_all()
     for node in (1, 2, 3):
         assert eventually(lambda n=node: api(cluster, n).get(target).status, 404) == 404
+
+
+def test_a_node_resumed_behind_the_compacted_log_serves_the_snapshot_it_installs(
+    tmp_path, monkeypatch
+):
+    """A running node that fell behind the leader's compacted log gets a snapshot, which
+    applies no entry one by one: it still serves the queues declared meanwhile (forwarded
+    to their leader) and no longer the ones deleted meanwhile."""
+    snapshot_entries = 20
+    monkeypatch.setenv("WARREN_METADATA_SNAPSHOT_ENTRIES", str(snapshot_entries))
+    cluster = up(tmp_path / "cluster", 3)
+    resumed = 0
+    try:
+        through = leader(cluster)
+        resumed = next(node for node in (1, 2, 3) if node != through)
+        connection = amqp(cluster, through)
+        channel = connection.channel()
+        gone = name("gone")
+        channel.queue_declare(gone, durable=True)
+        known = eventually(lambda: queue_nodes(cluster, resumed).get(gone), f"warren@{through}")
+        assert known == f"warren@{through}"
+        behind_at = local_raft(cluster, resumed)["snapshot_index"]
+
+        cluster.signal(resumed, signal.SIGSTOP)
+        # The stopped node's socket buffers take the appends the leader pipelines to it
+        # until that many are unanswered; it gets the entries after those (but the last
+        # few, after the leader's last snapshot) only as a snapshot.
+        pipelined = RaftConfig.max_inflight_appends
+        declared = [name("meanwhile") for _ in range(pipelined + 4 * snapshot_entries)]
+        for queue in declared:
+            channel.queue_declare(queue, durable=True)
+        channel.queue_delete(gone)
+        connection.close()
+        cluster.signal(resumed, signal.SIGCONT)
+
+        last = declared[-1]
+        placed = eventually(lambda: queue_nodes(cluster, resumed).get(last), f"warren@{through}")
+        assert placed == f"warren@{through}"
+        assert local_raft(cluster, resumed)["snapshot_index"] > behind_at
+        connection = amqp(cluster, resumed)
+        channel = connection.channel()
+        for queue in declared:
+            channel.queue_declare(queue, passive=True)
+        channel.confirm_delivery()
+        for queue in (declared[pipelined + snapshot_entries], last):
+            channel.basic_publish("", queue, b"after the snapshot", mandatory=True)
+            assert channel.basic_get(queue, auto_ack=True)[2] == b"after the snapshot"
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            channel.queue_declare(gone, passive=True)
+        assert closed.value.reply_code == 404
+        connection.close()
+    finally:
+        if resumed:
+            cluster.signal(resumed, signal.SIGCONT)
+        down(cluster)

@@ -48,7 +48,10 @@ Then:
   running): a whole-cluster restart drops them, a rolling one keeps them, as RabbitMQ's
   RAM tables do.
 Every applied entry, whoever proposed it, is reported to `MetadataMachine.listener`
-(commands with their outcomes): the broker reconciles its running side with it.
+(commands with their outcomes): the broker reconciles its running side with it. A snapshot
+installed into a running member (one that fell behind the leader's compacted log) applies
+no entry: it is reported to `MetadataMachine.restored`, and the broker reconciles with the
+whole state at once.
 
 The SQLite rows (`metadata.sqlite3`, `MetadataStore` with `load=False`) stay, as a VIEW of the
 applied state: each applied command's rows are queued and written, those of
@@ -126,6 +129,9 @@ class MetadataMachine:
         self.listener: Callable[[list[c.Command], list[Outcome]], None] | None = None
         """Told of every applied entry's commands and their outcomes (the refused one and
         those after it left out), after the state changed: whoever proposed it."""
+        self.restored: Callable[[], None] | None = None
+        """Told when a snapshot replaced the state of a running node (it fell behind the
+        leader's compacted log): the entries it covers are never applied one by one here."""
         # Entries up to here already have their rows in the view (a restart replays them).
         self._rows_log_index = rows_log_index
         self.frozen = False
@@ -196,6 +202,13 @@ class MetadataMachine:
             logger.warning("the metadata rows are behind snapshot %d; rewriting them", index)
             self.rows.rewrite_rows(self.rows.state, index)
             self._rows_log_index = index
+        restored = self.restored
+        if restored is not None:
+            try:
+                restored()
+            except Exception:
+                # As for an entry (`apply`): the state is the snapshot's on every replica.
+                logger.exception("reacting to metadata snapshot %d failed", index)
 
 
 class ReplicatedMetadata:
