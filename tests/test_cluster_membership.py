@@ -179,6 +179,12 @@ def test_a_node_that_leaves_or_is_removed_refuses_clients_and_stays_removed(tmp_
         down(cluster)
 
 
+# Between a load client's calls: a steady load all through the membership changes, bounded
+# so that checking every answered call afterwards stays short (unpaced, a run piled up tens
+# of thousands of queues and outlasted the test timeout on a loaded machine).
+LOAD_PAUSE_S = 0.02
+
+
 class Load:
     """Clients working through the membership change, each on its own thread: one declares
     queues through `declare_node`, one publishes with confirms through `publish_node` to
@@ -226,14 +232,14 @@ class Load:
                 time.sleep(0.1)
 
     def _declare(self, channel) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(LOAD_PAUSE_S):
             queue = name("load")
             channel.queue_declare(queue, durable=True)
             self.declared.append(queue)
 
     def _publish(self, channel) -> None:
         channel.confirm_delivery()
-        while not self._stop.is_set():
+        while not self._stop.wait(LOAD_PAUSE_S):
             body = name("m").encode()
             channel.basic_publish("", self.queue, body, pika.BasicProperties(delivery_mode=2))
             self.confirmed.append(body)
