@@ -192,6 +192,8 @@ class GroupConfig:
     NotLeader (default: four election timeouts, time for an election or two)."""
     forward_reply_timeout_s: float = 5.0
     """A forwarded request the leader has not answered in this time fails ProposalLost."""
+    secret: str = ""
+    """The cluster secret both ends of every transport connection prove (`transport`)."""
 
 
 def coalesce_appends(messages: Sequence[Message]) -> list[Message]:
@@ -299,7 +301,9 @@ class RaftGroup:
         self._addresses_changed = False
         self.transport: PeerTransport | None = None
         if peers:
-            self.transport = PeerTransport(node_id, self._peer_addresses(), self._on_peer_frame)
+            self.transport = PeerTransport(
+                node_id, self._peer_addresses(), self._on_peer_frame, secret=config.secret
+            )
         self._leader_wait_s = (
             config.leader_wait_s
             if config.leader_wait_s is not None

@@ -10,6 +10,15 @@ there is never a race over which of two crossing connections wins. A dialler tha
 its connection redials with exponential backoff and jitter. The set of peers may change at
 runtime (`set_addresses`): members join, move and leave.
 
+Both ends prove the cluster secret before any frame of Raft's crosses (`auth`): the listener
+sends a fresh nonce, the dialler answers with its node id, its own nonce and its proof over
+the listener's, and the listener's welcome is its proof over the dialler's nonce. Until
+then a connection takes only handshake-sized frames, and one that has not proved itself
+within `handshake_timeout_s` is closed; a dialler refused redials with its backoff. Without
+this anyone who reaches the port could append to the metadata log (a user, a permission),
+or read it. As on the forwarding link, a relaying man in the middle is not stopped: that
+needs TLS.
+
 Raft tolerates lost messages (it retries on heartbeats and timeouts), so the transport never
 waits: a frame for a peer that is not connected, or whose socket buffer is over its bound,
 is dropped and counted. That bounds memory when a peer is slow or gone, and keeps the host
@@ -21,13 +30,21 @@ heartbeats against appends, which the core would then have to reason about.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import auth
+
 FRAME_HEADER = struct.Struct(">I")
 FRAME_BYTES_MAX_DEFAULT = 64 << 20
+_HELLO = struct.Struct(f">Q{auth.NONCE_BYTES}s{auth.PROOF_BYTES}s")
+HANDSHAKE_FRAME_BYTES = _HELLO.size
+"""The largest frame either end takes before the other has proved the secret."""
+
+log = logging.getLogger("warrenmq.cluster.transport")
 
 
 class FrameTooLarge(ValueError):
@@ -41,12 +58,12 @@ def encode_frame(payload: bytes) -> bytes:
 class FrameDecoder:
     """Turns a byte stream into whole frames: feed it what the socket read, get payloads back."""
 
-    __slots__ = ("_buffer", "_frame_bytes_max")
+    __slots__ = ("_buffer", "frame_bytes_max")
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
         assert frame_bytes_max > 0
         self._buffer = bytearray()
-        self._frame_bytes_max = frame_bytes_max
+        self.frame_bytes_max = frame_bytes_max
 
     @property
     def buffered_bytes(self) -> int:
@@ -64,8 +81,8 @@ class FrameDecoder:
         try:
             while end - position >= header_size:
                 (length,) = FRAME_HEADER.unpack_from(view, position)
-                if length > self._frame_bytes_max:
-                    raise FrameTooLarge(f"frame of {length} bytes exceeds {self._frame_bytes_max}")
+                if length > self.frame_bytes_max:
+                    raise FrameTooLarge(f"frame of {length} bytes exceeds {self.frame_bytes_max}")
                 if end - position - header_size < length:
                     break
                 start = position + header_size
@@ -79,23 +96,34 @@ class FrameDecoder:
 
 
 class _InboundProtocol(asyncio.Protocol):
-    """An accepted connection: decodes frames and hands each payload to the owner."""
+    """An accepted connection: once the dialler proved the secret, decodes frames and hands
+    each payload to the owner."""
 
     def __init__(self, owner: PeerTransport) -> None:
         self._owner = owner
-        self._decoder = FrameDecoder(owner.frame_bytes_max)
+        self._decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES)
         self._transport: asyncio.Transport | None = None
+        self._nonce = auth.nonce()
+        self._proven = False
+        self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._owner._inbound.add(transport)
+        self._owner._inbound.add(transport)  # type: ignore[arg-type]
+        transport.write(encode_frame(self._nonce))  # type: ignore[attr-defined]
+        self._deadline = asyncio.get_running_loop().call_later(
+            self._owner.handshake_timeout_s, self._refuse, "no hello in time"
+        )
 
     def data_received(self, data: bytes) -> None:
         try:
             frames = self._decoder.feed(data)
             on_frame = self._owner.on_frame
             for frame in frames:
-                on_frame(frame)
+                if self._proven:
+                    on_frame(frame)
+                elif not self._hello(frame):
+                    return
         except ValueError:
             # A malformed frame or message means the stream is out of step; only a new
             # connection can resynchronise it.
@@ -103,20 +131,90 @@ class _InboundProtocol(asyncio.Protocol):
             assert self._transport is not None
             self._transport.abort()
 
+    def _hello(self, frame: bytes) -> bool:
+        owner = self._owner
+        if len(frame) != _HELLO.size:
+            self._refuse("no hello")
+            return False
+        peer, peer_nonce, mac = _HELLO.unpack(frame)
+        if not auth.proof_valid(owner.secret, auth.RAFT_DIALLER, self._nonce, peer, mac):
+            self._refuse(f"node {peer}'s hello does not prove the cluster secret")
+            return False
+        self._proven = True
+        assert self._deadline is not None and self._transport is not None
+        self._deadline.cancel()
+        self._decoder.frame_bytes_max = owner.frame_bytes_max
+        welcome = auth.proof(owner.secret, auth.RAFT_LISTENER, peer_nonce, owner.node_id)
+        self._transport.write(encode_frame(welcome))
+        return True
+
+    def _refuse(self, reason: str) -> None:
+        self._owner.stats.handshakes_refused += 1
+        if self._transport is not None and not self._transport.is_closing():
+            peer = self._transport.get_extra_info("peername")
+            log.warning("raft connection from %s refused: %s", peer, reason)
+            self._transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
         if self._transport is not None:
             self._owner._inbound.discard(self._transport)
 
 
 class _OutboundProtocol(asyncio.Protocol):
-    """A dialled connection: send-only; it tells its peer link when it dies."""
+    """A dialled connection: proves the secret and checks the listener's proof, then is
+    send-only; it tells its peer link when it is proven and when it dies."""
 
-    def __init__(self, closed: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        owner: PeerTransport,
+        peer: int,
+        proven: asyncio.Future[None],
+        closed: asyncio.Future[None],
+    ) -> None:
+        self._owner = owner
+        self._peer = peer
+        self._proven = proven
         self._closed = closed
+        self._decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES)
+        self._nonce = auth.nonce()
+        self._transport: asyncio.Transport | None = None
+        self._challenged = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        # Peers never answer on a connection we dialled; replies come on their own dial.
-        pass
+        # Peers never answer on a connection we dialled, past the handshake; replies come on
+        # their own dial.
+        if self._proven.done():
+            return
+        assert self._transport is not None
+        try:
+            frames = self._decoder.feed(data)
+        except ValueError:
+            self._transport.abort()
+            return
+        owner = self._owner
+        for frame in frames:
+            if not self._challenged and len(frame) == auth.NONCE_BYTES:
+                self._challenged = True
+                mac = auth.proof(owner.secret, auth.RAFT_DIALLER, frame, owner.node_id)
+                self._transport.write(encode_frame(_HELLO.pack(owner.node_id, self._nonce, mac)))
+            elif self._challenged and auth.proof_valid(
+                owner.secret, auth.RAFT_LISTENER, self._nonce, self._peer, frame
+            ):
+                self._proven.set_result(None)
+                return
+            else:
+                owner.stats.handshakes_refused += 1
+                log.warning(
+                    "raft connection to node %d refused: it does not prove the cluster secret",
+                    self._peer,
+                )
+                self._transport.abort()
+                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._closed.done():
@@ -128,6 +226,7 @@ class TransportStats:
     frames_sent: int = 0
     frames_dropped: int = 0
     frames_rejected: int = 0
+    handshakes_refused: int = 0
     connects: int = 0
 
 
@@ -135,7 +234,8 @@ class PeerTransport:
     """Frames to and from the other nodes of one Raft group.
 
     `on_frame(payload)` is called for each frame received, in the order each peer sent them;
-    it may raise ValueError to reject the connection the frame came on.
+    it may raise ValueError to reject the connection the frame came on. `secret`: what every
+    connection proves, both ways (empty proves only that both ends run this protocol).
     """
 
     def __init__(
@@ -144,6 +244,8 @@ class PeerTransport:
         addresses: dict[int, tuple[str, int]],
         on_frame: Callable[[bytes], None],
         *,
+        secret: str = "",
+        handshake_timeout_s: float = 5.0,
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
         send_buffer_bytes_max: int = 32 << 20,
         backoff_s_min: float = 0.02,
@@ -155,6 +257,8 @@ class PeerTransport:
         self.node_id = node_id
         self.addresses = dict(addresses)
         self.on_frame = on_frame
+        self.secret = secret
+        self.handshake_timeout_s = handshake_timeout_s
         self.frame_bytes_max = frame_bytes_max
         self.send_buffer_bytes_max = send_buffer_bytes_max
         self.backoff_s_min = backoff_s_min
@@ -260,12 +364,30 @@ class PeerTransport:
         host, port = self.addresses[peer]
         backoff_s = self.backoff_s_min
         while not self._closing:
+            proven: asyncio.Future[None] = loop.create_future()
             closed: asyncio.Future[None] = loop.create_future()
             try:
                 transport, _ = await loop.create_connection(
-                    lambda closed=closed: _OutboundProtocol(closed), host, port
+                    lambda proven=proven, closed=closed: _OutboundProtocol(
+                        self, peer, proven, closed
+                    ),
+                    host,
+                    port,
                 )
             except OSError:
+                transport = None
+            if transport is not None:
+                try:
+                    await asyncio.wait(
+                        (proven, closed),
+                        timeout=self.handshake_timeout_s,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    if not proven.done():
+                        transport.abort()
+            if not proven.done():
+                # Unreachable or refused: redial after a backoff.
                 await asyncio.sleep(backoff_s * (0.5 + self._rng.random()))
                 backoff_s = min(backoff_s * 2, self.backoff_s_max)
                 continue

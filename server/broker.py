@@ -224,6 +224,7 @@ class Broker:
                 peers=self.config.cluster_peers,
                 joining=self.config.join,
                 snapshot_entries=self.config.metadata_snapshot_entries,
+                secret=self.config.cluster_secret,
             )
             # Recovery creates only objects that live on, millions of them for 100,000
             # queues; the collector's full passes over them were 40% of the time it took.

@@ -179,8 +179,9 @@ class BrokerConfig:
     """The metadata log is compacted into a snapshot once this many entries were applied
     after the last one; a node that joins, or fell behind further, catches up by snapshot."""
     cluster_secret: str = ""
-    """Shared by the nodes of a cluster: a node proves it (an HMAC, never the secret itself)
-    when it opens a link to forward queue work to another (`server/forward`)."""
+    """Shared by the nodes of a cluster: both ends of every connection between nodes prove it
+    (an HMAC, never the secret itself), the metadata Raft's (`cluster/transport.py`) and the
+    links that forward queue work (`server/forward`)."""
     resource_check_interval_ms: int = 100
     """How often memory and free disk space are sampled. RabbitMQ checks memory every second
     and disk space up to ten times a second near the limit; both samples cost microseconds

@@ -4,7 +4,10 @@ up|down` runs, and what tests start clusters with.
 `LocalCluster(directory, size)` gives each node free ports (Raft, AMQP, management), a data
 dir `directory/node-N` and a log `directory/node-N.log`, and records them with the pids in
 `directory/cluster.json`; started again on the same directory, the nodes keep their ports
-(their peers know them by those), unless one was taken meanwhile. The processes run in
+(their peers know them by those), unless one was taken meanwhile. The file also keeps the
+cluster secret the nodes prove to each other: random, made once, handed to each node in its
+environment (never its command line, which every local user can read); the file is the
+owner's only. The processes run in
 sessions of their own, so they outlive the command that started them; `stop` (or `warren
 cluster down`, from the file) sends SIGTERM and waits.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -53,6 +57,7 @@ class LocalCluster:
         self.directory = Path(directory)
         self.nodes: dict[int, LocalNode] = {}
         recorded = self._recorded()
+        self.secret = self._recorded_secret() or secrets.token_urlsafe(32)
         for node_id in range(1, size + 1):
             node = recorded.get(node_id)
             if node is None or not _all_free(node):
@@ -68,20 +73,34 @@ class LocalCluster:
         cluster.nodes = cluster._recorded()
         if not cluster.nodes:
             raise FileNotFoundError(f"no cluster recorded in {cluster.directory / STATE_FILE}")
+        cluster.secret = cluster._recorded_secret()
         return cluster
 
-    def _recorded(self) -> dict[int, LocalNode]:
+    def _document(self) -> dict:
         try:
-            document = json.loads((self.directory / STATE_FILE).read_text())
+            return json.loads((self.directory / STATE_FILE).read_text())
         except FileNotFoundError:
             return {}
-        return {item["node_id"]: LocalNode(**item) for item in document["nodes"]}
+
+    def _recorded(self) -> dict[int, LocalNode]:
+        return {item["node_id"]: LocalNode(**item) for item in self._document().get("nodes", [])}
+
+    def _recorded_secret(self) -> str:
+        return self._document().get("secret", "")
 
     def _record(self) -> None:
-        document = {"nodes": [asdict(node) for node in self.nodes.values()]}
+        document = {
+            "nodes": [asdict(node) for node in self.nodes.values()],
+            "secret": self.secret,
+        }
         path = self.directory / STATE_FILE
-        path.with_suffix(".tmp").write_text(json.dumps(document, indent=2))
-        path.with_suffix(".tmp").replace(path)
+        temporary = path.with_suffix(".tmp")
+        temporary.unlink(missing_ok=True)
+        # Created the owner's only: it holds the secret.
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(descriptor, "w") as file:
+            file.write(json.dumps(document, indent=2))
+        temporary.replace(path)
 
     @property
     def cluster_setting(self) -> str:
@@ -127,6 +146,7 @@ class LocalCluster:
             log.flush()
             process = subprocess.Popen(
                 command,
+                env={**os.environ, "WARREN_CLUSTER_SECRET": self.secret},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -15,6 +15,7 @@ from brokers import ThreadBroker
 from http_api import HttpApi, eventually, path
 from ports import free_port
 
+from warrenmq.cluster.transport import PeerTransport
 from warrenmq.server.metadata import commands as c
 
 QUEUE = "q"
@@ -334,24 +335,42 @@ def test_owner_gone_nacks_publishes_and_cancels_consumers(nodes):
     consuming.close()
 
 
-def test_a_link_without_the_secret_is_refused(tmp_path):
-    a, b = _two_nodes(tmp_path, secret_of_b="wrong")
+def test_a_node_without_the_secret_gets_no_metadata_and_sends_none(tmp_path):
+    """Nodes 1 and 2 share the secret; "node 3" proves a guess. The two serve as a majority
+    of three, and no Raft frame crosses between them and the third, either way (the
+    forwarding link's own handshake: tests/test_forwarding_handshake.py)."""
+    addresses = {node: ("127.0.0.1", free_port()) for node in (1, 2, 3)}
+    peers = ",".join(f"{node}={host}:{port}" for node, (host, port) in addresses.items())
+    a, b = (
+        ThreadBroker(tmp_path / name, node_id=node, cluster=peers, cluster_secret=SECRET)
+        for name, node in (("a", 1), ("b", 2))
+    )
+    heard_by_impostor: list[bytes] = []
+    impostor = PeerTransport(3, addresses, heard_by_impostor.append, secret="guess")
+    loop = asyncio.new_event_loop()
+    impostor_thread = threading.Thread(target=loop.run_forever)
+    impostor_thread.start()
+    asyncio.run_coroutine_threadsafe(impostor.start(), loop).result(5)
+    starting = [threading.Thread(target=node.start) for node in (a, b)]
+    for thread in starting:
+        thread.start()
+    for thread in starting:
+        thread.join()
     try:
-        _refused_without_the_secret(a, b)
+        _placed_on_a(a, b)
+        _publish(b, [b"kept"])
+        assert _ready_on(a) == 1
+        refused = [node.broker.store.group.transport.stats.handshakes_refused for node in (a, b)]
+        assert all(count > 0 for count in refused)
+        assert heard_by_impostor == []
+        assert impostor.stats.connects == 0
     finally:
         for node in (b, a):
             node.stop()
-
-
-def _refused_without_the_secret(a, b) -> None:
-    _placed_on_a(a, b)
-    connection = b.connect()
-    channel = connection.channel()
-    channel.confirm_delivery()
-    with pytest.raises(pika.exceptions.NackError):
-        channel.basic_publish("", QUEUE, b"refused", mandatory=True)
-    connection.close()
-    assert _ready_on(a) == 0
+        asyncio.run_coroutine_threadsafe(impostor.close(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        impostor_thread.join()
+        loop.close()
 
 
 def _dead_lettering_on_a_to_b(a, b, source: str, target: str, queue_type: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from warrenmq.cluster import auth
 from warrenmq.cluster.transport import FrameDecoder, encode_frame
 from warrenmq.server.forward import wire
 from warrenmq.server.forward.entry import EntryLink
@@ -56,14 +57,14 @@ async def _challenged_entry() -> tuple[EntryLink, RecordingTransport, list[Any]]
     [(kind, hello)] = _messages(transport.written[len(wire.MAGIC) :])
     assert kind is wire.Kind.HELLO
     assert hello[0] == ENTRY_NODE
-    assert wire.proof_valid(SECRET, wire.Role.ENTRY, b"owner-nonce-0001", ENTRY_NODE, hello[2])
+    assert auth.proof_valid(SECRET, wire.Role.ENTRY, b"owner-nonce-0001", ENTRY_NODE, hello[2])
     return link, transport, hello
 
 
 def test_the_entry_sends_work_only_after_the_owner_proved_the_secret():
     async def scenario() -> None:
         link, transport, hello = await _challenged_entry()
-        welcome = wire.proof(SECRET, wire.Role.OWNER, hello[1], OWNER_NODE)
+        welcome = auth.proof(SECRET, wire.Role.OWNER, hello[1], OWNER_NODE)
         link.data_received(_frame(wire.Kind.WELCOME, OWNER_NODE, welcome))
         await asyncio.sleep(0)
         kinds = [kind for kind, _ in _messages(transport.written[len(wire.MAGIC) :])]
@@ -76,7 +77,7 @@ def test_the_entry_sends_work_only_after_the_owner_proved_the_secret():
 def test_an_owner_without_the_secret_gets_nothing():
     async def scenario() -> None:
         link, transport, hello = await _challenged_entry()
-        forged = wire.proof("guess", wire.Role.OWNER, hello[1], OWNER_NODE)
+        forged = auth.proof("guess", wire.Role.OWNER, hello[1], OWNER_NODE)
         link.data_received(_frame(wire.Kind.WELCOME, OWNER_NODE, forged))
         await asyncio.sleep(0)
         assert transport.aborted
@@ -89,7 +90,7 @@ def test_an_owner_without_the_secret_gets_nothing():
 def test_an_entrys_own_proof_reflected_back_is_no_welcome():
     async def scenario() -> None:
         link, transport, hello = await _challenged_entry()
-        reflected = wire.proof(SECRET, wire.Role.ENTRY, hello[1], OWNER_NODE)
+        reflected = auth.proof(SECRET, wire.Role.ENTRY, hello[1], OWNER_NODE)
         link.data_received(_frame(wire.Kind.WELCOME, OWNER_NODE, reflected))
         await asyncio.sleep(0)
         assert transport.aborted
@@ -110,12 +111,12 @@ def _owner() -> tuple[OwnerLink, RecordingTransport, bytes]:
 def test_the_owner_welcomes_a_hello_proven_over_its_own_nonce():
     async def scenario() -> None:
         link, transport, nonce = _owner()
-        mac = wire.proof(SECRET, wire.Role.ENTRY, nonce, ENTRY_NODE)
+        mac = auth.proof(SECRET, wire.Role.ENTRY, nonce, ENTRY_NODE)
         link.data_received(_frame(wire.Kind.HELLO, ENTRY_NODE, b"entry-nonce-0001", mac))
         await asyncio.sleep(0)
         [_, (kind, (node, welcome))] = _messages(transport.written)
         assert kind is wire.Kind.WELCOME and node == OWNER_NODE
-        assert wire.proof_valid(SECRET, wire.Role.OWNER, b"entry-nonce-0001", node, welcome)
+        assert auth.proof_valid(SECRET, wire.Role.OWNER, b"entry-nonce-0001", node, welcome)
         assert link.peer_node == ENTRY_NODE
 
     asyncio.run(scenario())
@@ -128,7 +129,7 @@ def test_the_owner_refuses_a_replayed_hello():
             wire.Kind.HELLO,
             ENTRY_NODE,
             b"entry-nonce-0001",
-            wire.proof(SECRET, wire.Role.ENTRY, first_nonce, ENTRY_NODE),
+            auth.proof(SECRET, wire.Role.ENTRY, first_nonce, ENTRY_NODE),
         )
         second, transport, second_nonce = _owner()
         assert second_nonce != first_nonce

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ports import free_port
 
+from warrenmq.cluster import auth
 from warrenmq.cluster.transport import (
     FrameDecoder,
     FrameTooLarge,
@@ -166,10 +167,11 @@ def test_a_rejected_frame_closes_only_that_connection():
 
 def test_frames_for_a_peer_that_stops_reading_are_dropped_at_the_buffer_bound():
     async def scenario():
-        # A "peer" that accepts the connection and never reads from it.
+        # A "peer" that accepts the connection, proves the secret, and never reads again.
         accepted: list[asyncio.StreamWriter] = []
 
         async def hold(reader, writer):
+            await _prove_as_listener(reader, writer, node_id=2)
             accepted.append(writer)
 
         stalled = await asyncio.start_server(hold, "127.0.0.1", 0)
@@ -234,5 +236,138 @@ def test_peers_join_move_and_leave_at_runtime():
         finally:
             for t in transports.values():
                 await t.close()
+
+    asyncio.run(scenario())
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    length = int.from_bytes(await reader.readexactly(4), "big")
+    return await reader.readexactly(length)
+
+
+async def _prove_as_listener(reader, writer, node_id: int, secret: str = "") -> None:
+    """The listener's half of the handshake, by hand."""
+    challenge = auth.nonce()
+    writer.write(encode_frame(challenge))
+    hello = await _read_frame(reader)
+    peer, peer_nonce, mac = hello[:8], hello[8:24], hello[24:]
+    assert auth.proof_valid(secret, auth.RAFT_DIALLER, challenge, int.from_bytes(peer, "big"), mac)
+    writer.write(encode_frame(auth.proof(secret, auth.RAFT_LISTENER, peer_nonce, node_id)))
+    await writer.drain()
+
+
+def test_nodes_with_different_secrets_never_exchange_a_frame():
+    async def scenario():
+        addresses = {1: ("127.0.0.1", free_port()), 2: ("127.0.0.1", free_port())}
+        received: dict[int, list[bytes]] = {1: [], 2: []}
+        ours = PeerTransport(1, addresses, received[1].append, secret="s3cret", backoff_s_min=0.01)
+        theirs = PeerTransport(2, addresses, received[2].append, secret="guess", backoff_s_min=0.01)
+        await ours.start()
+        await theirs.start()
+        try:
+            await _until(
+                lambda: ours.stats.handshakes_refused >= 2 and theirs.stats.handshakes_refused >= 2
+            )
+            assert not ours.connected(2) and not theirs.connected(1)
+            assert ours.send(2, b"append entries") is False
+            assert theirs.send(1, b"append entries") is False
+            assert received == {1: [], 2: []}
+            assert ours.stats.connects == theirs.stats.connects == 0
+        finally:
+            await ours.close()
+            await theirs.close()
+
+    asyncio.run(scenario())
+
+
+def test_frames_before_a_valid_hello_are_never_delivered():
+    async def scenario():
+        addresses = {1: ("127.0.0.1", free_port()), 2: ("127.0.0.1", free_port())}
+        received: list[bytes] = []
+        listener = PeerTransport(1, addresses, received.append, secret="s3cret")
+        await listener.start()
+        try:
+            host, port = addresses[1]
+            # A forged append straight away, then a hello proving a guessed secret.
+            reader, writer = await asyncio.open_connection(host, port)
+            challenge = await _read_frame(reader)
+            writer.write(encode_frame(b"forged append entries"))
+            assert await reader.read() == b""  # closed
+            writer.close()
+            reader, writer = await asyncio.open_connection(host, port)
+            challenge = await _read_frame(reader)
+            mac = auth.proof("guess", auth.RAFT_DIALLER, challenge, 2)
+            writer.write(encode_frame((2).to_bytes(8, "big") + auth.nonce() + mac))
+            writer.write(encode_frame(b"forged append entries"))
+            assert await reader.read() == b""
+            writer.close()
+            # A hello that proved the secret on one connection, replayed on another.
+            reader, writer = await asyncio.open_connection(host, port)
+            challenge = await _read_frame(reader)
+            hello = (2).to_bytes(8, "big") + auth.nonce()
+            hello += auth.proof("s3cret", auth.RAFT_DIALLER, challenge, 2)
+            writer.write(encode_frame(hello))
+            assert len(await _read_frame(reader)) == auth.PROOF_BYTES  # welcomed
+            writer.close()
+            reader, writer = await asyncio.open_connection(host, port)
+            await _read_frame(reader)
+            writer.write(encode_frame(hello) + encode_frame(b"forged append entries"))
+            assert await reader.read() == b""
+            writer.close()
+            assert received == []
+            assert listener.stats.handshakes_refused == 3
+        finally:
+            await listener.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_that_never_says_hello_is_closed():
+    async def scenario():
+        addresses = {1: ("127.0.0.1", free_port()), 2: ("127.0.0.1", free_port())}
+        listener = PeerTransport(1, addresses, lambda p: None, handshake_timeout_s=0.2)
+        await listener.start()
+        try:
+            reader, writer = await asyncio.open_connection(*addresses[1])
+            await _read_frame(reader)
+            # Past the handshake's size bound: refused at once, without buffering it.
+            big_reader, big_writer = await asyncio.open_connection(*addresses[1])
+            await _read_frame(big_reader)
+            big_writer.write((64 << 20).to_bytes(4, "big"))
+            assert await asyncio.wait_for(big_reader.read(), 5) == b""
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            await _until(lambda: not listener._inbound)
+            writer.close()
+            big_writer.close()
+        finally:
+            await listener.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_listener_that_cannot_prove_the_secret_gets_no_frames():
+    async def scenario():
+        impostor_heard: list[bytes] = []
+
+        async def impostor(reader, writer):
+            # Takes the dialler's hello, answers with a proof of a guessed secret, listens.
+            challenge = auth.nonce()
+            writer.write(encode_frame(challenge))
+            hello = await _read_frame(reader)
+            writer.write(encode_frame(auth.proof("guess", auth.RAFT_LISTENER, hello[8:24], 2)))
+            impostor_heard.append(await reader.read())
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        addresses = {1: ("127.0.0.1", free_port()), 2: server.sockets[0].getsockname()[:2]}
+        dialler = PeerTransport(1, addresses, lambda p: None, secret="s3cret", backoff_s_min=0.01)
+        await dialler.start()
+        try:
+            await _until(lambda: dialler.stats.handshakes_refused >= 2)
+            assert not dialler.connected(2) and dialler.send(2, b"entries") is False
+            assert impostor_heard and all(heard == b"" for heard in impostor_heard)
+        finally:
+            await dialler.close()
+            server.close()
+            await server.wait_closed()
 
     asyncio.run(scenario())

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from warrenmq.amqp.replies import ProtocolError, protocol_error
+from warrenmq.cluster import auth
 from warrenmq.exchanges.errors import NotFound
 from warrenmq.log import Record
 from warrenmq.server.queue import arguments as queue_arguments
@@ -81,7 +82,7 @@ class EntryLink(FramedLink):
         self.consumers: dict[int, Consumer] = {}
         self._own_node = own_node
         self._secret = secret
-        self._nonce = wire.nonce()
+        self._nonce = auth.nonce()
         # Nothing goes out before the owner proved the secret over our nonce (its WELCOME).
         self.held = True
 
@@ -197,7 +198,7 @@ class EntryLink(FramedLink):
             else:
                 future.set_result(fields[1:])
         elif kind is wire.Kind.CHALLENGE:
-            mac = wire.proof(self._secret, wire.Role.ENTRY, fields[0], self._own_node)
+            mac = auth.proof(self._secret, wire.Role.ENTRY, fields[0], self._own_node)
             self.send_now(wire.Kind.HELLO, self._own_node, self._nonce, mac)
         elif kind is wire.Kind.WELCOME:
             self._welcomed(fields[0], fields[1])
@@ -205,7 +206,7 @@ class EntryLink(FramedLink):
             raise ValueError(f"unexpected {kind.name} from an owner")
 
     def _welcomed(self, node: int, mac: bytes) -> None:
-        if node != self.node or not wire.proof_valid(
+        if node != self.node or not auth.proof_valid(
             self._secret, wire.Role.OWNER, self._nonce, node, mac
         ):
             log.error(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from warrenmq.amqp.replies import RESOURCE_ERROR, ProtocolError
+from warrenmq.cluster import auth
 from warrenmq.exchanges.errors import NotFound, RoutingError
 from warrenmq.server.errors import internal_error
 from warrenmq.server.queue import arguments as queue_arguments
@@ -125,7 +126,7 @@ class OwnerLink(FramedLink):
         """The cursors of forwarded stream consumers by id, kept past a cancel while they
         hold deliveries (acks after a cancel still move a tracked offset, as locally)."""
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._nonce = wire.nonce()
+        self._nonce = auth.nonce()
         self._held: list[tuple[wire.Kind, list[Any]]] | None = None
         """Messages after a BARRIER this node's metadata has not reached yet, in order."""
 
@@ -244,7 +245,7 @@ class OwnerLink(FramedLink):
         self.send_now(wire.Kind.CHALLENGE, self._nonce)
 
     def _hello(self, kind: wire.Kind, fields: list[Any]) -> None:
-        valid = kind is wire.Kind.HELLO and wire.proof_valid(
+        valid = kind is wire.Kind.HELLO and auth.proof_valid(
             self._secret, wire.Role.ENTRY, self._nonce, fields[0], fields[2]
         )
         if not valid:
@@ -253,7 +254,7 @@ class OwnerLink(FramedLink):
             return
         self.peer_node = fields[0]
         log.info("link from %s (%s) up", self.name, self._peer())
-        mac = wire.proof(self._secret, wire.Role.OWNER, fields[1], self.node)
+        mac = auth.proof(self._secret, wire.Role.OWNER, fields[1], self.node)
         self.send(wire.Kind.WELCOME, self.node, mac)
 
     def _peer(self) -> str:

@@ -17,9 +17,6 @@ on the way.
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
-import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -257,23 +254,8 @@ def decode(payload: bytes) -> tuple[Kind, list[Any]]:
 
 
 class Role(enum.IntEnum):
-    """Which end proves the secret: part of the proof, so one end's proof can never be
-    reflected back as the other's."""
+    """Which end proves the secret (`cluster.auth`): part of the proof, so one end's proof can
+    never be reflected back as the other's."""
 
     ENTRY = 1
     OWNER = 2
-
-
-def proof(secret: str, role: Role, nonce: bytes, node_id: int) -> bytes:
-    """HMAC-SHA256 of the cluster secret over the other end's fresh nonce, this end's role
-    and node id: what proves the secret without sending it."""
-    message = bytes([role]) + nonce + _U64.pack(node_id)
-    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
-
-
-def proof_valid(secret: str, role: Role, nonce: bytes, node_id: int, mac: bytes) -> bool:
-    return hmac.compare_digest(proof(secret, role, nonce, node_id), mac)
-
-
-def nonce() -> bytes:
-    return os.urandom(16)

@@ -245,13 +245,14 @@ class ReplicatedMetadata:
         peers: Mapping[int, tuple[str, int]] | None = None,
         joining: bool = False,
         snapshot_entries: int | None = None,
+        secret: str = "",
     ) -> ReplicatedMetadata:
         """Open the data dir's metadata: recover the log, upgrade or seed it from the rows
         if it is new, take in offline CLI edits and drop what did not survive a restart.
 
         `peers` (the Raft address of every bootstrap voter, this node included) makes this
         node a member of a cluster; `joining` starts it as a non-voter that waits to be added
-        (module docstring)."""
+        (module docstring); `secret` is the cluster secret its Raft connections prove."""
         data_dir = Path(data_dir)
         rows = await MetadataStore.open(
             data_dir / METADATA_FILE,
@@ -277,6 +278,7 @@ class ReplicatedMetadata:
                     peers=dict(peers) if clustered and peers is not None else None,
                     voters=voters,
                     snapshot_entries=snapshot_entries or SNAPSHOT_ENTRIES,
+                    secret=secret,
                 ),
                 machine,
             )
