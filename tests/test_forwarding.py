@@ -15,7 +15,9 @@ from brokers import ThreadBroker
 from http_api import HttpApi, eventually, path
 from ports import free_port
 
+from warrenmq.amqp.replies import ProtocolError
 from warrenmq.cluster.transport import PeerTransport
+from warrenmq.server.forward import wire
 from warrenmq.server.metadata import commands as c
 
 QUEUE = "q"
@@ -297,6 +299,33 @@ def test_passive_declare_purge_and_delete_via_b(nodes):
     with pytest.raises(pika.exceptions.ChannelClosedByBroker):
         connection.channel().queue_declare(QUEUE, passive=True)
     connection.close()
+
+
+def test_a_request_for_a_queue_declared_again_on_another_node_finds_it_gone(nodes):
+    """B asks A about "moved", which was deleted and declared again on B before the request
+    arrived (the race a linearizability run meets): A answers 404 for every request, as for
+    a deleted queue, not an internal error."""
+    a, b = nodes
+    connection = b.connect()
+    connection.channel().queue_declare("moved", durable=True)
+    connection.close()
+    eventually(lambda: "moved" in a.broker.vhosts["/"].remote, True)
+
+    async def ask(kind: wire.Kind, *fields):
+        link = b.broker.forwarding.link(1)
+        try:
+            await link.request(kind, link.next_id(), "/", "moved", *fields)
+        except ProtocolError as error:
+            return error.code, error.text
+        return None
+
+    gone = (404, "no queue 'moved' in vhost '/'")
+    assert b.call(ask(wire.Kind.STATS)) == gone
+    assert b.call(ask(wire.Kind.PURGE)) == gone
+    assert b.call(ask(wire.Kind.GET)) == gone
+    assert b.call(ask(wire.Kind.DELETE, False, False)) == gone
+    assert b.call(ask(wire.Kind.CONSUME, "ctag", False, {})) == gone
+    assert _ready_on(b, "moved") == 0
 
 
 def test_exclusive_consumer_refused_by_the_owner(nodes):

@@ -270,7 +270,14 @@ class OwnerLink(FramedLink):
     @staticmethod
     def _owner(vhost: VirtualHost, queue: str) -> str:
         """Exclusivity was checked on the entry node (metadata every node has): the owner
-        acts for the queue's own connection."""
+        acts for the queue's own connection.
+
+        Every request on a queue asks this first, so it also refuses a queue another node
+        leads by now: deleted and declared again there since the entry node sent the
+        request. The entry node meant the queue that was deleted: 404, as for any queue
+        deleted under a client (acting on the new one here would forward it again)."""
+        if queue in vhost.remote:
+            raise NotFound(f"no queue '{queue}' in vhost '{vhost.name}'")
         record = vhost.store.state.queue(vhost.name, queue)
         return (record.exclusive_owner or "") if record is not None else ""
 
