@@ -163,7 +163,7 @@ def test_a_node_cut_off_from_the_others_answers_alone_and_refuses_unconfirmed_re
 
         read = http.get(path("api", "queues", "/", queue))
         assert read.status == 503
-        assert read.json["error"] == "timeout"
+        assert read.json["error"] == "service_unavailable"
         assert "metadata" in read.json["reason"]
 
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:

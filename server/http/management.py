@@ -28,6 +28,7 @@ from aiohttp import web
 
 from warrenmq.amqp import replies
 from warrenmq.exchanges.errors import RoutingError
+from warrenmq.server.metadata import MetadataUnavailable
 
 from . import (
     bindings,
@@ -49,7 +50,7 @@ from . import (
 from .api import Access, Call, ManagementApi
 from .auth import Caller, log_in
 from .console import ConsoleFiles
-from .errors import ApiError, not_authorised, object_not_found, refused
+from .errors import ApiError, not_authorised, object_not_found, refused, unavailable
 
 log = logging.getLogger("warrenmq.server.http")
 
@@ -405,7 +406,10 @@ async def _dispatch(
     store = api.store
     if store.clustered and method == "GET" and parts[0] == "api":
         if parts[1] in _METADATA_READ_ROOTS:
-            await store.read_barrier()
+            try:
+                await store.read_barrier()
+            except MetadataUnavailable as error:
+                raise unavailable(str(error)) from None
     caller = await log_in(
         api.store,
         request.headers.get("Authorization"),
