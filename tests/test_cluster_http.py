@@ -160,6 +160,7 @@ def test_a_node_cut_off_from_the_others_answers_alone_and_refuses_unconfirmed_re
         assert http.get("/api/health/checks/alarms").status == 200
         assert http.get("/api/nodes").status == 200
         assert http.get("/api/connections").status == 200
+        assert http.get("/api/dlq/redrives").status == 200
 
         read = http.get(path("api", "queues", "/", queue))
         assert read.status == 503

@@ -40,7 +40,7 @@ from warrenmq.server.vhost import Published
 from .api import Call, ManagementApi, core, reply, sync
 from .errors import bad_request, object_not_found
 from .exchanges import Stored
-from .node_views import cluster_view, node_view
+from .node_views import VIEW_WAIT_S, cluster_view, node_view
 
 BROWSE_COUNT_DEFAULT = 20
 BROWSE_COUNT_MAX = 10_000
@@ -223,10 +223,12 @@ def _other_nodes(call: Call) -> list[int]:
 
 
 async def _asked(call: Call, node: int, operation: str, *fields: str) -> Any:
-    """A redrive operation on another node; None when it cannot be reached."""
+    """A redrive operation on another node; None when it cannot be reached or does not
+    answer within VIEW_WAIT_S (stopped, cut off)."""
+    asked = call.api.host.forwarding.redrive(node, operation, *fields)
     try:
-        return await call.api.host.forwarding.redrive(node, operation, *fields)
-    except (LinkError, OSError, RoutingError, ProtocolError):
+        return await asyncio.wait_for(asked, VIEW_WAIT_S)
+    except (TimeoutError, LinkError, OSError, RoutingError, ProtocolError):
         return None
 
 
