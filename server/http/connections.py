@@ -1,4 +1,6 @@
-"""/api/connections, /api/channels and /api/consumers: the AMQP clients, read as they are.
+"""/api/connections, /api/channels and /api/consumers: the AMQP clients, read as they are,
+every node's (`node_views`: each lists its own clients, with its "node"); closing one and
+listing one connection's channels are this node's only.
 
 Names are RabbitMQ's: a connection is "PEER_HOST:PEER_PORT -> HOST:PORT", a channel is its
 connection's name and " (N)". Monitoring users see everyone's; other users see their own

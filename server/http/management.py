@@ -293,7 +293,8 @@ _ACCESS_REFUSALS = {
 
 # The roots whose GETs answer from the metadata: in a cluster they first wait until this
 # node's state holds every change acknowledged through any node (`read_barrier`), so a GET
-# never answers older than a change already answered elsewhere. Not the health checks,
+# never answers older than a change already answered elsewhere; one that no quorum confirms
+# in time (this node cut off) is answered 503, to be asked again. Not the health checks,
 # overview or metrics: they must answer from this node even while it is cut off.
 _METADATA_READ_ROOTS = frozenset(
     (

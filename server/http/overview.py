@@ -1,8 +1,9 @@
 """/api/overview, /api/nodes, the health checks and the aliveness test.
 
-Warren is one node: its memory and disk alarms (``server/alarms.py``) are the cluster's, so
-/api/health/checks/alarms and local-alarms report the same ones; a port check looks at the listeners
-this process runs.
+The overview's totals are the cluster's (`vhosts.cluster_totals`: every node's queues,
+connections and channels). A node's memory and disk alarms (``server/alarms.py``) are its
+own, and /api/health/checks/alarms and local-alarms report the same ones; a port check looks
+at the listeners this process runs; the health checks never ask another node.
 """
 
 from __future__ import annotations
