@@ -592,6 +592,10 @@ class Broker:
         assert self.store is not None
         return self.store.group.applied(index)
 
+    async def local_view(self, name: str, argument: Any) -> Any:
+        """This node's part of a cluster-wide management API figure, for another node."""
+        return await self.http.local_view(name, argument)
+
     def want_dispatch(self, queue: WorkQueue) -> None:
         self._dispatch[queue] = None
         self._schedule()

@@ -660,10 +660,12 @@ class VirtualHost:
     def dead_letter_queues(self) -> dict[str, list[str]]:
         """Each queue dead letters can reach, with the queues whose dead-letter exchange
         (argument or policy) leads there: through its dead-letter routing key when it has
-        one, else through any binding of the exchange (and of exchanges bound to it)."""
+        one, else through any binding of the exchange (and of exchanges bound to it). Queues
+        another node leads count too, as sources and as targets: all of this is metadata."""
         router = self.router
         reached: dict[str, set[str]] = {}
-        for queue in self.queues.values():
+        # Those another node leads too: their arguments and policies are metadata.
+        for queue in [*self.queues.values(), *self.remote.values()]:
             exchange = queue.dead_letter_exchange
             if exchange is None:
                 continue
@@ -675,7 +677,7 @@ class VirtualHost:
             else:
                 names = self._bound_queues(router, exchange)
             for name in names:
-                if name in self.queues:
+                if name in self.queues or name in self.remote:
                     reached.setdefault(name, set()).add(queue.name)
         return {name: sorted(sources) for name, sources in sorted(reached.items())}
 

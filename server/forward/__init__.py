@@ -75,8 +75,10 @@ The link
     ERROR(reply code, text), which the entry node raises as the same channel or connection
     exception a single node raises. The entry node's own services ask too: PEEK (the DLQ
     tools' browse, answered by PEEKED a slice at a time), REDRIVE (a redrive task's
-    operation on the node leading its DLQ, answered by REDRIVEN) and BOOT (which start of
-    the owner runs, for `NodeStarted`, answered by REPLY).
+    operation on the node leading its DLQ, answered by REDRIVEN), BOOT (which start of
+    the owner runs, for `NodeStarted`, answered by REPLY) and VIEW (the owner's part of a
+    cluster-wide management API figure, `server/http/node_views.py`, answered by VIEWED
+    as JSON).
 
 Loss of a link
     Entry node: publishes not yet confirmed are nacked (never confirmed without the owner),

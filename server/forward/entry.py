@@ -43,7 +43,12 @@ _ANSWERS = (
     wire.Kind.PEEKED,
     wire.Kind.REDRIVEN,
     wire.Kind.RECORDS,
+    wire.Kind.VIEWED,
 )
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def node_name(node: int) -> str:
@@ -166,7 +171,11 @@ class EntryLink(FramedLink):
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = future
         self.send(kind, request_id, *fields)
-        return await future
+        try:
+            return await future
+        finally:
+            # Given up on (a bounded wait for an owner that does not answer): forgotten.
+            self._requests.pop(request_id, None)
 
     # -- what the owner sends ---------------------------------------------------------------
 
@@ -314,6 +323,15 @@ class RemoteQueue:
         channels hold its deliveries, so they enforce its timeouts."""
         self.effective_arguments = effective
         self.consumer_timeout_ms, self.visibility_timeout_ms = timeouts(effective)
+
+    @property
+    def dead_letter_exchange(self) -> str | None:
+        """As the owner's queue has it (`VirtualHost.dead_letter_queues` lists its targets)."""
+        return _text(self.effective_arguments.get("x-dead-letter-exchange"))
+
+    @property
+    def dead_letter_routing_key(self) -> str | None:
+        return _text(self.effective_arguments.get("x-dead-letter-routing-key"))
 
     def _unavailable(self) -> NotFound:
         rs = queue_arguments.resource("queue", self.name, self.vhost)

@@ -111,6 +111,14 @@ class Forwarding:
         (answer,) = await link.request(wire.Kind.REDRIVE, link.next_id(), *fields)
         return json.loads(answer)
 
+    async def view(self, node: int, name: str, argument: Any) -> Any:
+        """`node`'s part of a cluster-wide HTTP API figure (`server/http/node_views.py`);
+        LinkError, OSError or a ProtocolError when the node cannot be reached or failed."""
+        link = self.link(node)
+        fields = (name, json.dumps(argument))
+        (answer,) = await link.request(wire.Kind.VIEW, link.next_id(), *fields)
+        return json.loads(answer)
+
     def accept(self, transport: asyncio.Transport, data: bytes) -> None:
         """Serve a link another node dialled: the AMQP listener saw its first bytes."""
         host = self.host

@@ -57,6 +57,10 @@ class OwnerHost(Protocol):
     boot: int
     redrives: Any
 
+    async def local_view(self, name: str, argument: Any) -> Any:
+        """This node's part of a cluster-wide HTTP API figure (`server/http/node_views.py`)."""
+        ...
+
 
 class LinkChannel:
     """The consumer channel of one consumer forwarded over a link (`ConsumerChannel`)."""
@@ -210,6 +214,8 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._commit_offset, *fields)
         elif kind is wire.Kind.CONSUME_PARTITION:
             self._answer(fields[0], self._consume_partition, *fields)
+        elif kind is wire.Kind.VIEW:
+            self._answer(fields[0], self._view, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -594,6 +600,10 @@ class OwnerLink(FramedLink):
     ) -> None:
         answer = await self.host.redrives.operate(operation, vhost, queue, argument)
         self.send(wire.Kind.REDRIVEN, request_id, json.dumps(answer))
+
+    async def _view(self, request_id: int, name: str, argument: str) -> None:
+        answer = await self.host.local_view(name, json.loads(argument))
+        self.send(wire.Kind.VIEWED, request_id, json.dumps(answer, separators=(",", ":")))
 
     # -- the link going -----------------------------------------------------------------------
 

@@ -77,6 +77,9 @@ class Kind(enum.IntEnum):
     CONSUME_PARTITION = 41
     # owner -> entry: the answer to READ
     RECORDS = 42
+    # entry -> owner: the owner's part of a cluster-wide HTTP API figure, answered by VIEWED
+    VIEW = 43
+    VIEWED = 44
 
 
 class Settle(enum.IntEnum):
@@ -161,6 +164,10 @@ SCHEMAS: dict[Kind, str] = {
     # request id, next offset, then the records' offsets, timestamps, exchanges, routing
     # keys, properties and bodies
     Kind.RECORDS: "QQIIMMMM",
+    # request id, the view's name, its argument as JSON (`server/http/node_views.py`)
+    Kind.VIEW: "Qss",
+    # request id, the owner's part as JSON
+    Kind.VIEWED: "Qs",
 }
 
 

@@ -9,6 +9,8 @@ same core.
   ``streams``; ``topics``, the topic API (`/topics/...`, `/consumer/...`);
 * ``metrics`` — /metrics and /metrics/per-object in Prometheus' text format;
 * ``console`` — the web console's files (``www/``) at ``/`` of the management listener;
+* ``node_views`` — the cluster's view from any node: each node's part of a figure or a
+  list, asked of the other nodes at once over the forwarding links, with a bound;
 * ``auth``, ``errors``, ``listing``, ``values``, ``rates``, ``stats`` — what the handlers
   share: logins and tags, RabbitMQ's error bodies, paging and columns, JSON to AMQP values,
   rates sampled at requests, ``message_stats``;

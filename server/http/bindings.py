@@ -84,7 +84,8 @@ async def list_of_exchange_source(call: Call) -> web.Response:
     if router.get(source) is None:
         raise object_not_found()
     if source == "":
-        items = [binding_json(vhost.name, "", _default_binding(q)) for q in vhost.queues]
+        queues = call.state.queues(vhost.name)
+        items = [binding_json(vhost.name, "", _default_binding(q)) for q in queues]
     else:
         items = [binding_json(vhost.name, source, b) for b in router.bindings(source)]
     return call.listing(items, DEFAULT_SORT)

@@ -1,4 +1,6 @@
-"""/api/connections, /api/channels and /api/consumers: the AMQP clients, read as they are.
+"""/api/connections, /api/channels and /api/consumers: the AMQP clients, read as they are,
+every node's (`node_views`: each lists its own clients, with its "node"); closing one and
+listing one connection's channels are this node's only.
 
 Names are RabbitMQ's: a connection is "PEER_HOST:PEER_PORT -> HOST:PORT", a channel is its
 connection's name and " (N)". Monitoring users see everyone's; other users see their own
@@ -20,6 +22,7 @@ from .api import Call, ManagementApi, no_content
 from .auth import Caller
 from .errors import not_authorised, object_not_found
 from .host import ClientChannel, ClientConnection
+from .node_views import ClusterView, cluster_view, node_view
 from .stats import CHANNEL_STATS, channel_counts, detailed
 from .values import to_json
 
@@ -162,22 +165,63 @@ def consumer_json(api: ManagementApi, vhost: str, queue: str, consumer: Consumer
     }
 
 
-def _in_vhost(call: Call, connection: ClientConnection) -> bool:
-    vhost = call.vhost_name()
-    return vhost is None or (connection.vhost is not None and connection.vhost.name == vhost)
-
-
-def _listed(call: Call) -> list[ClientConnection]:
-    if call.vhost_name() is not None:
-        call.vhost()  # 404 for a vhost that does not exist
+def _local(api: ManagementApi, argument: dict[str, Any]) -> list[ClientConnection]:
+    """This node's connections in ``argument["vhost"]`` (any, if None) of
+    ``argument["user"]`` (anyone's, if None)."""
+    vhost, user = argument["vhost"], argument["user"]
     return [
-        c for c in open_connections(call.api) if visible_to(call.caller, c) and _in_vhost(call, c)
+        c
+        for c in open_connections(api)
+        if (user is None or c.username == user)
+        and (vhost is None or (c.vhost is not None and c.vhost.name == vhost))
     ]
 
 
+@node_view("connections")
+def local_connections(api: ManagementApi, argument: dict[str, Any]) -> list[dict[str, Any]]:
+    return [connection_json(api, c) for c in _local(api, argument)]
+
+
+@node_view("channels")
+def local_channels(api: ManagementApi, argument: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        channel_json(api, connection, channel)
+        for connection in _local(api, argument)
+        for channel in list(connection.channels.values())
+    ]
+
+
+@node_view("consumers")
+def local_consumers(api: ManagementApi, argument: dict[str, Any]) -> list[dict[str, Any]]:
+    """This node's clients' consumers (of ``argument["queue"]`` only, if given): a consumer
+    is listed by the node its client is connected to, wherever its queue is."""
+    queue = argument.get("queue")
+    listed = []
+    for connection in _local(api, argument):
+        for channel in list(connection.channels.values()):
+            for consumer in list(channel.consumers.values()):
+                source: Any = consumer.queue
+                if queue is None or source.name == queue:
+                    listed.append(consumer_json(api, source.vhost, source.name, consumer))
+    return listed
+
+
+async def listed(
+    call: Call, view: str, **argument: Any
+) -> tuple[list[dict[str, Any]], ClusterView]:
+    """Every node's part of `view` (`connections`, `channels`, `consumers`) the caller may
+    see: in the path's vhost (404 if it does not exist), everyone's for a monitor."""
+    vhost = call.vhost_name()
+    if vhost is not None:
+        call.vhost()
+    user = None if call.caller.is_monitor else call.caller.name
+    answered = await cluster_view(call.api, view, {"vhost": vhost, "user": user, **argument})
+    return [item for part in answered.parts for item in part], answered
+
+
 async def list_connections(call: Call) -> web.Response:
-    items = [connection_json(call.api, c) for c in _listed(call)]
-    return call.listing(items, DEFAULT_SORT, pageable=True)
+    items, view = await listed(call, "connections")
+    return view.mark(call.listing(items, DEFAULT_SORT, pageable=True))
 
 
 def _connection(call: Call) -> ClientConnection:
@@ -188,11 +232,21 @@ def _connection(call: Call) -> ClientConnection:
     raise object_not_found()
 
 
+async def _named(call: Call, view: str, key: str) -> dict[str, Any]:
+    """The connection or channel the path names, on whichever node (404 if none has it, 401
+    if the caller may not see it)."""
+    name = call.params[key]
+    answered = await cluster_view(call.api, view, {"vhost": None, "user": None})
+    for item in (item for part in answered.parts for item in part):
+        if item["name"] == name:
+            if not (call.caller.is_monitor or item["user"] == call.caller.name):
+                raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
+            return item
+    raise object_not_found()
+
+
 async def get_connection(call: Call) -> web.Response:
-    connection = _connection(call)
-    if not visible_to(call.caller, connection):
-        raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
-    return call.one(connection_json(call.api, connection))
+    return call.one(await _named(call, "connections", "connection"))
 
 
 async def close_connection(call: Call) -> web.Response:
@@ -213,31 +267,14 @@ async def list_connection_channels(call: Call) -> web.Response:
 
 
 async def list_channels(call: Call) -> web.Response:
-    items = [
-        channel_json(call.api, connection, channel)
-        for connection in _listed(call)
-        for channel in list(connection.channels.values())
-    ]
-    return call.listing(items, DEFAULT_SORT, pageable=True)
+    items, view = await listed(call, "channels")
+    return view.mark(call.listing(items, DEFAULT_SORT, pageable=True))
 
 
 async def get_channel(call: Call) -> web.Response:
-    name = call.params["channel"]
-    for connection in open_connections(call.api):
-        for channel in list(connection.channels.values()):
-            item = channel_json(call.api, connection, channel)
-            if item["name"] == name:
-                if not visible_to(call.caller, connection):
-                    raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
-                return call.one(item)
-    raise object_not_found()
+    return call.one(await _named(call, "channels", "channel"))
 
 
 async def list_consumers(call: Call) -> web.Response:
-    items = [
-        consumer_json(call.api, consumer.queue.vhost, consumer.queue.name, consumer)  # type: ignore[attr-defined]
-        for connection in _listed(call)
-        for channel in list(connection.channels.values())
-        for consumer in list(channel.consumers.values())
-    ]
-    return call.listing(items, ("queue.vhost", "queue.name", "consumer_tag"))
+    items, view = await listed(call, "consumers")
+    return view.mark(call.listing(items, ("queue.vhost", "queue.name", "consumer_tag")))

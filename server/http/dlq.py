@@ -37,9 +37,10 @@ from warrenmq.server.forward.entry import RemoteQueue
 from warrenmq.server.forward.link import LinkError
 from warrenmq.server.vhost import Published
 
-from .api import Call, core, reply, sync
+from .api import Call, ManagementApi, core, reply, sync
 from .errors import bad_request, object_not_found
 from .exchanges import Stored
+from .node_views import VIEW_WAIT_S, cluster_view, node_view
 
 BROWSE_COUNT_DEFAULT = 20
 BROWSE_COUNT_MAX = 10_000
@@ -142,15 +143,29 @@ async def import_lines(call: Call) -> web.Response:
 async def list_dead_letter_queues(call: Call) -> web.Response:
     """GET /api/dlq[/{vhost}]: the queues dead letters can reach (see
     `VirtualHost.dead_letter_queues`) the caller may read, with their depth and what their
-    messages last died of, by reason and by source queue."""
+    messages last died of, by reason and by source queue; each as the node leading it
+    gives it (`local_dead_letter_queues`)."""
+    vhosts = call.vhosts()
+    view = await cluster_view(call.api, "dead_letter_queues", {"vhosts": vhosts})
+    listed = [
+        item
+        for part in view.parts
+        for item in part
+        if call.state.can_access(call.caller.name, item["vhost"], "read", QUEUE, item["name"])
+    ]
+    listed.sort(key=lambda item: (vhosts.index(item["vhost"]), item["name"]))
+    return view.mark(reply(listed))
+
+
+@node_view("dead_letter_queues")
+async def local_dead_letter_queues(api: ManagementApi, argument: dict[str, Any]) -> list[dict]:
+    """The queues dead letters can reach that this node leads, in ``argument["vhosts"]``."""
     listed = []
-    for vhost_name in call.vhosts():
-        vhost = call.api.host.vhosts.get(vhost_name)
+    for vhost_name in argument["vhosts"]:
+        vhost = api.host.vhosts.get(vhost_name)
         if vhost is None:
             continue
         for name, sources in vhost.dead_letter_queues().items():
-            if not call.state.can_access(call.caller.name, vhost_name, "read", QUEUE, name):
-                continue
             queue = vhost.queues.get(name)
             if queue is None:
                 continue
@@ -168,7 +183,7 @@ async def list_dead_letter_queues(call: Call) -> web.Response:
                     "by_source": by_source,
                 }
             )
-    return reply(listed)
+    return listed
 
 
 async def _census(queue: Any) -> tuple[dict[str, int], dict[str, int]]:
@@ -208,10 +223,12 @@ def _other_nodes(call: Call) -> list[int]:
 
 
 async def _asked(call: Call, node: int, operation: str, *fields: str) -> Any:
-    """A redrive operation on another node; None when it cannot be reached."""
+    """A redrive operation on another node; None when it cannot be reached or does not
+    answer within VIEW_WAIT_S (stopped, cut off)."""
+    asked = call.api.host.forwarding.redrive(node, operation, *fields)
     try:
-        return await call.api.host.forwarding.redrive(node, operation, *fields)
-    except (LinkError, OSError, RoutingError, ProtocolError):
+        return await asyncio.wait_for(asked, VIEW_WAIT_S)
+    except (TimeoutError, LinkError, OSError, RoutingError, ProtocolError):
         return None
 
 

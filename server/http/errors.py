@@ -68,6 +68,11 @@ def login_failed() -> ApiError:
     return ApiError(401, "not_authorized", "Login failed", {"WWW-Authenticate": AUTH_REALM})
 
 
+def unavailable(reason: str) -> ApiError:
+    """What this node cannot answer now but may later (a metadata read no quorum confirmed)."""
+    return ApiError(503, "service_unavailable", reason)
+
+
 def refused(error: RoutingError | replies.ProtocolError) -> ApiError:
     """The refusal of a core operation (an AMQP reply code and text) as the HTTP API's."""
     if isinstance(error, RoutingError):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import ssl
+from typing import Any
 
 from aiohttp import web
 
 from warrenmq.server.tls import server_context
 
-from . import management, metrics
+from . import management, metrics, node_views
 from .api import MANAGEMENT, MANAGEMENT_SSL, METRICS, METRICS_SSL, ManagementApi
 from .host import Host
 
@@ -34,6 +35,10 @@ class HttpListeners:
     def ports(self) -> dict[str, int]:
         """The listeners that run (MANAGEMENT, METRICS and their _SSL twins) and their ports."""
         return dict(self.api.listeners)
+
+    async def local_view(self, name: str, argument: Any) -> Any:
+        """This node's part of a cluster-wide figure (`node_views`), asked by another node."""
+        return await node_views.local_view(self.api, name, argument)
 
     async def start(self) -> None:
         """Listen, as the config says; raises (with nothing left listening) if a port is taken."""

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from warrenmq.amqp import replies
 from warrenmq.exchanges.errors import RoutingError
+from warrenmq.server.metadata import MetadataUnavailable
 
 from . import (
     bindings,
@@ -49,7 +50,7 @@ from . import (
 from .api import Access, Call, ManagementApi
 from .auth import Caller, log_in
 from .console import ConsoleFiles
-from .errors import ApiError, not_authorised, object_not_found, refused
+from .errors import ApiError, not_authorised, object_not_found, refused, unavailable
 
 log = logging.getLogger("warrenmq.server.http")
 
@@ -292,7 +293,8 @@ _ACCESS_REFUSALS = {
 
 # The roots whose GETs answer from the metadata: in a cluster they first wait until this
 # node's state holds every change acknowledged through any node (`read_barrier`), so a GET
-# never answers older than a change already answered elsewhere. Not the health checks,
+# never answers older than a change already answered elsewhere; one that no quorum confirms
+# in time (this node cut off) is answered 503, to be asked again. Not the health checks,
 # overview or metrics: they must answer from this node even while it is cut off.
 _METADATA_READ_ROOTS = frozenset(
     (
@@ -405,7 +407,10 @@ async def _dispatch(
     store = api.store
     if store.clustered and method == "GET" and parts[0] == "api":
         if parts[1] in _METADATA_READ_ROOTS:
-            await store.read_barrier()
+            try:
+                await store.read_barrier()
+            except MetadataUnavailable as error:
+                raise unavailable(str(error)) from None
     caller = await log_in(
         api.store,
         request.headers.get("Authorization"),

@@ -1,8 +1,9 @@
 """/api/overview, /api/nodes, the health checks and the aliveness test.
 
-Warren is one node: its memory and disk alarms (``server/alarms.py``) are the cluster's, so
-/api/health/checks/alarms and local-alarms report the same ones; a port check looks at the listeners
-this process runs.
+The overview's totals are the cluster's (`vhosts.cluster_totals`: every node's queues,
+connections and channels). A node's memory and disk alarms (``server/alarms.py``) are its
+own, and /api/health/checks/alarms and local-alarms report the same ones; a port check looks
+at the listeners this process runs; the health checks never ask another node.
 """
 
 from __future__ import annotations
@@ -32,18 +33,9 @@ from warrenmq.server.metadata.records import node_name
 from warrenmq.server.vhost import Published
 
 from .api import PROTOCOLS, RABBITMQ_VERSION, Call, ManagementApi, core, reply, sync
-from .connections import open_connections, visible_to
 from .errors import bad_request
-from .stats import (
-    CHANNEL_STATS,
-    DEPTHS,
-    PUBLISHER_STATS,
-    QUEUE_STATS,
-    channel_counts,
-    detailed,
-    queue_counts,
-    totals,
-)
+from .stats import DEPTHS, PUBLISHER_STATS, QUEUE_STATS, detailed, totals
+from .vhosts import cluster_totals
 
 HEALTH_CHECK_FAILURE_STATUS = 503
 ALIVENESS_QUEUE = "aliveness-test"
@@ -83,14 +75,14 @@ async def overview(call: Call) -> web.Response:
     caller = call.caller
     state = call.state
     vhost_names = list(state.vhosts) if caller.is_monitor else caller.login_vhosts(state)
-    vhosts = [api.host.vhosts[name] for name in vhost_names if name in api.host.vhosts]
-    queues = [queue for vhost in vhosts for queue in vhost.queues.values()]
-    connections = [c for c in open_connections(api) if visible_to(caller, c)]
-    channels = [channel for c in connections for channel in list(c.channels.values())]
-    ready = sum(queue.engine.ready_count for queue in queues)
-    unacked = sum(queue.engine.unacked_count for queue in queues)
-    published = totals((channel_counts(c.counts) for c in channels), len(CHANNEL_STATS))
-    handled = totals((queue_counts(q.counts) for q in queues), len(QUEUE_STATS))
+    hosted = [name for name in vhost_names if name in api.host.vhosts]
+    # A monitor sees everyone's connections; another user their own.
+    figures, view = await cluster_totals(api, hosted, None if caller.is_monitor else caller.name)
+    summed = [figures[name] for name in hosted if name in figures]
+    ready = sum(part["ready"] for part in summed)
+    unacked = sum(part["unacked"] for part in summed)
+    published = totals((part["published"] for part in summed), len(PUBLISHER_STATS))
+    handled = totals((part["handled"] for part in summed), len(QUEUE_STATS))
     # Everything a monitor sees is the same; another user's totals are of their own vhosts.
     scope = api if caller.is_monitor else api.scope_of(caller.name)
     item: dict[str, Any] = {
@@ -113,18 +105,18 @@ async def overview(call: Call) -> web.Response:
             scope,
             "messages",
             OVERVIEW_STATS,
-            (*published[: len(PUBLISHER_STATS)], *handled[1:]),
+            (*published, *handled[1:]),
         ),
         "churn_rates": {},
         "queue_totals": detailed(
             api.rates, scope, "depths", DEPTHS, (ready + unacked, ready, unacked)
         ),
         "object_totals": {
-            "channels": len(channels),
-            "connections": len(connections),
-            "consumers": sum(queue.consumer_count for queue in queues),
-            "exchanges": sum(len(state.router(v.name).exchanges()) for v in vhosts),
-            "queues": sum(len(state.queues(v.name)) for v in vhosts),
+            "channels": sum(part["channels"] for part in summed),
+            "connections": sum(part["connections"] for part in summed),
+            "consumers": sum(part["consumers"] for part in summed),
+            "exchanges": sum(len(state.router(name).exchanges()) for name in hosted),
+            "queues": sum(len(state.queues(name)) for name in hosted),
         },
         "statistics_db_event_queue": 0,
     }
@@ -132,7 +124,7 @@ async def overview(call: Call) -> web.Response:
         item["node"] = api.node
         item["listeners"] = listeners(api)
         item["contexts"] = []
-    return reply(item)
+    return view.mark(reply(item))
 
 
 def cluster_name(api: ManagementApi) -> str:

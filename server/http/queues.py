@@ -24,8 +24,8 @@ from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
 
 from .api import Call, ManagementApi, core, created, no_content, sync, vhost_missing
-from .connections import consumer_json
 from .errors import bad_request, not_authorised, object_not_found
+from .node_views import cluster_view
 from .stats import DEPTHS, QUEUE_STATS, detailed, queue_counts
 from .values import integer, parse_bool, properties_to_json, to_amqp_table, to_json
 
@@ -156,14 +156,16 @@ async def get_queue(call: Call) -> web.Response:
     if isinstance(queue, RemoteQueue):
         await refresh_led_elsewhere([queue])
     item = queue_json(call.api, record, queue)
-    if queue is not None and not isinstance(queue, RemoteQueue):
-        item["consumer_details"] = [
-            consumer_json(call.api, record.vhost, record.name, consumer)
-            for consumer in queue.consumers.values()
-        ]
+    view = None
+    if queue is not None:
+        # Its consumers are listed by the nodes their clients are connected to.
+        argument = {"vhost": record.vhost, "user": None, "queue": record.name}
+        view = await cluster_view(call.api, "consumers", argument)
+        item["consumer_details"] = [consumer for part in view.parts for consumer in part]
     item["deliveries"] = []
     item["incoming"] = []
-    return call.one(item)
+    response = call.one(item)
+    return view.mark(response) if view is not None else response
 
 
 async def put_queue(call: Call) -> web.Response:

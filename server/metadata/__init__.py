@@ -51,12 +51,13 @@ from warrenmq.server.metadata.errors import (
 )
 from warrenmq.server.metadata.permissions import Permission, is_loopback, loopback_refused
 from warrenmq.server.metadata.records import Policy, QueueRecord, User, Vhost
-from warrenmq.server.metadata.replicated import ReplicatedMetadata
+from warrenmq.server.metadata.replicated import MetadataUnavailable, ReplicatedMetadata
 from warrenmq.server.metadata.state import Limits, MetadataState, Outcome
 from warrenmq.server.metadata.store import METADATA_FILE, MetadataStore, StoreFailed
 
 __all__ = [
     "METADATA_FILE",
+    "MetadataUnavailable",
     "AccessRefused",
     "AddUser",
     "BadRequest",

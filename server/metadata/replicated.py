@@ -112,6 +112,12 @@ _WAIT_LOG_INTERVAL_S = 5.0
 _DIRECTORY_MODE = 0o700
 
 
+class MetadataUnavailable(Exception):
+    """No quorum of the metadata group confirmed a read in time (`read_barrier`): this node
+    is cut off from the others, or they have no leader. Nothing is broken here; the read
+    may be asked again."""
+
+
 @dataclass
 class EntryResult:
     """What applying one log entry did, handed to whoever proposed it."""
@@ -496,7 +502,8 @@ class ReplicatedMetadata:
         (a linearizable read; `RaftGroup.read_point`): a read through this node then never
         answers an older value than a write already answered through another. Only a
         cluster has to wait; callers skip it when not `clustered`. Retried while no leader
-        is known, then StoreFailed."""
+        is known, for LEADER_WAIT_S, then MetadataUnavailable (StoreFailed if the group
+        stopped)."""
         group = self.group
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + LEADER_WAIT_S
@@ -506,7 +513,8 @@ class ReplicatedMetadata:
                 break
             except NotLeader as error:
                 if loop.time() > deadline_s:
-                    raise StoreFailed(f"metadata read not confirmed: {error}") from error
+                    waited = f"no quorum of the cluster answered within {LEADER_WAIT_S:.0f} s"
+                    raise MetadataUnavailable(f"metadata read not confirmed: {waited}") from error
             except GroupStopped as error:
                 raise StoreFailed(f"metadata read not confirmed: {error}") from error
         if group.applied_index < index:

@@ -41,6 +41,7 @@ from warrenmq.server.errors import (
 )
 from warrenmq.server.forward.forwarding import Forwarding
 from warrenmq.server.forward.wire import LINK_FIRST_BYTE
+from warrenmq.server.metadata import MetadataUnavailable
 from warrenmq.server.queue.consumer import ConsumedQueue, Consumer
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
@@ -833,7 +834,7 @@ async def _exchange_declare(
     if method.passive:
         barrier = vhost.metadata_read_barrier()
         if barrier is not None:
-            await barrier
+            await _read_confirmed(barrier, "exchange", name, vhost.name)
         vhost.check_exchange(name)
     else:
         # rabbit_channel's order: the type, the default exchange, then permissions.
@@ -923,6 +924,19 @@ def _queue_declare_passive(
     return None
 
 
+async def _read_confirmed(barrier: Awaitable[None], kind: str, name: str, vhost: str) -> None:
+    """A passive declare's metadata read, once no quorum confirmed it in time (a node cut
+    off from the others): refused as RabbitMQ's Raft metadata store (Khepri) refuses what
+    it cannot get a quorum for in time, with a connection exception internal_error."""
+    try:
+        await barrier
+    except MetadataUnavailable as error:
+        raise internal_error(
+            f"failed to check {kind} '{name}' in vhost '{vhost}' because the operation timed "
+            f"out ({error})"
+        ) from None
+
+
 async def _queue_declare_passive_after(
     conn: BrokerConnection,
     channel: BrokerChannel,
@@ -931,7 +945,7 @@ async def _queue_declare_passive_after(
 ) -> None:
     """A passive queue.declare in a cluster: answered once this node's metadata holds every
     change acknowledged before it, through whichever node (`metadata_read_barrier`)."""
-    await barrier
+    await _read_confirmed(barrier, "queue", method.queue, conn.vhost.name)
     answering = _queue_declare_passive(conn, channel, method)
     if answering is not None:
         await answering
