@@ -18,6 +18,7 @@ import upgrade_fixture as f
 from brokers import WarrenProcess, connect
 from cluster_nodes import api, local_raft
 from http_api import HttpApi, eventually, path
+from test_cluster_membership import join
 
 from warrenmq.server.local_cluster import LocalCluster
 
@@ -84,8 +85,8 @@ def check_metadata(http: HttpApi, port: int) -> None:
     assert expected <= bindings
     (match,) = http.get(path("api", "queues", f.LEGACY, "match.q", "bindings")).json[1:]
     assert match["arguments"] == f.MATCH_ARGUMENTS
-    stream = http.get(path("api", "streams", f.LEGACY, f.STREAM)).json
-    assert stream["arguments"] == f.STREAM_ARGUMENTS
+    stream = http.get(path("api", "queues", f.LEGACY, f.STREAM)).json
+    assert (stream["type"], stream["arguments"]) == ("stream", f.STREAM_ARGUMENTS)
     (super_stream,) = http.get(path("api", "super-streams", f.LEGACY)).json
     partitions = [f"{f.SUPER_STREAM}-{p}" for p in range(f.PARTITIONS)]
     assert (super_stream["name"], super_stream["partitions"]) == (f.SUPER_STREAM, partitions)
@@ -142,17 +143,17 @@ def check_orders(channel, stopped_by: str) -> None:
             assert not redelivered, i
 
 
-def check_queues(port: int, stopped_by: str) -> None:
+def check_queues(port: int, expected: dict[str, list[bytes]], dead_letters, delayed) -> None:
+    """The queues hold the `expected` bodies, dead.q the `dead_letters` (body: x-death
+    reason), later.q the `delayed` ((body, x-delay) routed once due) and root.q its one."""
     connection = as_user(port, "alice")
     channel = connection.channel()
-    check_orders(channel, stopped_by)
-    for queue, queue_bodies in f.EXPECTED_QUEUES.items():
+    for queue, queue_bodies in expected.items():
         assert [body for body, _, _ in bodies(channel, queue)] == queue_bodies, queue
     dead = {body: p.headers["x-death"][0]["reason"] for body, _, p in bodies(channel, "dead.q")}
-    assert dead == f.DEAD_LETTERS
-    delayed = waited_for(channel, "later.q", len(f.DELAYED), DELAYED_WAIT_S)
-    assert [body for body, _, _ in delayed] == [body for body, _ in f.DELAYED]
-    assert [p.headers["x-delay"] for _, _, p in delayed] == [-delay for _, delay in f.DELAYED]
+    assert dead == dead_letters
+    routed = waited_for(channel, "later.q", len(delayed), DELAYED_WAIT_S)
+    assert [(body, -p.headers["x-delay"]) for body, _, p in routed] == delayed
     connection.close()
     root = as_user(port, "guest", "/")
     assert [body for body, _, _ in bodies(root.channel(), f.ROOT_QUEUE)] == [b"root-0"]
@@ -189,12 +190,12 @@ def read_stream(port: int, stream: str, count: int, **consume_options) -> list:
     return got
 
 
-def check_streams(http: HttpApi, port: int) -> None:
-    records = read_stream(port, f.STREAM, f.STREAM_RECORDS, arguments={"x-stream-offset": 0})
-    assert [body for _, _, body in records] == [
-        f"record-{i}".encode() for i in range(f.STREAM_RECORDS)
-    ]
-    assert [p.headers["i"] for _, p, _ in records] == list(range(f.STREAM_RECORDS))
+def check_streams(http: HttpApi, port: int, records: int, clicks: int) -> None:
+    """log.s holds record-0 … record-(records - 1), its tracker resumes at TRACKED; clicks'
+    partitions hold click-0 … click-(clicks - 1) and GROUP's commits."""
+    got = read_stream(port, f.STREAM, records, arguments={"x-stream-offset": 0})
+    assert [body for _, _, body in got] == [f"record-{i}".encode() for i in range(records)]
+    assert [p.headers["i"] for _, p, _ in got] == list(range(records))
     stream = http.get(path("api", "streams", f.LEGACY, f.STREAM)).json
     assert stream["tracked_offsets"] == {f.TRACKER: f.TRACKED}
     # The tracker resumes where it acked up to (left unacked: it stays there).
@@ -202,7 +203,6 @@ def check_streams(http: HttpApi, port: int) -> None:
     assert body == f"record-{f.TRACKED}".encode()
     query = f"/consumer/offsets?group={f.GROUP}&topic={f.SUPER_STREAM}&vhost={f.LEGACY}"
     committed = {o["partition"]: o["offset"] for o in http.get(query).json["offsets"]}
-    clicks = f.CLICKS_COMMITTED + f.CLICKS_LATER
     seen = []
     for partition in range(f.PARTITIONS):
         name = f"{f.SUPER_STREAM}-{partition}"
@@ -222,9 +222,68 @@ def stream_length(http: HttpApi, name: str) -> int:
 
 
 def check_everything(http: HttpApi, port: int, stopped_by: str) -> None:
+    """What the old release left, on the first start after it."""
     check_metadata(http, port)
-    check_queues(port, stopped_by)
-    check_streams(http, port)
+    connection = as_user(port, "alice")
+    check_orders(connection.channel(), stopped_by)
+    connection.close()
+    check_queues(port, f.EXPECTED_QUEUES, f.DEAD_LETTERS, f.DELAYED)
+    check_streams(http, port, f.STREAM_RECORDS, f.CLICKS_COMMITTED + f.CLICKS_LATER)
+
+
+AFTER_USE = {
+    **f.EXPECTED_QUEUES,
+    "orders.q": [b"order-new"],
+    "new.q": [b"new-0"],
+    "capped.q": [b"capped-2", b"capped-3"],
+    "limited": [b"limited-2", b"limited-3", b"limited-4"],
+    "broadcast.a": [b"to-all", b"audited"],
+    "broadcast.b": [b"to-all", b"audited"],
+    "prio.q": [b"prio-4", b"prio-2"],
+}
+DEAD_AFTER_USE = {**f.DEAD_LETTERS, b"limited-1": "maxlen", b"ttl-1": "expired"}
+DELAYED_AFTER_USE = [*f.DELAYED, (b"later-2", 100)]
+
+
+def use(port: int) -> None:
+    """Consume and publish through what the old release declared, so that its arguments,
+    policies and bindings act (AFTER_USE is what the queues hold then); declare a queue."""
+    connection = as_user(port, "alice")
+    channel = connection.channel()
+    for queue in ("orders.q", "prio.q"):
+        while (method := channel.basic_get(queue)[0]) is not None:
+            channel.basic_ack(method.delivery_tag)
+    channel.confirm_delivery()
+    channel.queue_declare("new.q", durable=True)
+    published = [
+        ("orders", "order.created", b"order-new", {}),
+        ("", "new.q", b"new-0", {}),
+        ("", "capped.q", b"capped-3", {}),
+        ("", "limited", b"limited-4", {}),
+        ("", "ttl.q", b"ttl-1", {}),
+        ("events", "x.audit", b"audited", {}),
+        ("", "prio.q", b"prio-2", {"priority": 2}),
+        ("", "prio.q", b"prio-4", {"priority": 4}),
+        ("later", "later", b"later-2", {"headers": {"x-delay": 100}}),
+        ("", f.STREAM, f"record-{f.STREAM_RECORDS}".encode(), {"headers": {"i": f.STREAM_RECORDS}}),
+        (f.SUPER_STREAM, "user-new", f"click-{f.CLICKS_COMMITTED + f.CLICKS_LATER}".encode(), {}),
+    ]
+    for exchange, key, body, properties in published:
+        channel.basic_publish(
+            exchange, key, body, pika.BasicProperties(delivery_mode=2, **properties)
+        )
+    deadline_s = time.monotonic() + SETTLE_S
+    while b"ttl-1" not in [body for body, _, _ in bodies(channel, "dead.q")]:
+        assert time.monotonic() < deadline_s, "ttl-1 did not expire into dead.q"
+        channel.basic_recover(requeue=True)
+        time.sleep(0.2)
+    connection.close()
+
+
+def check_after_use(http: HttpApi, port: int) -> None:
+    check_metadata(http, port)
+    check_queues(port, AFTER_USE, DEAD_AFTER_USE, DELAYED_AFTER_USE)
+    check_streams(http, port, f.STREAM_RECORDS + 1, f.CLICKS_COMMITTED + f.CLICKS_LATER + 1)
 
 
 def test_an_old_data_dir_upgrades_in_place_and_stays_usable(old_data_dir, tmp_path):
@@ -234,12 +293,21 @@ def test_an_old_data_dir_upgrades_in_place_and_stays_usable(old_data_dir, tmp_pa
     try:
         http = HttpApi(broker.management_url)
         check_everything(http, broker.port, stopped_by)
+        use(broker.port)
+        check_after_use(http, broker.port)
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            broker.stop(signum)
+            broker.start()
+            check_after_use(HttpApi(broker.management_url), broker.port)
         assert "Traceback" not in broker.log_since_start()
     finally:
         broker.kill()
 
 
 def test_an_old_data_dir_is_the_first_node_of_a_cluster(old_data_dir, tmp_path):
+    """Started with --node-id and --cluster, the old data dir's node leads a cluster of one;
+    a second node joins and serves all of it (the queues and streams node 1 leads, through
+    the link)."""
     data_dir, stopped_by = old_data_dir
     cluster = LocalCluster(tmp_path / "cluster", 1)
     cluster.directory.mkdir()
@@ -248,3 +316,14 @@ def test_an_old_data_dir_is_the_first_node_of_a_cluster(old_data_dir, tmp_path):
         node = cluster.nodes[1]
         check_everything(api(cluster, 1), node.amqp_port, stopped_by)
         assert local_raft(cluster, 1)["role"] == "leader"
+        second = join(cluster, through=1)
+        http = api(cluster, second)
+        queues = sorted(q["name"] for q in api(cluster, 1).get("/api/queues").json)
+        names = eventually(lambda: sorted(q["name"] for q in http.get("/api/queues").json), queues)
+        assert names == queues
+        check_metadata(http, cluster.nodes[second].amqp_port)
+        check_queues(cluster.nodes[second].amqp_port, f.EXPECTED_QUEUES, f.DEAD_LETTERS, f.DELAYED)
+        # /api/streams/V/NAME answers on the stream's node only: node 1's figures, node 2's
+        # consumers.
+        clicks = f.CLICKS_COMMITTED + f.CLICKS_LATER
+        check_streams(api(cluster, 1), cluster.nodes[second].amqp_port, f.STREAM_RECORDS, clicks)
