@@ -307,7 +307,7 @@ def test_an_old_data_dir_upgrades_in_place_and_stays_usable(old_data_dir, tmp_pa
 def test_an_old_data_dir_is_the_first_node_of_a_cluster(old_data_dir, tmp_path):
     """Started with --node-id and --cluster, the old data dir's node leads a cluster of one;
     a second node joins and serves all of it (the queues and streams node 1 leads, through
-    the link)."""
+    the link); node 1, SIGKILLed and started again, still has it."""
     data_dir, stopped_by = old_data_dir
     cluster = LocalCluster(tmp_path / "cluster", 1)
     cluster.directory.mkdir()
@@ -327,3 +327,10 @@ def test_an_old_data_dir_is_the_first_node_of_a_cluster(old_data_dir, tmp_path):
         # consumers.
         clicks = f.CLICKS_COMMITTED + f.CLICKS_LATER
         check_streams(api(cluster, 1), cluster.nodes[second].amqp_port, f.STREAM_RECORDS, clicks)
+        # The old data, now in a cluster's log, through a SIGKILL of its node.
+        cluster.kill(1)
+        cluster.start(1)
+        cluster.wait_listening(1)
+        check_metadata(api(cluster, 1), node.amqp_port)
+        check_queues(node.amqp_port, f.EXPECTED_QUEUES, f.DEAD_LETTERS, f.DELAYED)
+        check_streams(api(cluster, 1), node.amqp_port, f.STREAM_RECORDS, clicks)
