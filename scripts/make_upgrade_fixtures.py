@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import upgrade_fixture as f  # noqa: E402
-from brokers import HTTP_LISTENING, WARREN_LISTENING, connect  # noqa: E402
+from brokers import HTTP_LISTENING, WARREN_LISTENING, connect, warren_serve  # noqa: E402
 from http_api import HttpApi, path  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -40,23 +40,9 @@ class OldBroker:
     """The release's `warren serve` on a data dir, on free ports."""
 
     def __init__(self, release_dir: Path, data_dir: Path) -> None:
-        command = [
-            str(release_dir / ".venv" / "bin" / "python"),
-            "-m",
-            "warrenmq.server.cli",
-            "serve",
-            "--port",
-            "0",
-            "--bind",
-            "127.0.0.1",
-            "--data-dir",
-            str(data_dir),
-            "--management-port",
-            "0",
-            "--no-metrics",
-            "--log-level",
-            "warning",
-        ]
+        old_python = str(release_dir / ".venv" / "bin" / "python")
+        # The release's serve takes the same options as this one's.
+        command = [old_python, *warren_serve(data_dir)[1:], "--log-level", "warning"]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd="/")
         line = self.process.stdout.readline()
         listening = WARREN_LISTENING.search(line)

@@ -11,25 +11,16 @@ from contextlib import contextmanager
 
 import pika
 import pytest
+import test_forwarding
 from http_api import HttpApi, path
-from test_forwarding import QUEUE, _placed_on_a, _two_nodes
+from test_forwarding import QUEUE
 
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.records import QueueRecord
 
 A, B = 1, 2
-
-
-@pytest.fixture
-def nodes(tmp_path):
-    """Nodes A (1) and B (2); the queue QUEUE led by A, forwarded by B."""
-    a, b = _two_nodes(tmp_path)
-    try:
-        _placed_on_a(a, b)
-        yield a, b
-    finally:
-        for node in (b, a):
-            node.stop()
+# Nodes A and B; the queue QUEUE led by A, forwarded by B.
+nodes = test_forwarding.nodes
 
 
 async def _on_loop(function):
@@ -166,13 +157,14 @@ def test_vhosts_added_and_deleted_meanwhile_are_hosted_and_retired(nodes):
 
 
 def test_a_delayed_exchange_deleted_meanwhile_drops_its_store(nodes):
+    """B holds what was published through it to a delayed exchange: the exchange deleted
+    meanwhile, the store goes with its messages."""
     a, b = nodes
+    delayed_type = {"x-delayed-type": "direct"}
+    through(b, c.DeclareExchange("/", "dx", "x-delayed-message", True, arguments=delayed_type))
+    through(b, c.Bind("/", "dx", QUEUE, routing_key="k"))
     connection = b.connect()
     channel = connection.channel()
-    channel.exchange_declare(
-        "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
-    )
-    channel.queue_bind(QUEUE, "dx", "k")
     channel.confirm_delivery()
     held = pika.BasicProperties(headers={"x-delay": 3_600_000}, delivery_mode=2)
     channel.basic_publish("dx", "k", b"held an hour", held)
