@@ -683,6 +683,16 @@ def test_a_policy_set_over_http_applies_to_an_existing_queue(management, connect
         }
         assert shown["priority"] == 0
         assert f"{uid}-limit" in [p["name"] for p in management.get("/api/policies/%2F").json]
+        # The queue names the policy that applies to it (RabbitMQ's figures lag a stats
+        # interval behind).
+        shown_queue = eventually(
+            lambda: management.get(path("api", "queues", "/", queue)).json,
+            lambda item: item.get("policy") == f"{uid}-limit",
+        )
+        assert shown_queue["policy"] == f"{uid}-limit"
+        assert shown_queue["effective_policy_definition"] == {"max-length": 1}
+        listed = management.get("/api/queues/%2F").json
+        assert [q["policy"] for q in listed if q["name"] == queue] == [f"{uid}-limit"]
         publish(connection, queue, [b"1", b"2", b"3"])
         method, _, body_ = channel.basic_get(queue, auto_ack=True)
         assert body_ == b"3"

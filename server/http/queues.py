@@ -19,6 +19,7 @@ from warrenmq.exchanges.binding import QUEUE
 from warrenmq.server.forward.entry import RemoteQueue
 from warrenmq.server.metadata import QueueRecord
 from warrenmq.server.metadata.records import node_name
+from warrenmq.server.queue import policy
 from warrenmq.server.queue.arguments import queue_type
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.work_queue import WorkQueue
@@ -42,7 +43,11 @@ STATS_WAIT_S = 5.0
 
 
 def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None) -> dict:
-    """A queue as /api/queues lists it: the declaration, and the live state if it is hosted."""
+    """A queue as /api/queues lists it: the declaration, the policy that applies to it, and
+    the live state if it is hosted."""
+    applied = policy.queue_policy(
+        record.name, queue_type(record.arguments), api.state.policies(record.vhost).values()
+    )
     item: dict[str, Any] = {
         "name": record.name,
         "vhost": record.vhost,
@@ -56,9 +61,9 @@ def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None)
         "state": "running"
         if queue is not None or record.node != api.host.node.node_id
         else "crashed",
-        "policy": None,
+        "policy": None if applied is None else applied.name,
         "operator_policy": None,
-        "effective_policy_definition": {},
+        "effective_policy_definition": {} if applied is None else dict(applied.definition),
     }
     if queue is None:
         return item
