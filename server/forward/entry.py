@@ -42,6 +42,7 @@ _ANSWERS = (
     wire.Kind.PEEKED,
     wire.Kind.REDRIVEN,
     wire.Kind.RECORDS,
+    wire.Kind.GROUP_DESCRIBED,
 )
 
 
@@ -79,6 +80,8 @@ class EntryLink(FramedLink):
         self._batches: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._requests: dict[int, asyncio.Future[list[Any]]] = {}
         self.consumers: dict[int, Consumer] = {}
+        self.group_members: dict[int, Any] = {}
+        """Members of groups the owner coordinates, by member id (`coordination.py`)."""
         self._own_node = own_node
         self._secret = secret
         self._nonce = wire.nonce()
@@ -201,6 +204,18 @@ class EntryLink(FramedLink):
             self.send_now(wire.Kind.HELLO, self._own_node, self._nonce, mac)
         elif kind is wire.Kind.WELCOME:
             self._welcomed(fields[0], fields[1])
+        elif kind is wire.Kind.ASSIGN:
+            member = self.group_members.get(fields[0])
+            if member is not None:
+                member.assign(fields[1])
+        elif kind is wire.Kind.REVOKE:
+            member = self.group_members.get(fields[0])
+            if member is not None:
+                member.revoke(fields[1])
+        elif kind is wire.Kind.GROUP_CANCELLED:
+            member = self.group_members.get(fields[0])
+            if member is not None:
+                member.cancelled(fields[1])
         else:
             raise ValueError(f"unexpected {kind.name} from an owner")
 
@@ -246,6 +261,9 @@ class EntryLink(FramedLink):
         for consumer in consumers.values():
             # As RabbitMQ cancels the consumers of a queue whose node went down.
             consumer.queue.cancelled(consumer, "node down")  # type: ignore[attr-defined]
+        # Their group's coordinator is gone: it dropped them.
+        for member in list(self.group_members.values()):
+            member.cancelled("node down")
 
     def writable_again(self) -> None:
         pass
