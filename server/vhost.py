@@ -56,7 +56,7 @@ from .dead_letter_journal import DeadLetterJournal, Item, digest
 from .delayed import DelayedExchanges, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .errors import internal_error, not_implemented, precondition_failed
-from .forward.coordination import MemberElsewhere
+from .forward.coordination import MemberElsewhere, described_elsewhere
 from .forward.entry import RemoteCursor, RemoteQueue
 from .queue import arguments as queue_arguments
 from .queue import policy
@@ -1353,6 +1353,15 @@ class VirtualHost:
                 super_stream, group_name, streams, self._wake, self._attach_partition_elsewhere
             )
         return group
+
+    async def describe_group(self, super_stream: str, group_name: str) -> dict[str, Any] | None:
+        """The whole group (`Group.describe`), asked of its coordinator when that is another
+        node; None when it has no members."""
+        streams = self._group_partitions(super_stream)
+        if isinstance(streams[0], RemoteQueue):
+            return await described_elsewhere(streams[0], super_stream, group_name)
+        group = self.groups.get((super_stream, group_name))
+        return group.describe() if group is not None and group.members else None
 
     def leave_group(self, member: Member | MemberStandIn) -> None:
         """A member cancelled, its channel closed or (a stand-in) its node's link went."""

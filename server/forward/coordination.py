@@ -25,6 +25,7 @@ the members of the node whose link it lost, whose partitions go to the others.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +220,20 @@ class MemberElsewhere(NeverDelivered):
                 removals.append(removal)
         self.owned = {}
         return removals
+
+
+async def described_elsewhere(
+    coordinator: RemoteQueue, super_stream: str, group_name: str
+) -> dict[str, Any] | None:
+    """The group as its coordinator describes it (`Group.describe`: every member, wherever
+    connected); None when it has no members. 404 as for a queue whose node is down."""
+    link = coordinator._link()
+    fields = (coordinator.vhost, super_stream, group_name)
+    try:
+        (described,) = await link.request(wire.Kind.GROUP_DESCRIBE, link.next_id(), *fields)
+    except LinkError:
+        raise coordinator._unavailable() from None
+    return json.loads(described)
 
 
 def _detached(consumer: Consumer) -> tuple[Any, asyncio.Future[Any] | None]:
