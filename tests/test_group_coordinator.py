@@ -39,7 +39,7 @@ class Node:
         def cancel(reason: str) -> None:
             self.told.append(("cancel", tag, -1))
 
-        member = group.join_elsewhere(tag, 2, assign, revoke, cancel)
+        member = group.join_elsewhere(tag, assign, revoke, cancel)
         return member
 
     def drain(self, member: MemberStandIn, index: int) -> None:

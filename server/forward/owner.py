@@ -588,7 +588,6 @@ class OwnerLink(FramedLink):
 
         member = group.join_elsewhere(
             tag,
-            self.peer_node,
             lambda index: self.send(wire.Kind.ASSIGN, member_id, index),
             lambda index: self.send(wire.Kind.REVOKE, member_id, index),
             cancel,

@@ -150,14 +150,12 @@ class MemberStandIn:
         self,
         group: Group,
         tag: str,
-        node: int,
         assign: Callable[[int], None],
         revoke: Callable[[int], None],
         cancel: Callable[[str], None],
     ) -> None:
         self.group = group
         self.tag = tag
-        self.node = node
         self.owned: dict[int, None] = {}
         """The partitions assigned to it (by index)."""
         self.assign = assign
@@ -207,13 +205,12 @@ class Group:
     def join_elsewhere(
         self,
         tag: str,
-        node: int,
         assign: Callable[[int], None],
         revoke: Callable[[int], None],
         cancel: Callable[[str], None],
     ) -> MemberStandIn:
-        """A member connected to `node` joins (this node coordinates the group)."""
-        member = MemberStandIn(self, tag, node, assign, revoke, cancel)
+        """A member connected to another node joins (this node coordinates the group)."""
+        member = MemberStandIn(self, tag, assign, revoke, cancel)
         self.members.append(member)
         self.rebalance()
         return member
