@@ -13,7 +13,7 @@ from test_stream_groups import FIRST, NOW_MS, Channel, open_partitions, publish
 
 from warrenmq.server.forward import wire
 from warrenmq.server.forward.coordination import MemberElsewhere
-from warrenmq.server.stream.groups import Group, MemberStandIn
+from warrenmq.server.stream.groups import Group, MemberStandIn, attach_partition, commit_released
 
 
 class Node:
@@ -248,3 +248,29 @@ def test_a_member_elsewhere_attaches_after_its_consume_ok_and_drains_before_movi
     # Late words from the coordinator change nothing.
     member.assign(1)
     assert not partitions[1].consumers
+
+
+def test_a_released_partition_never_takes_back_the_next_members_commits(tmp_path):
+    """A member's node learns late that the member is gone (SIGKILL) while the coordinator
+    already gave its partition to another member: the late release leaves the committed
+    offset where the new member's acks moved it."""
+    (partition,) = open_partitions(tmp_path, 1)
+    publish(partition, 6)
+    gone, moved_to = Channel("gone", []), Channel("next", [])
+    old = attach_partition(partition, "g", "gone", gone, FIRST, None, 2)
+    partition.dispatch(NOW_MS)
+    old.queue.ack([0])
+    assert partition.tracked.get("group:g") == 1
+    new = attach_partition(partition, "g", "next", moved_to, FIRST, None, 10)
+    partition.dispatch(NOW_MS)
+    for cursor, _, offset in list(moved_to.unacked):
+        cursor.ack([offset])
+    assert partition.tracked.get("group:g") == 6
+    partition.remove_consumer(old)
+    commit_released(old.queue)
+    assert partition.tracked.get("group:g") == 6
+    # With no other member on it, a release commits where the acks got to.
+    partition.remove_consumer(new)
+    partition.tracked.set("group:g", 2)
+    commit_released(new.queue)
+    assert partition.tracked.get("group:g") == 6

@@ -35,7 +35,12 @@ from warrenmq.server.queue.consumer import Consumer, ConsumerChannel
 from warrenmq.server.stream import offset_spec
 from warrenmq.server.stream.cursor import Cursor
 from warrenmq.server.stream.filter import StreamFilter
-from warrenmq.server.stream.groups import NeverDelivered, attach_member, group_tag
+from warrenmq.server.stream.groups import (
+    NeverDelivered,
+    attach_member,
+    commit_released,
+    group_tag,
+)
 
 from . import wire
 from .link import LinkError
@@ -159,7 +164,7 @@ class MemberElsewhere(NeverDelivered):
     def _let_go(self, index: int, cursor: Any, removal: asyncio.Future[Any] | None) -> None:
         self._draining.pop(index, None)
         if removal is None:
-            cursor.stream.tracked.set(cursor.tracked_tag, cursor.tracked_offset)
+            commit_released(cursor)
             self.link.send(wire.Kind.DRAINED, self.member_id, index)
             return
         task = asyncio.ensure_future(self._let_go_elsewhere(index, cursor, removal))
@@ -215,7 +220,7 @@ class MemberElsewhere(NeverDelivered):
         for consumer in self.owned.values():
             cursor, removal = _detached(consumer)
             if removal is None:
-                cursor.stream.tracked.set(cursor.tracked_tag, cursor.tracked_offset)
+                commit_released(cursor)
             else:
                 removals.append(removal)
         self.owned = {}

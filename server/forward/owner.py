@@ -24,7 +24,7 @@ from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.queue_stats import QueueStats
 from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.stream.cursor import Cursor
-from warrenmq.server.stream.groups import MemberStandIn
+from warrenmq.server.stream.groups import MemberStandIn, commit_released
 from warrenmq.server.stream.stream import Stream
 
 from . import wire
@@ -672,4 +672,4 @@ def _released(consumer: Consumer) -> None:
     acked anything: the next member starts where this one did)."""
     cursor = consumer.queue
     if isinstance(cursor, Cursor) and cursor.partition_entry and cursor.tracked_tag:
-        cursor.stream.tracked.set(cursor.tracked_tag, cursor.tracked_offset)
+        commit_released(cursor)

@@ -80,6 +80,21 @@ def attach_partition(
     return consumer
 
 
+def commit_released(cursor: Cursor) -> None:
+    """A member let go of a partition: the group's committed offset there is where its acks
+    got to, unless another member reads it already (a cluster's coordinator moved it on
+    before this node heard the member was gone): that one started from the committed
+    offset and its acks move it, which this must not take back."""
+    tag = cursor.tracked_tag
+    assert tag is not None
+    stream = cursor.stream
+    for consumer in stream.consumers.values():
+        other = consumer.queue
+        if other is not cursor and getattr(other, "tracked_tag", None) == tag:
+            return
+    stream.tracked.set(tag, cursor.tracked_offset)
+
+
 class NeverDelivered:
     """The ConsumedQueue of a member's own consumer: nothing is ever delivered through it."""
 
