@@ -13,6 +13,7 @@ from test_stream_groups import FIRST, NOW_MS, Channel, open_partitions, publish
 
 from warrenmq.server.forward import wire
 from warrenmq.server.forward.coordination import MemberElsewhere
+from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.stream.groups import Group, MemberStandIn, attach_partition, commit_released
 
 
@@ -274,3 +275,64 @@ def test_a_released_partition_never_takes_back_the_next_members_commits(tmp_path
     partition.tracked.set("group:g", 2)
     commit_released(new.queue)
     assert partition.tracked.get("group:g") == 6
+
+
+class Elsewhere:
+    """A partition another node leads, and a member's consumer's cursor of it there
+    (`RemoteCursor`'s part the group uses): its removal is under way until `let_go()`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.letting_go = None
+        self.on_drained = None
+        self.held: set[int] = set()
+
+    @property
+    def holds_unacked(self) -> bool:
+        return bool(self.held) or self.letting_go is not None
+
+    def remove_consumer(self, consumer) -> None:
+        self.letting_go = "under way"
+
+    def returned(self) -> None:
+        self.held.clear()
+
+    def let_go(self) -> None:
+        self.letting_go = None
+        if self.on_drained is not None and not self.holds_unacked:
+            drained, self.on_drained = self.on_drained, None
+            drained()
+
+
+def test_a_partition_led_elsewhere_moves_once_its_node_has_the_members_acks(tmp_path):
+    """The next member may be on another node: its CONSUME_PARTITION must find the
+    committed offset after the leaving member's acks, which travel on the leaving
+    member's own link; the move waits for that link's answer, also when the member left."""
+    cursors: list[Elsewhere] = []
+
+    def attach_elsewhere(partition, member):
+        cursor = Elsewhere(partition.name)
+        cursors.append(cursor)
+        return Consumer(member.tag, member.consumer.channel, cursor, False, False, 0, 1)
+
+    group = Group("s", "g", [Elsewhere("p-0")], lambda cursor: None, attach_elsewhere)
+    node = Node()
+    local = group.join("a", Channel("a", []), FIRST, None, 100)
+    # A leaves with a delivery unacked: it is returned, but the move waits for the link.
+    cursors[0].held.add(5)
+    remote = node.join(group, "r")
+    assert group.owner(0) is local.queue and node.told == []
+    group.leave(local.queue)
+    assert group.owner(0) is None and node.told == []
+    cursors[0].let_go()
+    assert node.told == [("assign", "r", 0)]
+    # The stand-in leaves, a local member gets it; that one leaves with nothing unacked:
+    # the move still waits for its node.
+    group.join("b", Channel("b", []), FIRST, None, 100)
+    node.leave(remote)
+    assert group.owner(0) is not None and group.owner(0).tag == "b"
+    group.join("c", Channel("c", []), FIRST, None, 100)
+    group.leave(group.owner(0))
+    assert group.owner(0) is None
+    cursors[-1].let_go()
+    assert group.owner(0).tag == "c"

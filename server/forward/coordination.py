@@ -29,8 +29,6 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from warrenmq.amqp.replies import ProtocolError
-from warrenmq.exchanges.errors import NotFound
 from warrenmq.server.queue.consumer import Consumer, ConsumerChannel
 from warrenmq.server.stream import offset_spec
 from warrenmq.server.stream.cursor import Cursor
@@ -39,7 +37,7 @@ from warrenmq.server.stream.groups import (
     NeverDelivered,
     attach_member,
     commit_released,
-    group_tag,
+    detached,
 )
 
 from . import wire
@@ -154,35 +152,20 @@ class MemberElsewhere(NeverDelivered):
         if consumer is None:
             self.link.send(wire.Kind.DRAINED, self.member_id, index)
             return
-        cursor, removal = _detached(consumer)
+        cursor = detached(consumer)
         if cursor.holds_unacked:
             self._draining[index] = cursor
-            cursor.on_drained = lambda: self._let_go(index, cursor, removal)
+            cursor.on_drained = lambda: self._let_go(index, cursor)
         else:
-            self._let_go(index, cursor, removal)
+            self._let_go(index, cursor)
 
-    def _let_go(self, index: int, cursor: Any, removal: asyncio.Future[Any] | None) -> None:
+    def _let_go(self, index: int, cursor: Any) -> None:
+        """DRAINED: the member acked what it was delivered, and a partition another node
+        leads has those acks there (`RemoteCursor.letting_go`), so the next member resumes
+        after them."""
         self._draining.pop(index, None)
-        if removal is None:
+        if isinstance(cursor, Cursor):
             commit_released(cursor)
-            self.link.send(wire.Kind.DRAINED, self.member_id, index)
-            return
-        task = asyncio.ensure_future(self._let_go_elsewhere(index, cursor, removal))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _let_go_elsewhere(
-        self, index: int, cursor: Any, removal: asyncio.Future[Any]
-    ) -> None:
-        """A partition another node leads: DRAINED once that node removed the consumer and
-        has the member's acks (a request after them on the same link), so the next member's
-        CONSUME_PARTITION finds the committed offset where they got to."""
-        await removal
-        try:
-            await cursor.remote.tracked(group_tag(self.group_name))
-        except (LinkError, NotFound, ProtocolError):
-            # That node is gone: its link's loss committed what reached it.
-            pass
         self.link.send(wire.Kind.DRAINED, self.member_id, index)
 
     def cancelled(self, reason: str) -> None:
@@ -214,15 +197,17 @@ class MemberElsewhere(NeverDelivered):
         self.left = True
         self._early = None
         draining, self._draining = self._draining, {}
+        removals = []
         for cursor in draining.values():
             cursor.on_drained = None
-        removals = []
+            if not isinstance(cursor, Cursor) and cursor.letting_go is not None:
+                removals.append(cursor.letting_go)
         for consumer in self.owned.values():
-            cursor, removal = _detached(consumer)
-            if removal is None:
+            cursor = detached(consumer)
+            if isinstance(cursor, Cursor):
                 commit_released(cursor)
-            else:
-                removals.append(removal)
+            elif cursor.letting_go is not None:
+                removals.append(cursor.letting_go)
         self.owned = {}
         return removals
 
@@ -239,13 +224,3 @@ async def described_elsewhere(
     except LinkError:
         raise coordinator._unavailable() from None
     return json.loads(described)
-
-
-def _detached(consumer: Consumer) -> tuple[Any, asyncio.Future[Any] | None]:
-    """Stop a partition's consumer: its cursor, and for a partition another node leads the
-    removal under way there."""
-    cursor = consumer.queue
-    if isinstance(cursor, Cursor):
-        cursor.stream.remove_consumer(consumer)
-        return cursor, None
-    return cursor, cursor.remove_consumer(consumer)  # type: ignore[attr-defined]

@@ -197,9 +197,9 @@ class Group:
         self.partitions = list(partitions)
         self.tag = group_tag(name)
         self.members: list[Member | MemberStandIn] = []
-        self._moving: dict[int, tuple[Any, Member | MemberStandIn]] = {}
+        self._moving: dict[int, tuple[Any, Member | MemberStandIn | None]] = {}
         """Partitions taken from a member (its cursor, or None for a stand-in's, and the
-        member) whose deliveries from them are not all acked yet."""
+        member, None once it left) whose deliveries from them are not all acked yet."""
         self._wake = wake
         self._attach_elsewhere = attach_elsewhere
 
@@ -291,7 +291,7 @@ class Group:
             member.revoke(index)
             return
         consumer = member.owned.pop(index)
-        cursor = _detached(consumer)
+        cursor = detached(consumer)
         if cursor.holds_unacked:
             self._moving[index] = (cursor, member)
             cursor.on_drained = lambda: self._settle_move(index)
@@ -300,10 +300,19 @@ class Group:
 
     def _release(self, member: Member | MemberStandIn, index: int) -> None:
         """A leaving member's partition: what it did not ack is returned (a stand-in's node
-        committed what its member acked)."""
+        committed what its member acked). One another node leads moves once that node
+        has the member's acks (`RemoteCursor.letting_go`)."""
         consumer = member.owned.pop(index)
-        if consumer is not None:
-            self._commit(index, _detached(consumer))
+        if consumer is None:
+            return
+        cursor = detached(consumer)
+        if isinstance(cursor, Cursor) or cursor.letting_go is None:
+            self._commit(index, cursor)
+            return
+        cursor.returned()
+        # No member: a move `leave` does not settle at once.
+        self._moving[index] = (cursor, None)
+        cursor.on_drained = lambda: self._settle_move(index)
 
     def _commit(self, index: int, cursor: Any) -> None:
         # Another node's partition: its node commits what the member acked there.
@@ -389,7 +398,7 @@ def attach_member(
     return consumer
 
 
-def _detached(consumer: Consumer) -> Any:
+def detached(consumer: Consumer) -> Any:
     """Stop a partition's consumer (a `Cursor`'s, or one registered on another node); its
     cursor, which still knows what it holds unacked."""
     cursor = consumer.queue
