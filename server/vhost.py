@@ -56,6 +56,7 @@ from .dead_letter_journal import DeadLetterJournal, Item, digest
 from .delayed import DelayedExchanges, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .errors import internal_error, not_implemented, precondition_failed
+from .forward.coordination import MemberElsewhere, described_elsewhere
 from .forward.entry import RemoteCursor, RemoteQueue
 from .queue import arguments as queue_arguments
 from .queue import policy
@@ -68,7 +69,7 @@ from .stream import arguments as stream_arguments
 from .stream import offset_spec, super_stream
 from .stream.cursor import Cursor
 from .stream.filter import consume_filter
-from .stream.groups import GROUP_ARGUMENT, Group, Member, attach_partition
+from .stream.groups import GROUP_ARGUMENT, Group, Member, MemberStandIn, attach_partition
 from .stream.stream import Stream
 
 log = logging.getLogger("warrenmq.server")
@@ -302,7 +303,9 @@ class VirtualHost:
         # hosts this engine; the files are never opened twice.
         self._opening: dict[str, Any] = {}
         self.groups: dict[tuple[str, str], Group] = {}
-        """Consumer groups with members, by (super stream, group)."""
+        """Consumer groups with members this node coordinates, by (super stream, group)."""
+        self.members_elsewhere: dict[tuple[str, str], set[MemberElsewhere]] = {}
+        """This node's members of groups another node coordinates, by (super stream, group)."""
         self.failed: dict[str, str] = {}
         """Queues whose storage failed to open, with the error: the record stays, uses get 404."""
         # The vhost's policies as its queues last took them (`apply_policies`).
@@ -1162,7 +1165,10 @@ class VirtualHost:
             if partition in group.partitions:
                 del self.groups[key]
                 for member in group.dissolve():
-                    member.consumer.channel.cancel(member.consumer, "queue deleted")
+                    if isinstance(member, MemberStandIn):
+                        member.cancel("queue deleted")
+                    else:
+                        member.consumer.channel.cancel(member.consumer, "queue deleted")
 
     # -- consuming ------------------------------------------------------------------------
 
@@ -1269,16 +1275,55 @@ class VirtualHost:
         *,
         no_ack: bool,
         prefetch_count: int,
-    ) -> Consumer:
-        exchange = self.router.get(super_stream)
+    ) -> Consumer | Awaitable[Consumer]:
+        """A member of a group: of this node's `Group` when this node coordinates it (leads
+        the super stream's partition 0), else a `MemberElsewhere` of the coordinator's."""
         group_name = arguments[GROUP_ARGUMENT]
+        rs = queue_arguments.resource("exchange", super_stream, self.name)
+        if isinstance(group_name, bytes):
+            group_name = group_name.decode("utf-8", "replace")
+        streams = self._group_partitions(super_stream)
+        if not isinstance(group_name, str) or not group_name:
+            raise PreconditionFailed(f"invalid arg '{GROUP_ARGUMENT}' for {rs}: expected a name")
+        spec = stream_arguments.check_consume(
+            super_stream,
+            self.name,
+            arguments,
+            prefetch_count=prefetch_count,
+            no_ack=no_ack,
+            now_ms=self._clock(),
+        )
+        stream_filter = consume_filter(rs, arguments)
+        key = (super_stream, group_name)
+        coordinator = streams[0]
+        if isinstance(coordinator, RemoteQueue):
+            member = MemberElsewhere(
+                coordinator,
+                super_stream,
+                group_name,
+                streams,
+                channel,
+                tag,
+                spec,
+                stream_filter,
+                prefetch_count,
+                arguments,
+                self._wake,
+                self._attach_partition_elsewhere,
+                self._member_elsewhere_gone,
+            )
+            self.members_elsewhere.setdefault(key, set()).add(member)
+            return member.join()
+        group = self.coordinated_group(super_stream, group_name, streams)
+        return group.join(tag, channel, spec, stream_filter, prefetch_count, arguments)
+
+    def _group_partitions(self, super_stream: str) -> list[Any]:
+        """A super stream's partitions, each a `Stream` or a `RemoteQueue` of one; 404
+        unless they are all streams."""
+        exchange = self.router.get(super_stream)
         rs = queue_arguments.resource("exchange", super_stream, self.name)
         if exchange is None or not isinstance(exchange.table, SuperStreamExchange):
             raise NotFound(f"no super stream: {rs}")
-        if isinstance(group_name, bytes):
-            group_name = group_name.decode("utf-8", "replace")
-        if not isinstance(group_name, str) or not group_name:
-            raise PreconditionFailed(f"invalid arg '{GROUP_ARGUMENT}' for {rs}: expected a name")
         partitions = [
             self.queues.get(d.name) or self.remote.get(d.name) for d in exchange.table.partitions()
         ]
@@ -1290,25 +1335,53 @@ class VirtualHost:
         ]
         if not streams or len(streams) != len(partitions):
             raise NotFound(f"{rs} has partitions that are not streams, or none")
-        spec = stream_arguments.check_consume(
-            super_stream,
-            self.name,
-            arguments,
-            prefetch_count=prefetch_count,
-            no_ack=no_ack,
-            now_ms=self._clock(),
-        )
+        return streams
+
+    def coordinated_group(
+        self, super_stream: str, group_name: str, streams: list[Any] | None = None
+    ) -> Group:
+        """The group this node coordinates (it leads the super stream's partition 0),
+        created if it has no members yet; 404 if another node coordinates it (a member's
+        node whose metadata is ahead of or behind this one's)."""
+        if streams is None:
+            streams = self._group_partitions(super_stream)
+            if not isinstance(streams[0], Stream):
+                rs = queue_arguments.resource("exchange", super_stream, self.name)
+                raise NotFound(f"consumer groups of {rs} are coordinated by another node")
         key = (super_stream, group_name)
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = Group(
                 super_stream, group_name, streams, self._wake, self._attach_partition_elsewhere
             )
-        stream_filter = consume_filter(rs, arguments)
-        return group.join(tag, channel, spec, stream_filter, prefetch_count, arguments)
+        return group
+
+    async def describe_group(self, super_stream: str, group_name: str) -> dict[str, Any] | None:
+        """The whole group (`Group.describe`), asked of its coordinator when that is another
+        node; None when it has no members."""
+        streams = self._group_partitions(super_stream)
+        if isinstance(streams[0], RemoteQueue):
+            return await described_elsewhere(streams[0], super_stream, group_name)
+        group = self.groups.get((super_stream, group_name))
+        return group.describe() if group is not None and group.members else None
+
+    def leave_group(self, member: Member | MemberStandIn) -> None:
+        """A member cancelled, its channel closed or (a stand-in) its node's link went."""
+        group = member.group
+        group.leave(member)
+        if not group.members and self.groups.get((group.super_stream, group.name)) is group:
+            del self.groups[(group.super_stream, group.name)]
+
+    def _member_elsewhere_gone(self, member: MemberElsewhere) -> None:
+        key = (member.super_stream, member.group_name)
+        members = self.members_elsewhere.get(key)
+        if members is not None:
+            members.discard(member)
+            if not members:
+                del self.members_elsewhere[key]
 
     @staticmethod
-    def _attach_partition_elsewhere(partition: RemoteQueue, member: Member) -> Consumer:
+    def _attach_partition_elsewhere(partition: RemoteQueue, member: Any) -> Consumer:
         """A member's consumer of a partition another node leads: registered there
         (`consume_group_partition`), from the group's committed offset there."""
         cursor = RemoteCursor(partition)
@@ -1316,7 +1389,7 @@ class VirtualHost:
         consumer = Consumer(
             template.tag, template.channel, cursor, False, False, 0, template.prefetch_count
         )
-        cursor.consume_partition(consumer, member.group.name, member.arguments)
+        cursor.consume_partition(consumer, member.group_name, member.arguments)
         return consumer
 
     def consume_group_partition(
@@ -1342,11 +1415,10 @@ class VirtualHost:
         queue deletes it, as RabbitMQ does: returns that deletion, under way (for a queue
         another node leads, the cancel under way there, which may delete it)."""
         if isinstance(consumer.queue, Member):
-            group = consumer.queue.group
-            group.leave(consumer.queue)
-            if not group.members and self.groups.get((group.super_stream, group.name)) is group:
-                del self.groups[(group.super_stream, group.name)]
-            return
+            self.leave_group(consumer.queue)
+            return None
+        if isinstance(consumer.queue, MemberElsewhere):
+            return consumer.queue.leave()
         if isinstance(consumer.queue, Cursor):
             consumer.queue.stream.remove_consumer(consumer)
             return

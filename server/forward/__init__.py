@@ -62,13 +62,22 @@ The link
     COMMIT_OFFSET and TRACKED (a group's committed offset is the partition's tracked offset,
     kept where the partition is).
 
-    A consumer group lives on the node its members are connected to (`stream/groups.py`):
-    the members and who owns which partition. A partition another node leads is read by
-    its member through CONSUME_PARTITION(id, vhost, partition, tag, group, arguments): the
-    owner attaches it as a local member's partition (`groups.attach_partition`: from the
-    group's committed offset, acks move it, deliveries name the partition), then it is a
-    forwarded stream consumer (CREDIT, DELIVER, STREAM_ACK, CANCEL). The entry node counts
-    its unacked deliveries, for a partition moving to another member to wait for them.
+    A consumer group lives on its coordinator, the node leading its super stream's
+    partition 0 (`stream/groups.py`): the members and who owns which partition. A member
+    connected to another node joins it over that node's link to the coordinator
+    (`coordination.py`): GROUP_JOIN(member id, vhost, super stream, group, tag) and
+    GROUP_LEAVE(member id) go to the coordinator, which answers a join by REPLY and then
+    sends ASSIGN(member id, partition index) and REVOKE(member id, index) back over the same
+    link; the member's node answers a revoke by DRAINED(member id, index) once the member's
+    deliveries from it are acked, and GROUP_CANCELLED(member id, reason) ends a member whose
+    group ended. GROUP_DESCRIBE(request id, vhost, super stream, group), answered by
+    GROUP_DESCRIBED(request id, JSON), is the whole group for the HTTP API on other nodes.
+    A partition another node leads is read by its member through CONSUME_PARTITION(id,
+    vhost, partition, tag, group, arguments): the owner attaches it as a local member's
+    partition (`groups.attach_partition`: from the group's committed offset, acks move it,
+    deliveries name the partition), then it is a forwarded stream consumer (CREDIT, DELIVER,
+    STREAM_ACK, CANCEL). The entry node counts its unacked deliveries, for a partition moving
+    to another member to wait for them.
 
     GET, PURGE, DELETE(if_unused, if_empty) and STATS (the queue's figures, for a passive
     declare and the HTTP API) are requests answered by REPLY/GOT/STATS_REPLY or by
@@ -83,11 +92,14 @@ The link
 Loss of a link
     Entry node: publishes not yet confirmed are nacked (never confirmed without the owner),
     consumers are cancelled (basic.cancel to clients that asked for consumer_cancel_notify,
-    as RabbitMQ does when a queue's node goes down), requests fail with RabbitMQ's 404 for a
-    queue whose home node is down. Owner: as a closed channel, the link's consumers are
-    cancelled and everything it was handed and not settled returns to its queue; a settle
-    arriving later over a new link names nothing that link holds and is ignored. The next
-    use of a remote queue dials again.
+    as RabbitMQ does when a queue's node goes down), and so are its members of groups the
+    owner coordinates; requests fail with RabbitMQ's 404 for a queue whose home node is
+    down. Owner: as a closed channel, the link's consumers are cancelled and everything it
+    was handed and not settled returns to its queue (a group partition's committed offset
+    is where its member's acks got to); the entry node's members of groups coordinated here
+    leave them, and their partitions go to the others. A settle arriving later over a new
+    link names nothing that link holds and is ignored. The next use of a remote queue dials
+    again.
 
 Trust
     Both ends prove the cluster secret (``cluster_secret``, ``--cluster-secret``,

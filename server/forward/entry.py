@@ -26,6 +26,7 @@ from warrenmq.server.queue.message_counts import MessageCounts
 from warrenmq.server.queue.queue_stats import QueueStats
 from warrenmq.server.queue.work_queue import timeouts
 from warrenmq.server.stream.cursor import StreamDeliveries
+from warrenmq.server.stream.groups import group_tag
 
 from . import wire
 from .link import FramedLink, LinkError, log
@@ -44,6 +45,7 @@ _ANSWERS = (
     wire.Kind.REDRIVEN,
     wire.Kind.RECORDS,
     wire.Kind.VIEWED,
+    wire.Kind.GROUP_DESCRIBED,
 )
 
 
@@ -85,6 +87,8 @@ class EntryLink(FramedLink):
         self._batches: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self._requests: dict[int, asyncio.Future[list[Any]]] = {}
         self.consumers: dict[int, Consumer] = {}
+        self.group_members: dict[int, Any] = {}
+        """Members of groups the owner coordinates, by member id (`coordination.py`)."""
         self._own_node = own_node
         self._secret = secret
         self._nonce = auth.nonce()
@@ -211,6 +215,18 @@ class EntryLink(FramedLink):
             self.send_now(wire.Kind.HELLO, self._own_node, self._nonce, mac)
         elif kind is wire.Kind.WELCOME:
             self._welcomed(fields[0], fields[1])
+        elif kind is wire.Kind.ASSIGN:
+            member = self.group_members.get(fields[0])
+            if member is not None:
+                member.assign(fields[1])
+        elif kind is wire.Kind.REVOKE:
+            member = self.group_members.get(fields[0])
+            if member is not None:
+                member.revoke(fields[1])
+        elif kind is wire.Kind.GROUP_CANCELLED:
+            member = self.group_members.get(fields[0])
+            if member is not None:
+                member.cancelled(fields[1])
         else:
             raise ValueError(f"unexpected {kind.name} from an owner")
 
@@ -256,6 +272,9 @@ class EntryLink(FramedLink):
         for consumer in consumers.values():
             # As RabbitMQ cancels the consumers of a queue whose node went down.
             consumer.queue.cancelled(consumer, "node down")  # type: ignore[attr-defined]
+        # Their group's coordinator is gone: it dropped them.
+        for member in list(self.group_members.values()):
+            member.cancelled("node down")
 
     def writable_again(self) -> None:
         pass
@@ -623,6 +642,10 @@ class RemoteCursor(StreamDeliveries):
         for them)."""
         self.on_drained: Callable[[], None] | None = None
         self._registering: asyncio.Future[Any] | None = None
+        self._group = ""
+        self.letting_go: asyncio.Future[None] | None = None
+        """A group partition's removal under way: done once its node removed the consumer
+        and has every ack sent before (`_let_go`)."""
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -659,6 +682,7 @@ class RemoteCursor(StreamDeliveries):
     async def _consume_partition(
         self, consumer: Consumer, group: str, arguments: dict[str, Any]
     ) -> None:
+        self._group = group
         remote = self.remote
         link = self._link = remote._link()
         consumer_id = link.next_id()
@@ -681,7 +705,10 @@ class RemoteCursor(StreamDeliveries):
 
     @property
     def holds_unacked(self) -> bool:
-        return bool(self._unacked)
+        """Deliveries not acked yet, or its removal under way: the partition's next member
+        may be on another node, whose CONSUME_PARTITION must find the committed offset where
+        this member's acks got to."""
+        return bool(self._unacked) or self.letting_go is not None
 
     def ack(self, offsets: list[int]) -> None:
         link = self._link
@@ -689,9 +716,28 @@ class RemoteCursor(StreamDeliveries):
             link.send(wire.Kind.STREAM_ACK, self._consumer_id, offsets)
         if self._unacked:
             self._unacked.difference_update(offsets)
-            if self.on_drained is not None and not self._unacked:
-                drained, self.on_drained = self.on_drained, None
-                drained()
+            self._drained()
+
+    def _drained(self) -> None:
+        if self.on_drained is not None and not self.holds_unacked:
+            drained, self.on_drained = self.on_drained, None
+            drained()
+
+    def returned(self) -> None:
+        """Its member left: what it holds is returned, not waited for."""
+        self._unacked.clear()
+
+    async def _let_go(self, removal: asyncio.Future[Any]) -> None:
+        """Wait for the removal, then for a request sent after every ack (the link keeps
+        order): the node leading the partition committed what the member acked."""
+        await removal
+        try:
+            await self.remote.tracked(group_tag(self._group))
+        except (LinkError, ProtocolError, NotFound):
+            # That node is gone: its link's loss committed what reached it.
+            pass
+        self.letting_go = None
+        self._drained()
 
     def dispatch(self, now_ms: int) -> bool:
         return self.remote.dispatch(now_ms)
@@ -708,7 +754,10 @@ class RemoteCursor(StreamDeliveries):
         registering = self._registering
         if registering is not None and not registering.done():
             registering.cancel()
-        return self.remote.remove_consumer(consumer)
+        removal = self.remote.remove_consumer(consumer)
+        if self._consumer_id and self._group:
+            self.letting_go = asyncio.ensure_future(self._let_go(removal))
+        return removal
 
     def prefetch_freed(self, consumer: Consumer) -> None:
         self.remote.prefetch_freed(consumer)

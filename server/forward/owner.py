@@ -25,6 +25,7 @@ from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.queue_stats import QueueStats
 from warrenmq.server.queue.work_queue import WorkQueue
 from warrenmq.server.stream.cursor import Cursor
+from warrenmq.server.stream.groups import MemberStandIn, commit_released
 from warrenmq.server.stream.stream import Stream
 
 from . import wire
@@ -129,6 +130,9 @@ class OwnerLink(FramedLink):
         self.cursors: dict[int, Cursor] = {}
         """The cursors of forwarded stream consumers by id, kept past a cancel while they
         hold deliveries (acks after a cancel still move a tracked offset, as locally)."""
+        self.group_members: dict[int, tuple[VirtualHost, MemberStandIn]] = {}
+        """Members connected to the entry node of groups this node coordinates, by the
+        member ids the entry node gave them (`coordination.py`)."""
         self._tasks: set[asyncio.Future[Any]] = set()
         self._nonce = auth.nonce()
         self._held: list[tuple[wire.Kind, list[Any]]] | None = None
@@ -216,6 +220,16 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._consume_partition, *fields)
         elif kind is wire.Kind.VIEW:
             self._answer(fields[0], self._view, *fields)
+        elif kind is wire.Kind.GROUP_JOIN:
+            self._answer(fields[0], self._group_join, *fields)
+        elif kind is wire.Kind.GROUP_LEAVE:
+            self._group_leave(fields[0])
+        elif kind is wire.Kind.DRAINED:
+            entry = self.group_members.get(fields[0])
+            if entry is not None:
+                entry[1].group.drained(entry[1], fields[1])
+        elif kind is wire.Kind.GROUP_DESCRIBE:
+            self._answer(fields[0], self._group_describe, *fields)
         else:
             raise ValueError(f"unexpected {kind.name} from an entry node")
 
@@ -572,6 +586,41 @@ class OwnerLink(FramedLink):
         self.cursors[consumer_id] = consumer.queue  # type: ignore[assignment]
         self.send(wire.Kind.REPLY, consumer_id, 0, 0)
 
+    def _group_join(
+        self, member_id: int, vhost_name: str, super_stream: str, group_name: str, tag: str
+    ) -> None:
+        """A member connected to the entry node joins a group this node coordinates: a
+        stand-in here, its partitions sent as ASSIGN and taken back by REVOKE."""
+        vhost = self._vhost(vhost_name)
+        group = vhost.coordinated_group(super_stream, group_name)
+        # Its consume-ok goes ahead of the partitions it gets.
+        self.send(wire.Kind.REPLY, member_id, 0, 0)
+
+        def cancel(reason: str) -> None:
+            if self.group_members.pop(member_id, None) is not None:
+                self.send(wire.Kind.GROUP_CANCELLED, member_id, reason)
+
+        member = group.join_elsewhere(
+            tag,
+            lambda index: self.send(wire.Kind.ASSIGN, member_id, index),
+            lambda index: self.send(wire.Kind.REVOKE, member_id, index),
+            cancel,
+        )
+        self.group_members[member_id] = (vhost, member)
+
+    def _group_leave(self, member_id: int) -> None:
+        entry = self.group_members.pop(member_id, None)
+        if entry is not None:
+            vhost, member = entry
+            vhost.leave_group(member)
+
+    def _group_describe(
+        self, request_id: int, vhost_name: str, super_stream: str, group_name: str
+    ) -> None:
+        group = self._vhost(vhost_name).groups.get((super_stream, group_name))
+        described = group.describe() if group is not None and group.members else None
+        self.send(wire.Kind.GROUP_DESCRIBED, request_id, json.dumps(described))
+
     def _stats(self, request_id: int, vhost_name: str, name: str) -> None:
         vhost = self._vhost(vhost_name)
         queue = vhost.check_queue(name, self._owner(vhost, name))
@@ -624,6 +673,10 @@ class OwnerLink(FramedLink):
             vhost.cancel(consumer)
             _released(consumer)
         self.cursors = {}
+        # The entry node's members of groups coordinated here are gone with it.
+        members, self.group_members = self.group_members, {}
+        for vhost, member in members.values():
+            vhost.leave_group(member)
         unacked, self.unacked = self.unacked, {}
         for queue, offsets in unacked.items():
             if offsets and not queue.deleted:
@@ -637,4 +690,4 @@ def _released(consumer: Consumer) -> None:
     acked anything: the next member starts where this one did)."""
     cursor = consumer.queue
     if isinstance(cursor, Cursor) and cursor.partition_entry and cursor.tracked_tag:
-        cursor.stream.tracked.set(cursor.tracked_tag, cursor.tracked_offset)
+        commit_released(cursor)

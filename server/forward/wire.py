@@ -80,6 +80,17 @@ class Kind(enum.IntEnum):
     # entry -> owner: the owner's part of a cluster-wide HTTP API figure, answered by VIEWED
     VIEW = 43
     VIEWED = 44
+    # entry -> owner: a consumer group member to the group's coordinator (the node leading
+    # the super stream's partition 0)
+    GROUP_JOIN = 45
+    GROUP_LEAVE = 46
+    DRAINED = 47
+    GROUP_DESCRIBE = 48
+    # owner -> entry: the coordinator to a member's node
+    ASSIGN = 49
+    REVOKE = 50
+    GROUP_CANCELLED = 51
+    GROUP_DESCRIBED = 52
 
 
 class Settle(enum.IntEnum):
@@ -168,6 +179,24 @@ SCHEMAS: dict[Kind, str] = {
     Kind.VIEW: "Qss",
     # request id, the owner's part as JSON
     Kind.VIEWED: "Qs",
+    # member id (the member's node numbers them on its link), vhost, super stream, group, the
+    # member's consumer tag: answered by REPLY(member id, 0, 0) once it is a member
+    Kind.GROUP_JOIN: "Qssss",
+    # member id: it cancelled or its channel closed (its partitions are let go already)
+    Kind.GROUP_LEAVE: "Q",
+    # member id, partition index: a revoked partition's deliveries are all acked, and its
+    # committed offset is where the member's acks got to
+    Kind.DRAINED: "QQ",
+    # request id, vhost, super stream, group: answered by GROUP_DESCRIBED
+    Kind.GROUP_DESCRIBE: "Qsss",
+    # member id, partition index: attach it to the member (from the group's committed offset)
+    Kind.ASSIGN: "QQ",
+    # member id, partition index: stop delivering it, answer DRAINED once all acked
+    Kind.REVOKE: "QQ",
+    # member id, reason: the group ended (a partition deleted): cancel the member
+    Kind.GROUP_CANCELLED: "Qs",
+    # request id, the group as JSON (`Group.describe`; null when it has no members)
+    Kind.GROUP_DESCRIBED: "Qs",
 }
 
 

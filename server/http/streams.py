@@ -16,7 +16,8 @@ Creating one needs configure permission on the exchange and on every partition.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -112,10 +113,14 @@ async def list_super_streams(call: Call) -> web.Response:
     return call.listing(items, DEFAULT_SORT)
 
 
-def groups_of(vhost: Any, name: str) -> list[dict[str, Any]]:
-    """The groups of a vhost: those with members, then those that only have committed
+def groups_of(
+    vhost: Any, name: str, elsewhere: Iterable[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """The groups of a vhost: those with members (coordinated here, then `elsewhere`: those
+    another node coordinates, as it described them), then those that only have committed
     offsets left (every member gone)."""
     items = [{"vhost": name, **group.describe()} for group in vhost.groups.values()]
+    items += [{"vhost": name, **described} for described in elsewhere]
     active = {(item["super_stream"], item["group"]) for item in items}
     for exchange in vhost.router.exchanges():
         if not isinstance(exchange.table, SuperStreamExchange):
@@ -176,12 +181,21 @@ def group_lags(vhost: Any) -> Iterator[tuple[str, str, list[tuple[str, int]]]]:
             yield exchange.name, group, lags
 
 
+async def _groups_elsewhere(vhost: Any) -> list[dict[str, Any]]:
+    """The groups this node has members of and another node coordinates, as described
+    there (one whose coordinator cannot be reached is left out)."""
+    keys = [key for key in vhost.members_elsewhere if key not in vhost.groups]
+    asked = [vhost.describe_group(super_stream, group) for super_stream, group in keys]
+    described = await asyncio.gather(*asked, return_exceptions=True)
+    return [d for d in described if isinstance(d, dict)]
+
+
 async def list_groups(call: Call) -> web.Response:
     items = []
     for name in call.vhosts():
         vhost = call.api.host.vhosts.get(name)
         if vhost is not None:
-            items += groups_of(vhost, name)
+            items += groups_of(vhost, name, await _groups_elsewhere(vhost))
     return call.listing(items, ("vhost", "super_stream", "group"))
 
 

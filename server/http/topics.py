@@ -526,8 +526,11 @@ async def commit(call: Call) -> web.Response:
     commits = _commits(body.get("offsets"), topic, ends)
     for partition in commits:
         call.check("read", QUEUE, topic.partitions[partition].name)
-    active = vhost.groups.get((topic.name, group)) if topic.exchange is not None else None
-    if active is not None and active.members:
+    # The whole group: its coordinator may be another node, its members on any.
+    active = None
+    if topic.exchange is not None:
+        active = await _on_partitions(vhost.describe_group(topic.name, group))
+    if active is not None:
         raise ApiError(
             409,
             "conflict",

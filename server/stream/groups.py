@@ -17,8 +17,13 @@ partition stream's name). A member's prefetch applies to each of its partitions.
 
 Pure bookkeeping on top of `Stream.attach`: no I/O, no clock. A partition another node leads
 (a `RemoteQueue`) is read by a member through the link: `attach_elsewhere` registers it there,
-where `attach_partition` attaches it as it would here. The group itself (members and who owns
-which partition) lives on the node its members are connected to.
+where `attach_partition` attaches it as it would here.
+
+In a cluster, one node holds the group (members and who owns which partition): its
+coordinator, the node leading the super stream's partition 0 (metadata every node has). A
+member connected to another node is a `MemberStandIn` here, whose partitions its own node
+attaches (`forward/coordination.py`): assigning one sends it there, and revoking one takes
+it back once that node said its deliveries from it are all acked (`drained`).
 """
 
 from __future__ import annotations
@@ -75,33 +80,26 @@ def attach_partition(
     return consumer
 
 
-class Member:
-    """One member of a group: the consumer its channel holds (`consumer`, never delivered
-    to itself) and one consumer per partition it owns."""
+def commit_released(cursor: Cursor) -> None:
+    """A member let go of a partition: the group's committed offset there is where its acks
+    got to, unless another member reads it already (a cluster's coordinator moved it on
+    before this node heard the member was gone): that one started from the committed
+    offset and its acks move it, which this must not take back."""
+    tag = cursor.tracked_tag
+    assert tag is not None
+    stream = cursor.stream
+    for consumer in stream.consumers.values():
+        other = consumer.queue
+        if other is not cursor and getattr(other, "tracked_tag", None) == tag:
+            return
+    stream.tracked.set(tag, cursor.tracked_offset)
 
-    # The ConsumedQueue of `consumer`: nothing is ever delivered through it.
+
+class NeverDelivered:
+    """The ConsumedQueue of a member's own consumer: nothing is ever delivered through it."""
+
     consumer_timeout_ms: int | None = None
     visibility_timeout_ms: int | None = None
-
-    def __init__(
-        self,
-        group: Group,
-        tag: str,
-        channel: ConsumerChannel,
-        spec: offset_spec.OffsetSpec,
-        stream_filter: StreamFilter | None,
-        prefetch_count: int,
-        arguments: Mapping[str, Any],
-    ) -> None:
-        self.group = group
-        self.arguments = dict(arguments)
-        """What the member consumed with (its offset spec and filter), for the partitions
-        another node leads."""
-        self.spec = spec
-        self.filter = stream_filter
-        self.owned: dict[int, Consumer] = {}
-        """Partition index -> the consumer reading it for this member."""
-        self.consumer = Consumer(tag, channel, self, False, False, 0, prefetch_count)
 
     # Deliveries come from the partitions' consumers and are settled with their cursors; the
     # member's own consumer has none to settle, free or unblock.
@@ -124,6 +122,62 @@ class Member:
         """Nothing: see above."""
 
 
+class Member(NeverDelivered):
+    """One member of a group: the consumer its channel holds (`consumer`, never delivered
+    to itself) and one consumer per partition it owns."""
+
+    def __init__(
+        self,
+        group: Group,
+        tag: str,
+        channel: ConsumerChannel,
+        spec: offset_spec.OffsetSpec,
+        stream_filter: StreamFilter | None,
+        prefetch_count: int,
+        arguments: Mapping[str, Any],
+    ) -> None:
+        self.group = group
+        self.arguments = dict(arguments)
+        """What the member consumed with (its offset spec and filter), for the partitions
+        another node leads."""
+        self.spec = spec
+        self.filter = stream_filter
+        self.owned: dict[int, Consumer] = {}
+        """Partition index -> the consumer reading it for this member."""
+        self.consumer = Consumer(tag, channel, self, False, False, 0, prefetch_count)
+
+    @property
+    def tag(self) -> str:
+        return self.consumer.tag
+
+    @property
+    def group_name(self) -> str:
+        return self.group.name
+
+
+class MemberStandIn:
+    """A member connected to another node, as its group's coordinator holds it: `assign`
+    and `revoke` tell that node (which attaches the partition, and answers a revoke once
+    the member's deliveries from it are all acked: `Group.drained`); `cancel` tells it the
+    group ended."""
+
+    def __init__(
+        self,
+        group: Group,
+        tag: str,
+        assign: Callable[[int], None],
+        revoke: Callable[[int], None],
+        cancel: Callable[[str], None],
+    ) -> None:
+        self.group = group
+        self.tag = tag
+        self.owned: dict[int, None] = {}
+        """The partitions assigned to it (by index)."""
+        self.assign = assign
+        self.revoke = revoke
+        self.cancel = cancel
+
+
 class Group:
     """One consumer group of one super stream: members, who owns which partition, and the
     partitions on their way from one member to another."""
@@ -142,10 +196,10 @@ class Group:
         self.name = name
         self.partitions = list(partitions)
         self.tag = group_tag(name)
-        self.members: list[Member] = []
-        self._moving: dict[int, tuple[Any, Member]] = {}
-        """Partitions taken from a member (its cursor, the member) whose deliveries from
-        them are not all acked yet."""
+        self.members: list[Member | MemberStandIn] = []
+        self._moving: dict[int, tuple[Any, Member | MemberStandIn | None]] = {}
+        """Partitions taken from a member (its cursor, or None for a stand-in's, and the
+        member, None once it left) whose deliveries from them are not all acked yet."""
         self._wake = wake
         self._attach_elsewhere = attach_elsewhere
 
@@ -163,7 +217,26 @@ class Group:
         self.rebalance()
         return member.consumer
 
-    def leave(self, member: Member) -> None:
+    def join_elsewhere(
+        self,
+        tag: str,
+        assign: Callable[[int], None],
+        revoke: Callable[[int], None],
+        cancel: Callable[[str], None],
+    ) -> MemberStandIn:
+        """A member connected to another node joins (this node coordinates the group)."""
+        member = MemberStandIn(self, tag, assign, revoke, cancel)
+        self.members.append(member)
+        self.rebalance()
+        return member
+
+    def drained(self, member: MemberStandIn, index: int) -> None:
+        """`member`'s node let go of partition `index` (revoked): it moves on."""
+        moving = self._moving.get(index)
+        if moving is not None and moving[1] is member:
+            self._settle_move(index)
+
+    def leave(self, member: Member | MemberStandIn) -> None:
         """A member cancelled or its channel closed: its deliveries are returned (its
         partitions move at once, from the last offset it acked)."""
         if member not in self.members:
@@ -176,7 +249,7 @@ class Group:
                 self._settle_move(index)
         self.rebalance()
 
-    def dissolve(self) -> list[Member]:
+    def dissolve(self) -> list[Member | MemberStandIn]:
         """A partition was deleted: the group ends. What its members acked stays committed on
         the partitions left; the members are returned, for their channels to cancel."""
         members, self.members = self.members, []
@@ -185,11 +258,12 @@ class Group:
                 self._release(member, index)
         for index in list(self._moving):
             cursor = self._moving.pop(index)[0]
-            cursor.on_drained = None
+            if cursor is not None:
+                cursor.on_drained = None
             self._commit(index, cursor)
         return members
 
-    def owner(self, index: int) -> Member | None:
+    def owner(self, index: int) -> Member | MemberStandIn | None:
         for member in self.members:
             if index in member.owned:
                 return member
@@ -208,21 +282,37 @@ class Group:
             if target is not None and index not in self._moving:
                 self._assign(target, index)
 
-    def _revoke(self, member: Member, index: int) -> None:
+    def _revoke(self, member: Member | MemberStandIn, index: int) -> None:
         """Stop delivering partition `index` to `member`; it moves once its deliveries are
         all acked."""
+        if isinstance(member, MemberStandIn):
+            del member.owned[index]
+            self._moving[index] = (None, member)
+            member.revoke(index)
+            return
         consumer = member.owned.pop(index)
-        cursor = _detached(consumer)
+        cursor = detached(consumer)
         if cursor.holds_unacked:
             self._moving[index] = (cursor, member)
             cursor.on_drained = lambda: self._settle_move(index)
         else:
             self._commit(index, cursor)
 
-    def _release(self, member: Member, index: int) -> None:
-        """A leaving member's partition: what it did not ack is returned."""
+    def _release(self, member: Member | MemberStandIn, index: int) -> None:
+        """A leaving member's partition: what it did not ack is returned (a stand-in's node
+        committed what its member acked). One another node leads moves once that node
+        has the member's acks (`RemoteCursor.letting_go`)."""
         consumer = member.owned.pop(index)
-        self._commit(index, _detached(consumer))
+        if consumer is None:
+            return
+        cursor = detached(consumer)
+        if isinstance(cursor, Cursor) or cursor.letting_go is None:
+            self._commit(index, cursor)
+            return
+        cursor.returned()
+        # No member: a move `leave` does not settle at once.
+        self._moving[index] = (cursor, None)
+        cursor.on_drained = lambda: self._settle_move(index)
 
     def _commit(self, index: int, cursor: Any) -> None:
         # Another node's partition: its node commits what the member acked there.
@@ -234,27 +324,19 @@ class Group:
         if moving is None:
             return
         cursor = moving[0]
-        cursor.on_drained = None
+        if cursor is not None:
+            cursor.on_drained = None
         self._commit(index, cursor)
         self.rebalance()
 
-    def _assign(self, member: Member, index: int) -> None:
-        partition = self.partitions[index]
-        if not isinstance(partition, Stream):
-            assert self._attach_elsewhere is not None
-            member.owned[index] = self._attach_elsewhere(partition, member)
+    def _assign(self, member: Member | MemberStandIn, index: int) -> None:
+        if isinstance(member, MemberStandIn):
+            member.owned[index] = None
+            member.assign(index)
             return
-        consumer = attach_partition(
-            partition,
-            self.name,
-            member.consumer.tag,
-            member.consumer.channel,
-            member.spec,
-            member.filter,
-            member.consumer.prefetch_count,
+        member.owned[index] = attach_member(
+            self.partitions[index], member, self._wake, self._attach_elsewhere
         )
-        member.owned[index] = consumer
-        self._wake(consumer.queue)  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, Any]:
         """Members, assignments, committed offsets and lag, for the HTTP API."""
@@ -266,7 +348,7 @@ class Group:
                 partitions.append(
                     {
                         "partition": partition.name,
-                        "member": None if owner is None else owner.consumer.tag,
+                        "member": None if owner is None else owner.tag,
                         "moving": index in self._moving,
                         "committed_offset": None,
                         "lag": None,
@@ -277,7 +359,7 @@ class Group:
             partitions.append(
                 {
                     "partition": partition.name,
-                    "member": None if owner is None else owner.consumer.tag,
+                    "member": None if owner is None else owner.tag,
                     "moving": index in self._moving,
                     "committed_offset": committed,
                     "lag": partition.lag(committed),
@@ -286,12 +368,37 @@ class Group:
         return {
             "super_stream": self.super_stream,
             "group": self.name,
-            "members": [member.consumer.tag for member in self.members],
+            "members": [member.tag for member in self.members],
             "partitions": partitions,
         }
 
 
-def _detached(consumer: Consumer) -> Any:
+def attach_member(
+    partition: Any,
+    member: Any,
+    wake: Callable[[Cursor], None],
+    attach_elsewhere: Callable[[Any, Any], Consumer] | None,
+) -> Consumer:
+    """`member`'s consumer of `partition` (a `Stream`, or a stand-in for one another node
+    leads, which `attach_elsewhere` registers there). `member` is a `Member` or a member of
+    a group another node coordinates: its consumer, spec, filter and arguments."""
+    if not isinstance(partition, Stream):
+        assert attach_elsewhere is not None
+        return attach_elsewhere(partition, member)
+    consumer = attach_partition(
+        partition,
+        member.group_name,
+        member.consumer.tag,
+        member.consumer.channel,
+        member.spec,
+        member.filter,
+        member.consumer.prefetch_count,
+    )
+    wake(consumer.queue)  # type: ignore[arg-type]
+    return consumer
+
+
+def detached(consumer: Consumer) -> Any:
     """Stop a partition's consumer (a `Cursor`'s, or one registered on another node); its
     cursor, which still knows what it holds unacked."""
     cursor = consumer.queue
