@@ -291,11 +291,13 @@ _ACCESS_REFUSALS = {
 }
 
 
-# The roots whose GETs answer from the metadata: in a cluster they first wait until this
+# The roots whose requests answer from the metadata: in a cluster they first wait until this
 # node's state holds every change acknowledged through any node (`read_barrier`), so a GET
-# never answers older than a change already answered elsewhere; one that no quorum confirms
-# in time (this node cut off) is answered 503, to be asked again. Not the health checks,
-# overview or metrics: they must answer from this node even while it is cut off.
+# never answers older than a change already answered elsewhere, nor a PUT or DELETE decide
+# from such a state that there is nothing to do (an object "already there" or "not found");
+# one that no quorum confirms in time (this node cut off) is answered 503, to be asked
+# again. Not the health checks, overview or metrics: they must answer from this node even
+# while it is cut off.
 _METADATA_READ_ROOTS = frozenset(
     (
         "all-configuration",
@@ -405,7 +407,7 @@ async def _dispatch(
     host = api.host
     await _sync_external_changes(api)
     store = api.store
-    if store.clustered and method == "GET" and parts[0] == "api":
+    if store.clustered and parts[0] == "api":
         if parts[1] in _METADATA_READ_ROOTS:
             try:
                 await store.read_barrier()

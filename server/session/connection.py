@@ -1034,6 +1034,12 @@ async def _queue_delete(
     conn.check("configure", QUEUE, name)
     vhost = conn.vhost
     if vhost.store.state.queue(vhost.name, name) is None:
+        barrier = vhost.metadata_read_barrier()
+        if barrier is not None:
+            # In a cluster "not here" is a read: this node may not have applied a declare
+            # already answered through another, which this delete must then delete.
+            await _read_confirmed(barrier, "queue", name, vhost.name)
+    if vhost.store.state.queue(vhost.name, name) is None:
         # RabbitMQ 3.10 answers delete-ok for a queue that does not exist.
         if not method.nowait:
             conn.reply(channel, commands.Queue.DeleteOk(message_count=0))

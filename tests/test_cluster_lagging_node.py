@@ -1,0 +1,103 @@
+"""A node whose metadata lags (it hears nothing from the others for a while) still answers
+every metadata question as of now: what it does not have yet is a read, and waits for a
+Raft read point (`read_barrier`) before "nothing to do" is answered. Three in-process nodes;
+one of the followers stops taking Raft frames while a queue is declared through the leader.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pika
+import pika.exceptions
+import pytest
+from brokers import ThreadBroker
+from http_api import HttpApi, eventually, path
+from ports import free_port
+
+from warrenmq.server.metadata import commands as c
+
+DEAF_S = 1.0
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    peers = ",".join(f"{node}=127.0.0.1:{free_port()}" for node in (1, 2, 3))
+    nodes = [ThreadBroker(tmp_path / str(n), node_id=n, cluster=peers) for n in (1, 2, 3)]
+    starting = [threading.Thread(target=node.start) for node in nodes]
+    for thread in starting:
+        thread.start()
+    for thread in starting:
+        thread.join()
+    try:
+        yield nodes
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+
+
+def _ready(nodes) -> tuple:
+    """The leader, and a follower, once there is a leader."""
+    deadline = time.monotonic() + 10
+    while True:
+        roles = {node.broker.store.group.raft.role: node for node in nodes}
+        if "leader" in roles and "follower" in roles:
+            return roles["leader"], roles["follower"]
+        assert time.monotonic() < deadline, "no leader"
+        time.sleep(0.05)
+
+
+def _deaf_for_a_while(node) -> None:
+    """`node` drops every Raft frame it receives for DEAF_S (its own frames still leave):
+    the leader commits without it, and it cannot learn of anything meanwhile."""
+    transport = node.broker.store.group.transport
+    hearing = transport.on_frame
+    transport.on_frame = lambda frame: None
+    threading.Timer(DEAF_S, lambda: setattr(transport, "on_frame", hearing)).start()
+
+
+def _exists(node, name: str) -> bool:
+    return node.broker.store.state.queue("/", name) is not None
+
+
+def test_a_delete_through_a_lagging_node_deletes_a_queue_it_has_not_heard_of(nodes):
+    leader, lagging = _ready(nodes)
+    _deaf_for_a_while(lagging)
+    connection = leader.connect()
+    connection.channel().queue_declare("late", durable=True)
+    connection.close()
+    assert not _exists(lagging, "late")
+    connection = lagging.connect()
+    connection.channel().queue_delete("late")
+    connection.close()
+    # The delete was answered after the declare was: the queue is gone everywhere.
+    assert eventually(lambda: _exists(leader, "late"), False) is False
+    time.sleep(0.2)
+    assert not _exists(leader, "late") and not _exists(lagging, "late")
+
+
+def test_an_http_delete_through_a_lagging_node_finds_what_it_has_not_heard_of(nodes):
+    leader, lagging = _ready(nodes)
+    _deaf_for_a_while(lagging)
+    leader.call(
+        leader.broker.store.apply(c.SetPolicy("/", "late", "^x", {"max-length": 1}, 0, "queues"))
+    )
+    api = HttpApi(lagging.management_url)
+    assert api.delete(path("api", "policies", "/", "late")).status == 204
+    assert "late" not in leader.broker.store.state.policies("/")
+
+
+def test_a_passive_declare_through_a_lagging_node_sees_a_queue_declared_elsewhere(nodes):
+    leader, lagging = _ready(nodes)
+    _deaf_for_a_while(lagging)
+    connection = leader.connect()
+    connection.channel().queue_declare("seen", durable=True)
+    connection.close()
+    connection = lagging.connect()
+    try:
+        assert connection.channel().queue_declare("seen", passive=True).method.queue == "seen"
+    except pika.exceptions.ChannelClosedByBroker as closed:
+        pytest.fail(f"a stale read: {closed}")
+    finally:
+        connection.close()
