@@ -830,13 +830,27 @@ class VirtualHost:
         record = outcome.queue
         hosted = self.queues.get(record.name)
         state = self.store.state
+        if record.node != self.node_id:
+            # Declared first through another node, which leads it: this declare was a
+            # redeclaration there. Hosting it here too would leave a second, local queue
+            # shadowing the forwarded one (and the forwarder then never retired).
+            if self._opening.get(record.name) is engine:
+                del self._opening[record.name]
+                engine.delete()
+            remote = self.remote.get(record.name)
+            if remote is not None and not remote.deleted:
+                await remote.refresh_counts()
+                return self._used(remote)  # type: ignore[arg-type]
+            return cast(WorkQueue, UnhostedQueue(record.name, record.node))
         if (
             hosted is None
             and self.name in state.vhosts
             and state.queue(self.name, record.name) is None
         ):
             # Deleted (through another node) by an entry applied right after this one.
-            self._opening.pop(record.name).delete()
+            if self._opening.get(record.name) is engine:
+                del self._opening[record.name]
+                engine.delete()
             return cast(WorkQueue, UnhostedQueue(record.name, record.node))
         if hosted is None:
             engine = self._opening.pop(record.name)

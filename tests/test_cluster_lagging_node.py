@@ -101,3 +101,44 @@ def test_a_passive_declare_through_a_lagging_node_sees_a_queue_declared_elsewher
         pytest.fail(f"a stale read: {closed}")
     finally:
         connection.close()
+
+
+def test_a_declare_racing_one_through_another_node_does_not_host_the_queue_here(nodes):
+    """Two nodes declare one new queue at once: the other node's declare commits first (it
+    leads the queue), so this node's, which found no record when it began and opened the
+    storage, turns out a redeclaration. It forwards the queue rather than host a second,
+    local one, which shadowed the forwarder: later incarnations of the name then found a
+    stale forwarder here, and requests went to a node that did not lead the queue. The race
+    is made certain by hiding the record from this node's first look."""
+    leader, racing = _ready(nodes)
+    connection = leader.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("raced", durable=True)
+    channel.basic_publish("", "raced", b"on the leader", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    eventually(lambda: "raced" in racing.broker.vhosts["/"].remote, True)
+    state = racing.broker.store.state
+    state.queue = _first_look_misses(state.queue, "raced")
+    try:
+        connection = racing.connect()
+        declared = connection.channel().queue_declare("raced", durable=True)
+        connection.close()
+    finally:
+        del state.queue
+    assert declared.method.message_count == 1
+    vhost = racing.broker.vhosts["/"]
+    assert "raced" not in vhost.queues
+    assert vhost.remote["raced"].node == leader.broker.node_id
+
+
+def _first_look_misses(lookup, name: str):
+    missed = []
+
+    def look(vhost: str, queue: str):
+        if queue == name and not missed:
+            missed.append(queue)
+            return None
+        return lookup(vhost, queue)
+
+    return look
