@@ -1296,9 +1296,10 @@ class VirtualHost:
         rs = queue_arguments.resource("exchange", super_stream, self.name)
         if isinstance(group_name, bytes):
             group_name = group_name.decode("utf-8", "replace")
-        streams = self._group_partitions(super_stream)
+        table = self._super_stream_table(super_stream)
         if not isinstance(group_name, str) or not group_name:
             raise PreconditionFailed(f"invalid arg '{GROUP_ARGUMENT}' for {rs}: expected a name")
+        streams = self._group_partitions(super_stream, table)
         spec = stream_arguments.check_consume(
             super_stream,
             self.name,
@@ -1331,15 +1332,24 @@ class VirtualHost:
         group = self.coordinated_group(super_stream, group_name, streams)
         return group.join(tag, channel, spec, stream_filter, prefetch_count, arguments)
 
-    def _group_partitions(self, super_stream: str) -> list[Any]:
-        """A super stream's partitions, each a `Stream` or a `RemoteQueue` of one; 404
-        unless they are all streams."""
+    def _super_stream_table(self, super_stream: str) -> SuperStreamExchange:
+        """The super stream exchange's table; 404 if there is no such super stream."""
         exchange = self.router.get(super_stream)
-        rs = queue_arguments.resource("exchange", super_stream, self.name)
         if exchange is None or not isinstance(exchange.table, SuperStreamExchange):
+            rs = queue_arguments.resource("exchange", super_stream, self.name)
             raise NotFound(f"no super stream: {rs}")
+        return exchange.table
+
+    def _group_partitions(
+        self, super_stream: str, table: SuperStreamExchange | None = None
+    ) -> list[Any]:
+        """A super stream's partitions, each a `Stream` or a `RemoteQueue` of one; 404
+        unless there is such a super stream and its partitions are all streams."""
+        if table is None:
+            table = self._super_stream_table(super_stream)
+        rs = queue_arguments.resource("exchange", super_stream, self.name)
         partitions = [
-            self.queues.get(d.name) or self.remote.get(d.name) for d in exchange.table.partitions()
+            self.queues.get(d.name) or self.remote.get(d.name) for d in table.partitions()
         ]
         streams = [
             p

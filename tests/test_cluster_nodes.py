@@ -4,7 +4,10 @@ metadata leader SIGKILLed, the whole cluster restarted, `warren cluster status`.
 
 from __future__ import annotations
 
+import json
 import signal
+import stat
+from pathlib import Path
 
 import pika
 import pytest
@@ -147,6 +150,21 @@ def test_declares_through_the_survivors_work_after_the_metadata_leader_is_killed
     assert {placed[queue] for queue in balanced} <= {f"warren@{node}" for node in survivors}
     status = warren("cluster", "status", "--url", cluster.nodes[survivors[0]].http_url)
     assert "leader" in status and f"warren@{killed}" in status
+
+
+def test_the_nodes_share_a_random_secret_kept_from_other_users_and_command_lines(cluster):
+    """`warren cluster up` makes the secret the nodes prove to each other: in cluster.json,
+    readable by its owner only, and in each node's environment, never its command line
+    (which every local user can read). Restarted, they keep it: the restart tests below
+    need that to form a cluster again."""
+    state = cluster.directory / "cluster.json"
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    secret = json.loads(state.read_text())["secret"]
+    assert len(secret) >= 32
+    for node in cluster.nodes.values():
+        assert secret.encode() not in Path(f"/proc/{node.pid}/cmdline").read_bytes()
+        environment = Path(f"/proc/{node.pid}/environ").read_bytes().split(b"\0")
+        assert f"WARREN_CLUSTER_SECRET={secret}".encode() in environment
 
 
 def test_the_whole_cluster_restarted_keeps_its_metadata(cluster):

@@ -12,7 +12,7 @@ import pytest
 from brokers import ThreadBroker
 from printed_tables import printed_tables
 
-from warrenmq.exchanges.super_stream import partition_index
+from warrenmq.exchanges.super_stream import PARTITION_ORDER, partition_index
 from warrenmq.server import cli
 
 
@@ -254,6 +254,38 @@ def test_deleting_a_super_stream_cancels_its_groups_members(tmp_path, capsys):
         consume("m2")
         connection.process_data_events(time_limit=1)
         assert received == [b"new"]
+        connection.close()
+    finally:
+        broker.stop()
+
+
+def test_a_group_consume_checks_the_group_name_before_the_partitions(tmp_path, capsys):
+    """406 for a group name that is not one comes before 404 for a partition that is not a
+    stream (a classic queue bound with a partition order)."""
+    broker = ThreadBroker(tmp_path / "data").start()
+    try:
+        assert warren(broker, capsys, "add-super", "mixed", "--partitions", "1")[0] == 0
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.queue_declare("mixed-classic", durable=True)
+        channel.queue_bind(
+            "mixed-classic", "mixed", "mixed-classic", arguments={PARTITION_ORDER: 1}
+        )
+
+        def refused(super_stream: str, group) -> tuple[int, str]:
+            nonlocal channel
+            channel.basic_qos(prefetch_count=10)
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                channel.basic_consume(
+                    super_stream, lambda *_: None, arguments={"x-consumer-group": group}
+                )
+            channel = connection.channel()
+            return closed.value.reply_code, closed.value.reply_text
+
+        code, text = refused("mixed", "")
+        assert code == 406 and "x-consumer-group" in text
+        code, text = refused("mixed", "g")
+        assert code == 404 and "not streams" in text
         connection.close()
     finally:
         broker.stop()
