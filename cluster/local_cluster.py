@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +17,22 @@ from warrenmq.cluster.node import format_addresses
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
+    """`count` distinct ports free a moment ago on 127.0.0.1, none of them in `taken`. The
+    sockets stay bound until all are picked: ports picked one by one may repeat, and a
+    cluster given one port twice does not start."""
+    with ExitStack() as bound:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = bound.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in taken:
+                ports.append(port)
+        return ports
 
 
 @dataclass
@@ -40,9 +54,10 @@ class LocalCluster:
         self._pick_ports()
 
     def _pick_ports(self) -> None:
+        ports = iter(free_ports(2 * self.size))
         for node in range(1, self.size + 1):
-            self.peers[node] = ("127.0.0.1", free_port())
-            self.clients[node] = ("127.0.0.1", free_port())
+            self.peers[node] = ("127.0.0.1", next(ports))
+            self.clients[node] = ("127.0.0.1", next(ports))
 
     def client_addresses(self, nodes: Sequence[int] | None = None) -> list[str]:
         return [

@@ -26,13 +26,24 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from warrenmq.cluster.local_cluster import free_port
+from warrenmq.cluster.local_cluster import free_ports
 
 STATE_FILE = "cluster.json"
 LISTENING = re.compile(r"Warren listening on ")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 HOST = "127.0.0.1"
+
+
+def _exited(pid: int) -> bool:
+    """Whether `pid` is a zombie: exited, not yet reaped by the process that started it
+    (`warren cluster down` stopping nodes another process started, still running, say)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold any byte.
+    return stat[stat.rfind(")") + 2 :].startswith("Z")
 
 
 @dataclass
@@ -60,8 +71,8 @@ class LocalCluster:
         self.secret = self._recorded_secret() or secrets.token_urlsafe(32)
         for node_id in range(1, size + 1):
             node = recorded.get(node_id)
-            if node is None or not _all_free(node):
-                node = LocalNode(node_id, free_port(), free_port(), free_port())
+            if node is None or not _all_free(node) or not self._ports().isdisjoint(_ports_of(node)):
+                node = LocalNode(node_id, *free_ports(3, taken=self._ports()))
             node.pid = 0
             self.nodes[node_id] = node
 
@@ -106,6 +117,19 @@ class LocalCluster:
     def cluster_setting(self) -> str:
         return ",".join(f"{n.node_id}={HOST}:{n.raft_port}" for n in self.nodes.values())
 
+    def peers_of(self, node_id: int) -> str:
+        """Node `node_id`'s `cluster` setting: where it reaches each member's Raft port (the
+        fault tests put proxies there)."""
+        return self.cluster_setting
+
+    def environment_of(self, node_id: int) -> dict[str, str]:
+        """The `WARREN_*` settings node `node_id` gets in its environment, never on its
+        command line: the cluster secret (the fault tests add `forward_addresses`)."""
+        return {"WARREN_CLUSTER_SECRET": self.secret}
+
+    def _ports(self) -> set[int]:
+        return {port for node in self.nodes.values() for port in _ports_of(node)}
+
     def log_path(self, node_id: int) -> Path:
         return self.directory / f"node-{node_id}.log"
 
@@ -113,7 +137,7 @@ class LocalCluster:
         """A new node, next id, free ports: recorded, not started (`start(id, join=True)`
         starts it waiting to be added, `warren cluster join` adds it)."""
         node_id = max(self.nodes) + 1
-        node = self.nodes[node_id] = LocalNode(node_id, free_port(), free_port(), free_port())
+        node = self.nodes[node_id] = LocalNode(node_id, *free_ports(3, taken=self._ports()))
         self._record()
         return node
 
@@ -127,7 +151,7 @@ class LocalCluster:
             "--node-id",
             str(node_id),
             "--cluster",
-            self.cluster_setting,
+            self.peers_of(node_id),
             "--bind",
             HOST,
             "--port",
@@ -146,7 +170,7 @@ class LocalCluster:
             log.flush()
             process = subprocess.Popen(
                 command,
-                env={**os.environ, "WARREN_CLUSTER_SECRET": self.secret},
+                env={**os.environ, **self.environment_of(node_id)},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -191,7 +215,7 @@ class LocalCluster:
             os.kill(pid, 0)
         except ProcessLookupError:
             return False
-        return True
+        return not _exited(pid)
 
     def signal(self, node_id: int, signum: int) -> None:
         if self.running(node_id):
@@ -236,8 +260,12 @@ class LocalCluster:
         self.stop()
 
 
+def _ports_of(node: LocalNode) -> tuple[int, int, int]:
+    return (node.raft_port, node.amqp_port, node.http_port)
+
+
 def _all_free(node: LocalNode) -> bool:
-    for port in (node.raft_port, node.amqp_port, node.http_port):
+    for port in _ports_of(node):
         with socket.socket() as sock:
             try:
                 sock.bind((HOST, port))
