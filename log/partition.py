@@ -6,7 +6,7 @@ import asyncio
 import os
 import struct
 import time
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from itertools import chain
@@ -18,7 +18,7 @@ from . import batch as batch_codec
 from .batch import HEADER_BYTES, RECORD_HEADER_BYTES, RawRecord, Record
 from .config import LogConfig
 from .descriptors import DescriptorPool, default_pool
-from .errors import LogError, OffsetOutOfRangeError
+from .errors import CorruptBatchError, LogError, OffsetOutOfRangeError
 from .latency import LatencyHistogram
 from .segment import RETIRED_SUFFIX, Segment
 
@@ -151,6 +151,8 @@ class PartitionLog:
         "_failed",
         "_closed",
         "_last_term",
+        "_epoch_terms",
+        "_epoch_starts",
     )
 
     def __init__(
@@ -204,6 +206,12 @@ class PartitionLog:
         self._failed: BaseException | None = None
         self._closed = False
         self._last_term = self._read_last_term()
+        # The leader-epoch cache: epoch _epoch_terms[i] starts at offset _epoch_starts[i], both
+        # strictly increasing. Built on first use (`_epochs`), not at open: a broker opens
+        # 200,000 logs and replicates few of them, and the build reads only the segments where
+        # the term changes. Kept up to date by every change to the log after that.
+        self._epoch_terms: list[int] | None = None
+        self._epoch_starts: list[int] = []
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -370,8 +378,137 @@ class PartitionLog:
         self._end_offset = base + count
         self._last_timestamp_ms = timestamp_ms
         self._last_term = term
+        self._note_epoch(term, base)
         self._cache_push(base, term, timestamp_ms, records, total)
         return base
+
+    def append_stored(self, data: bytes | memoryview) -> int:
+        """Append stored batches verbatim, as `read_batches` returned them from another
+        replica's log (same base offsets, terms, timestamps and CRCs); returns the new end.
+
+        Everything is checked before anything is written: each header, CRC and record
+        framing, the bounds of `append`, that the first batch starts at `end_offset` and the
+        offsets stay dense, that terms never go down (the leader-epoch cache relies on it),
+        and that `data` ends on a batch boundary (a torn tail is refused, not cut). Batches are
+        written one by one as `append` writes them, rolling segments the same way; should a
+        write fail, the batches before it stay appended.
+        """
+        self._check_usable()
+        config = self.config
+        view = memoryview(data)
+        batches: list[tuple[int, batch_codec.BatchHeader, list[RawRecord]]] = []
+        position = 0
+        expected = self._end_offset
+        term = self._last_term
+        while position < len(view):
+            header = batch_codec.read_header(view, position)
+            if header is None or position + header.total_bytes > len(view):
+                raise CorruptBatchError(f"stored batches end inside a batch at byte {position}")
+            if header.base_offset != expected:
+                raise LogError(
+                    f"stored batch starts at offset {header.base_offset}, expected {expected}"
+                )
+            if not 0 < header.record_count <= config.batch_records_max:
+                raise LogError(f"stored batch of {header.record_count} records is out of bounds")
+            if header.total_bytes > config.batch_bytes_max:
+                raise LogError(
+                    f"stored batch of {header.total_bytes} bytes exceeds batch_bytes_max"
+                    f" {config.batch_bytes_max}"
+                )
+            if header.term < term:
+                raise LogError(f"stored batch of term {header.term} follows term {term}")
+            batch_codec.verify_crc(view, position, header)
+            decoded = batch_codec.decode_records(view, position, header, header.base_offset)
+            if max(map(batch_codec.record_size, decoded)) > config.record_bytes_max:
+                raise LogError(f"stored batch at offset {expected} holds an oversized record")
+            batches.append((position, header, [record[3:] for record in decoded]))
+            expected = header.next_offset
+            term = header.term
+            position += header.total_bytes
+        for position, header, raw_records in batches:
+            total = header.total_bytes
+            segment = self._segments[-1]
+            if not segment.fits(total, header.record_count):
+                segment = self._roll()
+            try:
+                segment.append(
+                    view[position : position + HEADER_BYTES],
+                    view[position + HEADER_BYTES : position + total],
+                    header.base_offset,
+                    header.record_count,
+                    header.max_timestamp_ms,
+                )
+            except OSError as exc:
+                if segment.write_failed:
+                    self._failed = exc
+                raise
+            self._end_offset = header.next_offset
+            # A replica keeps the leader's timestamps verbatim; its own appends, should it
+            # lead later, are clamped to the newest of them.
+            self._last_timestamp_ms = max(self._last_timestamp_ms, header.max_timestamp_ms)
+            self._last_term = header.term
+            self._note_epoch(header.term, header.base_offset)
+            self._cache_push(
+                header.base_offset, header.term, header.max_timestamp_ms, raw_records, total
+            )
+        return self._end_offset
+
+    # -- leader epochs ---------------------------------------------------------------------
+
+    def epoch_end_offset(self, epoch: int) -> tuple[int, int]:
+        """(the largest epoch <= `epoch` this log holds, the offset where it ends here): the
+        start of the next epoch, or `end_offset` (KIP-101's OffsetForLeaderEpoch, with the
+        epoch in the answer as in KIP-279). (-1, start_offset) when no such epoch is held.
+
+        Epochs are batch terms. A term lower than an earlier one (appended by a caller that
+        does not replicate) opens no epoch.
+        """
+        self._check_usable()
+        terms, starts = self._epochs()
+        i = bisect_right(terms, epoch)
+        if i == 0:
+            return -1, self.start_offset
+        return terms[i - 1], starts[i] if i < len(starts) else self._end_offset
+
+    def _epochs(self) -> tuple[list[int], list[int]]:
+        terms = self._epoch_terms
+        if terms is None:
+            terms = self._epoch_terms = []
+            self._epoch_starts = []
+            segments = self._segments
+            firsts = [segment.first_term() for segment in segments]
+            for i, segment in enumerate(segments):
+                first = firsts[i]
+                if first is None:
+                    continue
+                following = next((t for t in firsts[i + 1 :] if t is not None), self._last_term)
+                if following == first:
+                    # Terms never go down, so the whole segment is of this one term.
+                    self._note_epoch(first, segment.base_offset)
+                else:
+                    for term, base in segment.batch_terms():
+                        self._note_epoch(term, base)
+            self._trim_epochs()
+        return terms, self._epoch_starts
+
+    def _note_epoch(self, term: int, base: int) -> None:
+        terms = self._epoch_terms
+        if terms is not None and (not terms or term > terms[-1]):
+            terms.append(term)
+            self._epoch_starts.append(base)
+
+    def _trim_epochs(self) -> None:
+        """Forget epochs that end at or below the log start; the oldest kept starts there."""
+        terms, starts = self._epoch_terms, self._epoch_starts
+        if terms is None:
+            return
+        start = self.start_offset
+        gone = bisect_right(starts, start) - 1
+        if gone > 0:
+            del terms[:gone]
+            del starts[:gone]
+        if starts and starts[0] < start:
+            starts[0] = start
 
     def _roll(self) -> Segment:
         # The outgoing segment's indexes are final now: the next sync covers them too.
@@ -706,6 +843,10 @@ class PartitionLog:
         )
         self._cache_clear()
         self._last_term = self._read_last_term()
+        if self._epoch_terms is not None:
+            keep = bisect_left(self._epoch_starts, self._end_offset)
+            del self._epoch_terms[keep:]
+            del self._epoch_starts[keep:]
         if remainder is not None:
             term, timestamp_ms, records = remainder
             self.append(records, timestamp_ms=timestamp_ms, term=term)
@@ -723,6 +864,8 @@ class PartitionLog:
         self._bases = [start_offset]
         self._end_offset = self._durable_offset = start_offset
         self._last_term = 0
+        self._epoch_terms = []
+        self._epoch_starts = []
         self._cache_clear()
         self._fsync_directory()
 
@@ -734,6 +877,7 @@ class PartitionLog:
         self._check_usable()
         while len(self._segments) > 1 and self._segments[0].end_offset <= offset:
             self._drop_oldest()
+        self._trim_epochs()
         return self.start_offset
 
     def apply_retention(self, now_ms: int) -> int:
@@ -759,6 +903,7 @@ class PartitionLog:
                 total -= self._segments[0].size
                 self._drop_oldest()
                 deleted += 1
+        self._trim_epochs()
         return deleted
 
     def _drop_oldest(self) -> None:

@@ -477,6 +477,16 @@ class Segment:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def first_term(self) -> int | None:
+        """The term of the segment's first batch; None when it holds none."""
+        header = self._pread_header(0) if self.size else None
+        return None if header is None else header.term
+
+    def batch_terms(self) -> Iterator[tuple[int, int]]:
+        """(term, base offset) of each batch, oldest first, from the headers alone."""
+        for _, header, _, _ in self._batches(0, self.size, verify=False):
+            yield header.term, header.base_offset
+
     def _floor_position(self, offset: int) -> int:
         i = bisect_right(self._index_rel, offset - self.base_offset)
         return self._index_pos[i - 1] if i else 0
