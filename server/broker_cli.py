@@ -9,6 +9,9 @@ own JSON for scripts. A refusal is one line on stderr and exit status 1.
     warren queues show orders --json
     warren queues declare orders --durable --arguments '{"x-max-length": 1000}'
     warren queues purge orders
+    warren queues grow warren@3 all      # rabbitmq-queues grow, shrink and rebalance
+    warren queues shrink warren@3
+    warren queues rebalance all
     warren definitions export > topology.json
     warren definitions import topology.json
 """
@@ -59,6 +62,13 @@ EXCHANGE_COLUMNS: Columns = (
     ("auto delete", "auto_delete"),
     ("internal", "internal"),
     ("arguments", "arguments"),
+)
+REPLICA_COLUMNS: Columns = (
+    ("vhost", "vhost"),
+    ("name", "name"),
+    ("size", "size"),
+    ("result", "result"),
+    ("leader", "leader"),
 )
 BINDING_COLUMNS: Columns = (
     ("vhost", "vhost"),
@@ -116,6 +126,18 @@ def register(commands: Any) -> None:
     delete.add_argument("--if-empty", action="store_true")
     delete.add_argument("--if-unused", action="store_true")
     _action(queues, "purge", "drop every ready message of a queue", _purge_queue, "queue")
+    grow = _replica_action(queues, "grow", "add a replica on a node to the queues", _grow)
+    grow.add_argument("node", help="a node id or name (warren@N)")
+    grow.add_argument("strategy", choices=("all", "even"), help="even: queues with an even size")
+    shrink = _replica_action(queues, "shrink", "remove the replicas on a node", _shrink)
+    shrink.add_argument("node", help="a node id or name (warren@N)")
+    rebalance = _replica_action(
+        queues, "rebalance", "spread the queues' leaders over their in-sync replicas", _rebalance
+    )
+    rebalance.add_argument("type", choices=("all", "classic", "quorum", "stream"))
+    for parser in (grow, rebalance):
+        parser.add_argument("--vhost-pattern", default=".*")
+        parser.add_argument("--queue-pattern", default=".*")
 
     exchanges = _group(commands, "exchanges", "list, declare and delete exchanges", _exchanges)
     declare = _action(exchanges, "declare", "declare an exchange", _declare_exchange, "exchange")
@@ -180,6 +202,15 @@ def _action(
     if subject is not None:
         parser.add_argument(subject)
     _options(parser, handler(action), vhost_default)
+    return parser
+
+
+def _replica_action(actions: Any, name: str, help_text: str, action: Callable[[Any], None]) -> Any:
+    """`warren queues grow|shrink|rebalance`: across vhosts, as `rabbitmq-queues` acts."""
+    parser = actions.add_parser(name, help=help_text)
+    add_login_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
+    parser.set_defaults(handler=handler(action))
     return parser
 
 
@@ -283,6 +314,37 @@ def _purge_queue(args: Any) -> None:
     except ApiError as error:
         raise _missing(error, _no_queue(args)) from None
     print(f'Purged queue "{args.queue}" in vhost "{args.vhost}".')
+
+
+def _grow(args: Any) -> None:
+    body = {
+        "node": args.node,
+        "strategy": args.strategy,
+        "vhost_pattern": args.vhost_pattern,
+        "queue_pattern": args.queue_pattern,
+    }
+    _replicas_changed(args, "grow", body)
+
+
+def _shrink(args: Any) -> None:
+    _replicas_changed(args, "shrink", {"node": args.node})
+
+
+def _rebalance(args: Any) -> None:
+    body = {
+        "type": args.type,
+        "vhost_pattern": args.vhost_pattern,
+        "queue_pattern": args.queue_pattern,
+    }
+    _replicas_changed(args, "rebalance", body)
+
+
+def _replicas_changed(args: Any, action: str, body: dict[str, Any]) -> None:
+    results = request_json(args, "POST", "api", "queue-replicas", action, body=body)
+    if args.json:
+        print_json(results)
+    else:
+        print_table(REPLICA_COLUMNS, results)
 
 
 # -- exchanges and bindings ----------------------------------------------------------------------

@@ -12,6 +12,11 @@ called for each applied entry after the state changed:
 * a queue deleted, or forgotten by `ForgetTransient`: retired here, its consumers
   cancelled, if this node hosted it; delayed exchanges deleted: their stores dropped;
 * policies set or cleared: the vhost's queues take them;
+* a partition's leader changed (`ElectLeaders`, `ShrinkReplicas`, `Rebalance`): a queue this
+  node now leads is served from its own replica's files (`VirtualHost.host_elected`), one
+  another node now leads is forwarded there; a queue that no longer has a leader keeps its
+  forwarder to the old one, which fails until an in-sync replica returns. Moving a hosted
+  queue's engine off this node is the replication data path's (it keeps the replica);
 * a snapshot installed here (this node fell behind the leader's compacted log, so no entry
   it covers is applied one by one): the whole state at once (`resync`, the same steps);
 * this node forgotten (`ForgetNode`, `warren cluster remove`), or removed from the metadata
@@ -33,13 +38,14 @@ from typing import Any
 from warrenmq.amqp import replies
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.errors import NotFound
-from warrenmq.server.metadata.records import NodeRecord, QueueRecord, node_name
+from warrenmq.server.metadata.records import NO_LEADER, NodeRecord, QueueRecord, node_name
 from warrenmq.server.metadata.state import Outcome
 
 log = logging.getLogger(__name__)
 BOOT_ASK_S = 2.0
 _POLICY_COMMANDS = (c.SetPolicy, c.ClearPolicy)
 _DELETING_EXCHANGES = (c.DeleteExchange, c.DeleteQueue, c.Unbind)
+_PARTITION_COMMANDS = (c.AlterIsr, c.ElectLeaders, c.GrowReplicas, c.ShrinkReplicas, c.Rebalance)
 
 
 class ClusterNode:
@@ -60,7 +66,11 @@ class ClusterNode:
         return record.node
 
     def node_address(self, node_id: int) -> tuple[str, int]:
-        """(host, AMQP port) where clients and nodes reach the node; NotFound if unknown."""
+        """(host, AMQP port) where this node dials the node's links: its `forward_addresses`
+        entry, else the address it registered; NotFound if unknown."""
+        configured = self.broker.config.forward_peers.get(node_id)
+        if configured is not None:
+            return configured
         record = self._state().nodes.get(node_id)
         if record is None:
             raise NotFound(f"no node {node_name(node_id)} in the cluster")
@@ -158,6 +168,11 @@ class ClusterNode:
             for vhost in broker.vhosts.values():
                 vhost.retire_deleted()
             return
+        if isinstance(command, _PARTITION_COMMANDS):
+            for result in outcome.partitions:
+                if not result.error:
+                    self._partition_changed(result.queue, isinstance(command, c.AlterIsr))
+            return
         if isinstance(command, c.NodeStarted):
             # Transient exchanges forgotten: the delayed ones' stores go with them.
             for vhost in broker.vhosts.values():
@@ -188,6 +203,28 @@ class ClusterNode:
         else:
             self.broker.forwarding.place(vhost, record.name)
 
+    def _partition_changed(self, record: QueueRecord, isr_altered: bool) -> None:
+        if isr_altered and record.under_min_isr:
+            log.warning(
+                "queue '%s' in vhost '%s' has %d in-sync replicas of %d: it confirms nothing "
+                "until %d are",
+                record.name,
+                record.vhost,
+                len(record.isr),
+                len(record.replicas),
+                record.min_isr,
+            )
+        vhost = self.broker.vhosts.get(record.vhost)
+        if vhost is None or record.node == NO_LEADER:
+            return
+        if record.node == self.node_id:
+            vhost.host_elected(record)
+            return
+        remote = vhost.remote.get(record.name)
+        if remote is not None and remote.node != record.node:
+            vhost.retire_queue(remote)
+            self.broker.forwarding.place(vhost, record.name)
+
     # -- an installed snapshot --------------------------------------------------------------
 
     def resync(self) -> None:
@@ -203,6 +240,10 @@ class ClusterNode:
             for record in self._state().queues(vhost.name).values():
                 remote = vhost.remote.get(record.name)
                 if remote is not None and remote.node == record.node:
+                    continue
+                if record.node == self.node_id and record.leader_epoch > 0:
+                    # Elected, not declared, here: this node's replica has its files.
+                    vhost.host_elected(record)
                     continue
                 if remote is not None:
                     # Deleted and declared again on another leader meanwhile.

@@ -29,7 +29,10 @@ listens for its peers on its own entry's port, on ``bind``. Unset, the node is a
 group. ``advertise_host`` is the host other nodes and clients reach this node's AMQP and HTTP
 ports at (default: the host of its own ``cluster`` entry, else 127.0.0.1). ``join`` starts
 the node as a non-voter waiting to be added (`warren cluster join`); its ``cluster`` then
-lists the existing voters and itself.
+lists the existing voters and itself. ``forward_addresses`` (same form) is where this node
+dials other nodes' links for forwarded work instead of the addresses they registered; with
+``cluster`` naming the peers' Raft addresses, it lets every connection a node opens to its
+peers go through something in between (the fault tests' proxies).
 """
 
 from __future__ import annotations
@@ -175,9 +178,16 @@ class BrokerConfig:
     "client-local" (this node), "balanced" (the node leading the fewest queues), or Warren's
     "other-node" (the fewest among the OTHER nodes: every queue a client uses through this
     node is forwarded, which the compat suite's cluster run relies on)."""
+    node_gone_ms: int = 3_000
+    """The metadata leader judges a node gone after hearing nothing from it for this long,
+    and elects new leaders for the partitions it led (`server/partition_controller.py`)."""
     metadata_snapshot_entries: int = 20_000
     """The metadata log is compacted into a snapshot once this many entries were applied
     after the last one; a node that joins, or fell behind further, catches up by snapshot."""
+    forward_addresses: str = ""
+    """"ID=HOST:PORT,..." of other nodes: where this node dials their links for forwarded
+    work, instead of the address each registered (its advertise_host and AMQP port). Empty:
+    the registered addresses."""
     cluster_secret: str = ""
     """Shared by the nodes of a cluster: both ends of every connection between nodes prove it
     (an HMAC, never the secret itself), the metadata Raft's (`cluster/transport.py`) and the
@@ -271,6 +281,11 @@ class BrokerConfig:
         return parse_cluster(self.cluster)
 
     @property
+    def forward_peers(self) -> dict[int, tuple[str, int]]:
+        """`forward_addresses` by node id (empty: dial the registered addresses)."""
+        return parse_cluster(self.forward_addresses, "forward_addresses")
+
+    @property
     def node_host(self) -> str:
         """The host this node's ports are reached at: see `advertise_host`."""
         if self.advertise_host:
@@ -286,11 +301,15 @@ class BrokerConfig:
             raise ConfigError(
                 f"node_id {self.node_id} is not in cluster ({self.cluster}): list this node too"
             )
+        if self.node_gone_ms < 1:
+            raise ConfigError(f"node_gone_ms must be at least 1, got {self.node_gone_ms}")
         entries = self.metadata_snapshot_entries
         if entries < 1:
             raise ConfigError(f"metadata_snapshot_entries must be at least 1, got {entries}")
         if self.join and len(peers) < 2:
             raise ConfigError("join needs cluster to list the running voters and this node")
+        if self.node_id in self.forward_peers:
+            raise ConfigError(f"forward_addresses lists this node ({self.node_id}) itself")
 
     @property
     def tls_enabled(self) -> bool:
@@ -316,8 +335,9 @@ class BrokerConfig:
             raise ConfigError("http_tls needs ssl_options.certfile and ssl_options.keyfile")
 
 
-def parse_cluster(text: str) -> dict[int, tuple[str, int]]:
-    """ "1=HOST:PORT,2=HOST:PORT" as {1: (HOST, PORT), ...}; ConfigError if malformed."""
+def parse_cluster(text: str, setting: str = "cluster") -> dict[int, tuple[str, int]]:
+    """ "1=HOST:PORT,2=HOST:PORT" as {1: (HOST, PORT), ...}; ConfigError, naming `setting`,
+    if malformed."""
     peers: dict[int, tuple[str, int]] = {}
     for entry in (part.strip() for part in text.split(",")):
         if not entry:
@@ -326,17 +346,17 @@ def parse_cluster(text: str) -> dict[int, tuple[str, int]]:
         host, colon, port = address.strip().rpartition(":")
         host = host.strip("[]")
         if not (separator and colon and host and node.strip().isdigit() and port.isdigit()):
-            raise ConfigError(f"cluster entry {entry!r} is not ID=HOST:PORT")
+            raise ConfigError(f"{setting} entry {entry!r} is not ID=HOST:PORT")
         node_id, port_number = int(node), int(port)
         if node_id < 1:
-            raise ConfigError(f"cluster entry {entry!r}: node ids start at 1")
+            raise ConfigError(f"{setting} entry {entry!r}: node ids start at 1")
         if not 0 < port_number <= 65535:
-            raise ConfigError(f"cluster entry {entry!r}: port must be 1..65535")
+            raise ConfigError(f"{setting} entry {entry!r}: port must be 1..65535")
         if node_id in peers:
-            raise ConfigError(f"cluster lists node {node_id} twice")
+            raise ConfigError(f"{setting} lists node {node_id} twice")
         peers[node_id] = (host, port_number)
     if len(set(peers.values())) != len(peers):
-        raise ConfigError(f"cluster gives two nodes the same address: {text}")
+        raise ConfigError(f"{setting} gives two nodes the same address: {text}")
     return peers
 
 

@@ -49,6 +49,7 @@ from warrenmq.exchanges.router import Router
 from warrenmq.exchanges.super_stream import PARTITION_ORDER, SUPER_STREAM, SuperStreamExchange
 from warrenmq.log import RawRecord
 from warrenmq.server.metadata import commands as mc
+from warrenmq.server.metadata import partitions
 from warrenmq.server.metadata.records import SINGLE_NODE_ID, QueueRecord
 from warrenmq.server.metadata.state import strip_cr_lf
 
@@ -737,6 +738,34 @@ class VirtualHost:
             return self.store.state.balanced_node(self.node_id, self.node_id, running)
         return self.store.state.balanced_node(self.node_id, among=running)
 
+    def queue_replicas(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        *,
+        durable: bool,
+        exclusive: bool,
+        leader: int,
+    ) -> tuple[int, ...]:
+        """A new queue's replica set: `leader` first, then followers on the members holding
+        the fewest replicas, running ones first; as many as its type, arguments and policy
+        ask for, else the default (`metadata.partitions`). Its ISR starts as the leader
+        alone: followers join it when the replication core reports them caught up."""
+        state = self.store.state
+        queue_type = queue_arguments.queue_type(arguments)
+        chosen = policy.queue_policy(name, queue_type, state.policies(self.name).values())
+        count = partitions.replica_count(
+            queue_type,
+            arguments,
+            chosen.definition if chosen is not None else None,
+            len(state.nodes),
+            durable=durable,
+            exclusive=exclusive,
+        )
+        if count == 1:
+            return (leader,)
+        return state.place_replicas(leader, count, self.store.reachable_nodes())
+
     def get_queue(self, name: str, owner: str) -> WorkQueue:
         """The queue for passive declare, consume, get, bind, purge: 404, or 405 if locked."""
         record = self.store.state.lookup_queue(self.name, name, owner)
@@ -781,6 +810,9 @@ class VirtualHost:
         acts for (None: the broker's own, as a definitions import), checked as rabbit_channel
         checks a new queue's dead-letter exchange."""
         node = self.queue_leader_node(strip_cr_lf(name), arguments, exclusive)
+        replicas = self.queue_replicas(
+            strip_cr_lf(name), arguments, durable=durable, exclusive=exclusive, leader=node
+        )
         command = mc.DeclareQueue(
             self.name,
             name,
@@ -791,6 +823,7 @@ class VirtualHost:
             owner=owner,
             server_named=server_named,
             node=node,
+            replicas=replicas,
         )
         name = strip_cr_lf(name)
         # A declare of the same new queue still waiting for its command to apply has the
@@ -897,12 +930,29 @@ class VirtualHost:
         if directory.exists():
             # No record named it before this one: a leftover (see `_open_new`).
             remove_directory(directory)
+        queue = self._host_existing(record)
+        if queue is not None:
+            self._used(queue)
+
+    def host_elected(self, record: QueueRecord) -> None:
+        """This node was elected leader of a queue it holds a replica of (`ElectLeaders`):
+        serve it from the files it has, in place of any forwarder to the old leader."""
+        remote = self.remote.get(record.name)
+        if remote is not None:
+            self.retire_queue(remote)
+        if record.name in self.queues or record.name in self._opening:
+            return
+        queue = self._host_existing(record)
+        if queue is not None:
+            self._used(queue)
+
+    def _host_existing(self, record: QueueRecord) -> WorkQueue | None:
+        """Host a queue from the files it has; None (logged, `failed`) if they do not open."""
         try:
-            queue = self._host(record, self._open_existing(record))
+            return self._host(record, self._open_existing(record))
         except Exception as error:
             self._failed(record.name, error)
-            return
-        self._used(queue)
+            return None
 
     def retire_deleted(self) -> None:
         """Stop serving the queues whose records are gone (a `ForgetTransient`)."""
@@ -1063,7 +1113,9 @@ class VirtualHost:
             )
 
     def recover(self) -> list[str]:
-        """Host every queue of the metadata this node leads; returns their directory names.
+        """Host every queue of the metadata this node leads; returns the directory names of
+        those it holds a replica of (the files of a queue with no leader now, which this
+        node may lead again, are kept: `host_elected`).
 
         A queue whose storage fails to open is logged and left out (`failed`); the others
         are hosted. Its directory name is returned all the same: its files are kept.
@@ -1071,13 +1123,12 @@ class VirtualHost:
         kept = []
         now_ms = self._clock()
         for record in self.store.state.queues(self.name).values():
+            if self.node_id in record.replicas:
+                kept.append(directory_name(record.name))
             if record.node != self.node_id:
                 continue
-            kept.append(directory_name(record.name))
-            try:
-                queue = self._host(record, self._open_existing(record))
-            except Exception as error:
-                self._failed(record.name, error)
+            queue = self._host_existing(record)
+            if queue is None:
                 continue
             queue.touch(now_ms)
             # A policy set while the broker was down may lower a limit, as RabbitMQ's queue

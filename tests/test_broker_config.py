@@ -110,6 +110,8 @@ def test_the_transaction_limit_is_a_setting():
 
 
 def test_cluster_settings_from_file_environment_and_flags(tmp_path):
+    from warrenmq.server.broker import Broker
+
     config_file = tmp_path / "warren.toml"
     config_file.write_text('cluster = "1=10.0.0.1:25672,2=10.0.0.2:25672"\nnode_id = 2\n')
     config = load(config_file, environ={"WARREN_JOIN": "true"})
@@ -121,6 +123,11 @@ def test_cluster_settings_from_file_environment_and_flags(tmp_path):
     assert load(environ={}).node_host == "127.0.0.1"
     compacting = load(environ={"WARREN_METADATA_SNAPSHOT_ENTRIES": "50"})
     assert compacting.metadata_snapshot_entries == 50
+    proxied = load(environ={"WARREN_FORWARD_ADDRESSES": "2=127.0.0.1:4002, 3=127.0.0.1:4003"})
+    assert proxied.forward_peers == {2: ("127.0.0.1", 4002), 3: ("127.0.0.1", 4003)}
+    assert load(environ={}).forward_peers == {}
+    # Links for forwarded work are dialled there, not at the address node 2 registered.
+    assert Broker(proxied).node_address(2) == ("127.0.0.1", 4002)
 
 
 @pytest.mark.parametrize(
@@ -135,6 +142,8 @@ def test_cluster_settings_from_file_environment_and_flags(tmp_path):
         ({"node_id": 0}, "node_id must be at least 1"),
         ({"join": True}, "join needs cluster"),
         ({"metadata_snapshot_entries": 0}, "metadata_snapshot_entries must be at least 1"),
+        ({"forward_addresses": "2=b"}, "forward_addresses entry '2=b' is not ID=HOST:PORT"),
+        ({"forward_addresses": "1=a:1"}, r"forward_addresses lists this node \(1\) itself"),
     ],
 )
 def test_bad_cluster_settings_are_refused_with_the_reason(overrides, message):

@@ -3,6 +3,7 @@ seed guard, and entries and snapshots from before placement."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -170,7 +171,9 @@ def test_snapshots_and_entries_from_before_placement_put_queues_on_node_1():
     restored = MetadataState.from_snapshot(json.dumps(document).encode())
     assert restored.queue("/", "q").node == 1 and not restored.nodes
     entry = json.loads(encode_commands([c.DeclareQueue("/", "old", node=3), c.ForgetTransient(2)]))
-    # As written before placement: DeclareQueue without its node, ForgetTransient bare.
-    entry = [entry[0][:-1], entry[1][:1]]
+    # As written before placement: DeclareQueue without its node (nor the replica set that
+    # came after it), ForgetTransient bare. Field i of a command is entry item i + 1.
+    node_item = [field.name for field in dataclasses.fields(c.DeclareQueue)].index("node") + 1
+    entry = [entry[0][:node_item], entry[1][:1]]
     declare, forget = decode_commands(json.dumps(entry).encode())
     assert declare.node == 1 and forget.node is None

@@ -41,6 +41,7 @@ from . import (
     overview,
     policies,
     queues,
+    replicas,
     streams,
     topic_batches,
     topics,
@@ -159,6 +160,9 @@ ROUTES: tuple[Route, ...] = (
         GET=bindings.list_of_exchange_destination,
     ),
     route("/api/queues", VHOST, GET=queues.list_queues),
+    route("/api/queue-replicas/grow", ADMIN, POST=replicas.grow),
+    route("/api/queue-replicas/shrink", ADMIN, POST=replicas.shrink),
+    route("/api/queue-replicas/rebalance", ADMIN, POST=replicas.rebalance),
     route("/api/queues/{vhost}", VHOST, GET=queues.list_queues),
     route(
         "/api/queues/{vhost}/{queue}",

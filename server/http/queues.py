@@ -55,8 +55,9 @@ def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None)
         "auto_delete": record.auto_delete,
         "exclusive": record.exclusive,
         "arguments": to_json(dict(record.arguments)),
-        "node": node_name(record.node),
+        "node": node_name(record.node) if record.online else None,
         "type": queue_type(record.arguments),
+        **replicas_json(api, record),
         # A queue another node leads runs there (its figures are that node's to give).
         "state": "running"
         if queue is not None or record.node != api.host.node.node_id
@@ -82,6 +83,20 @@ def queue_json(api: ManagementApi, record: QueueRecord, queue: WorkQueue | None)
         api.rates, queue, "messages", QUEUE_STATS, queue_counts(queue.counts)
     )
     return item
+
+
+def replicas_json(api: ManagementApi, record: QueueRecord) -> dict[str, Any]:
+    """The replica set as RabbitMQ shows a quorum queue's (`leader`, `members`, `online`:
+    the members running, as this node's metadata connections see them), and Warren's
+    partition state (`isr`, `leader_epoch`)."""
+    running = api.host.store.reachable_nodes()
+    return {
+        "leader": node_name(record.node) if record.online else None,
+        "members": [node_name(node) for node in record.replicas],
+        "online": [node_name(node) for node in record.replicas if node in running],
+        "isr": [node_name(node) for node in record.isr],
+        "leader_epoch": record.leader_epoch,
+    }
 
 
 def _led_elsewhere_json(api: ManagementApi, item: dict[str, Any], queue: RemoteQueue) -> dict:

@@ -94,6 +94,10 @@ class DeclareQueue:
     `server_named` skips the reserved "amq." prefix check for a name the broker generated.
     `node` leads the new queue (placement, chosen by the proposing node); a redeclaration
     keeps the queue where it is. Entries from before placement decode with node 1.
+    `replicas` (the leader first; the proposing node places them too) hold its copies:
+    empty, as in entries from before replica sets, it is the leader alone. A new queue's
+    ISR is its leader alone; followers join it when the replication core reports them
+    caught up (`AlterIsr`). `isr` and the epochs are given only by a snapshot's replay.
     """
 
     vhost: str
@@ -105,6 +109,10 @@ class DeclareQueue:
     owner: str | None = None
     server_named: bool = False
     node: int = SINGLE_NODE_ID
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    leader_epoch: int = 0
+    partition_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +236,66 @@ class NodeStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class AlterIsr:
+    """A partition's leader changes its ISR (KIP-497's AlterPartition): it removes a follower
+    that lags, or adds one that caught up. Refused as stale (`Outcome.refused`, nothing
+    changed) unless `leader` still leads with `leader_epoch` and `partition_epoch` is the
+    record's; applied, it bumps `partition_epoch`. The same request applied again (its
+    outcome was lost) finds the ISR already `isr` and answers it unchanged."""
+
+    vhost: str
+    name: str
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeaders:
+    """The metadata leader judged the nodes in `gone` gone: every partition one of them
+    leads, and every partition without a leader, takes the first of its replicas that is in
+    its ISR and not gone (`leader_epoch` and `partition_epoch` + 1, the gone leader out of
+    the ISR). A partition with no such replica has no leader (NO_LEADER) and keeps its ISR,
+    so that the last in-sync replica leads again when it returns: never an unclean
+    election. Applied twice, the second changes nothing."""
+
+    gone: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GrowReplicas:
+    """`rabbitmq-queues grow <node> <all|even>`: a replica on `node` for every replicated
+    queue matching the patterns that has none there (with `strategy` "even", only those with
+    an even number of replicas). The new replica is not in sync: it joins the ISR when it
+    has caught up (`AlterIsr`)."""
+
+    node: int
+    strategy: str = "all"
+    vhost_pattern: str = ".*"
+    queue_pattern: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkReplicas:
+    """`rabbitmq-queues shrink <node>`: the replica on `node` leaves every queue that has
+    one. A queue's last replica stays (RabbitMQ's `last_node` error); a leader on `node`
+    hands over to another in-sync replica first, and stays when there is none."""
+
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rebalance:
+    """`rabbitmq-queues rebalance <type>`: leaders move, to in-sync replicas only, from nodes
+    leading more than their share of the matching queues (RabbitMQ's iterative rebalance)."""
+
+    queue_type: str = "all"
+    vhost_pattern: str = ".*"
+    queue_pattern: str = ".*"
+
+
+@dataclass(frozen=True, slots=True)
 class ExpectNew:
     """Refused unless the state is empty (no vhost): first in a seed entry, so that of the
     seeds several new nodes propose only the first applies."""
@@ -257,4 +325,9 @@ Command = (
     | ForgetNode
     | ExpectNew
     | NodeStarted
+    | AlterIsr
+    | ElectLeaders
+    | GrowReplicas
+    | ShrinkReplicas
+    | Rebalance
 )

@@ -153,7 +153,7 @@ _COMMAND_FIELDS_REQUIRED = {
     for name, cls in _COMMAND_CLASSES.items()
 }
 # Fields that are tuples in the command classes (their equality and hashing depend on it).
-_TUPLE_FIELDS = frozenset({"tags", "alive_nodes", "alive_boots"})
+_TUPLE_FIELDS = frozenset({"tags", "alive_nodes", "alive_boots", "replicas", "isr", "gone"})
 
 
 def encode_commands(commands: Sequence[c.Command]) -> bytes:

@@ -56,12 +56,22 @@ def node_name(node_id: int) -> str:
 # The node a queue belongs to when its declaration predates placement: a data dir from
 # before clusters had exactly one node, and it was node 1.
 SINGLE_NODE_ID = 1
+# A partition's leader when no in-sync replica could take over (`ElectLeaders`): node ids
+# start at 1, so no node has this one.
+NO_LEADER = 0
 
 
 @dataclass(frozen=True, slots=True)
 class QueueRecord:
-    """A queue's declaration. `exclusive_owner` names the connection of an exclusive queue;
-    `node` is the node that leads the queue (hosts its engine)."""
+    """A queue's declaration and its partition state (the replication design of issue 12).
+
+    `exclusive_owner` names the connection of an exclusive queue; `node` is the node that
+    leads the queue (hosts its engine), NO_LEADER when none of its in-sync replicas could
+    take over from a leader judged gone. `replicas` are the nodes holding a copy, the
+    preferred leader first; `isr` the in-sync replicas, which always hold the leader;
+    `leader_epoch` grows on every leader change, `partition_epoch` on any change of leader,
+    ISR or replicas (an `AlterIsr` names the one it saw). A record built without them (from
+    before replica sets) has the leader as its one replica, in sync, epochs 0."""
 
     vhost: str
     name: str
@@ -70,10 +80,34 @@ class QueueRecord:
     arguments: Mapping[str, Any]
     exclusive_owner: str | None = None
     node: int = SINGLE_NODE_ID
+    replicas: tuple[int, ...] = ()
+    leader_epoch: int = 0
+    isr: tuple[int, ...] = ()
+    partition_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.replicas:
+            object.__setattr__(self, "replicas", (self.node,))
+        if not self.isr and self.node != NO_LEADER:
+            object.__setattr__(self, "isr", (self.node,))
 
     @property
     def exclusive(self) -> bool:
         return self.exclusive_owner is not None
+
+    @property
+    def min_isr(self) -> int:
+        """The commit rule's quorum: a majority of the replicas."""
+        return len(self.replicas) // 2 + 1
+
+    @property
+    def under_min_isr(self) -> bool:
+        """Fewer replicas in sync than the commit rule needs: the partition confirms nothing."""
+        return len(self.isr) < self.min_isr
+
+    @property
+    def online(self) -> bool:
+        return self.node != NO_LEADER
 
     @property
     def persisted(self) -> bool:

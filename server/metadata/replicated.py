@@ -384,9 +384,13 @@ class ReplicatedMetadata:
         await self._propose_changes(await self.rows.external_changes(since_open=True))
 
     async def close(self) -> None:
-        await self.rows.flushed()
-        await self.group.stop()
-        await self.rows.close()
+        # The rows' database closes even when the group's last write fails (its directory
+        # deleted, a full disk): its thread would otherwise keep the process from exiting.
+        try:
+            await self.rows.flushed()
+            await self.group.stop()
+        finally:
+            await self.rows.close()
 
     # --- commands --------------------------------------------------------------------------
 

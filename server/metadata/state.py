@@ -45,7 +45,7 @@ from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, Destination
 from warrenmq.exchanges.field_values import ABSENT, amqp_type_name, argument_mismatch
 from warrenmq.exchanges.router import PREDECLARED, Exchange, Router
 from warrenmq.server.metadata import commands as c
-from warrenmq.server.metadata import encoding, passwords, permissions, policies
+from warrenmq.server.metadata import encoding, partitions, passwords, permissions, policies
 from warrenmq.server.metadata.errors import (
     AccessRefused,
     BadRequest,
@@ -60,9 +60,11 @@ from warrenmq.server.metadata.limits import (
     limit_reached,
     validate_limits,
 )
+from warrenmq.server.metadata.partitions import PartitionResult
 from warrenmq.server.metadata.permissions import Access, Permission
 from warrenmq.server.metadata.records import (
     DEFAULT_VHOST,
+    NO_LEADER,
     SINGLE_NODE_ID,
     NodeRecord,
     Policy,
@@ -93,9 +95,10 @@ QUEUE_DECLARABLE_ARGUMENTS = (
     "x-initial-cluster-size",
     "x-queue-leader-locator",
 )
-SNAPSHOT_FORMAT = 4
-# Format 3 predates placement and nodes: its queues belong to node 1.
-SNAPSHOT_FORMATS_READ = (3, SNAPSHOT_FORMAT)
+SNAPSHOT_FORMAT = 5
+# Format 3 predates placement and nodes: its queues belong to node 1. Format 4 predates
+# replica sets: each queue is its leader alone, in sync, epochs 0.
+SNAPSHOT_FORMATS_READ = (3, 4, SNAPSHOT_FORMAT)
 NAME_CHARS_MAX = 255  # a shortstr: queue, exchange and vhost names travel as one
 _PREDECLARED_NAMES = frozenset(name for name, _, _ in PREDECLARED)
 
@@ -115,7 +118,10 @@ class Outcome:
 
     `created` is True when a declare made a new entity; `deleted_exchanges` lists every exchange
     removed (the named one first, then auto-deletes it caused); `deleted_queues` the queues a
-    vhost deletion removed, whose storage the broker must drop.
+    vhost deletion removed, whose storage the broker must drop. `partitions` lists the queues
+    a replica command (`ElectLeaders`, `GrowReplicas`, `ShrinkReplicas`, `Rebalance`,
+    `AlterIsr`) touched, with their records afterwards; `refused` says why an `AlterIsr` was
+    stale (`partitions.STALE_PARTITION_EPOCH`, `partitions.NOT_LEADER`; nothing changed).
     """
 
     changed: bool
@@ -125,6 +131,8 @@ class Outcome:
     deleted_exchanges: tuple[str, ...] = ()
     deleted_queues: tuple[str, ...] = ()
     writes: tuple[Write, ...] = ()
+    partitions: tuple[PartitionResult, ...] = ()
+    refused: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +173,9 @@ class MetadataState:
         """The cluster's members by id (`RegisterNode`); empty until a node registers."""
         self.transient_holders: dict[int, int] = {}
         """The boot of each member holding the transient exchanges (`NodeStarted`)."""
-        # How many queues each node leads, for balanced placement.
+        # How many queues each node leads, and holds a replica of, for balanced placement.
         self._led: dict[int, int] = {}
+        self._held: dict[int, int] = {}
         self._handlers: dict[type, Callable[[Any], Outcome]] = {
             c.DeclareVhost: self._declare_vhost,
             c.DeleteVhost: self._delete_vhost,
@@ -191,6 +200,11 @@ class MetadataState:
             c.ForgetNode: self._forget_node,
             c.ExpectNew: self._expect_new,
             c.NodeStarted: self._node_started,
+            c.AlterIsr: self._alter_isr,
+            c.ElectLeaders: self._elect_leaders,
+            c.GrowReplicas: self._grow_replicas,
+            c.ShrinkReplicas: self._shrink_replicas,
+            c.Rebalance: self._rebalance,
         }
 
     # --- the state machine -----------------------------------------------------------------
@@ -266,6 +280,31 @@ class MetadataState:
     def queues_led(self, node: int) -> int:
         return self._led.get(node, 0)
 
+    def replicas_held(self, node: int) -> int:
+        return self._held.get(node, 0)
+
+    def place_replicas(
+        self, leader: int, count: int, among: Collection[int] | None = None
+    ) -> tuple[int, ...]:
+        """A new queue's replicas: `leader`, then followers on the registered members
+        holding the fewest replicas, those in `among` (running) first
+        (`partitions.place_replicas`)."""
+        return partitions.place_replicas(leader, count, self.nodes, self._held, among)
+
+    def all_queues(self) -> list[QueueRecord]:
+        """Every queue of every vhost, in (vhost, name) order: deterministic, for the
+        commands that touch many."""
+        return [
+            self._queues[vhost][name]
+            for vhost in sorted(self._queues)
+            for name in sorted(self._queues[vhost])
+        ]
+
+    def elections_needed(self, gone: Collection[int]) -> bool:
+        """Whether `ElectLeaders(gone)` would change anything (the controller asks before
+        proposing it)."""
+        return any(partitions.elect(record, gone) is not None for record in self.all_queues())
+
     def queues_owned_by(self, owner: str) -> list[QueueRecord]:
         """The exclusive queues of a connection, to delete when it closes."""
         return list(self._owned.get(owner, {}).values())
@@ -305,7 +344,7 @@ class MetadataState:
         any transient queue that node leads (what `ForgetTransient(node)` would drop)."""
         if node is not None:
             return any(
-                not record.durable and record.node == node
+                not record.durable and _led_by(record, node)
                 for queues in self._queues.values()
                 for record in queues.values()
             )
@@ -363,6 +402,10 @@ class MetadataState:
                         encoding.encode_table(record.arguments),
                         record.exclusive_owner,
                         record.node,
+                        list(record.replicas),
+                        record.leader_epoch,
+                        list(record.isr),
+                        record.partition_epoch,
                     ]
                 )
         document = {
@@ -411,9 +454,9 @@ class MetadataState:
             ]
         else:
             forgotten = {
-                (row[0], row[1])
-                for row in document["queues"]
-                if not row[2] and row[6] == command.node
+                (record.vhost, record.name)
+                for record in self.all_queues()
+                if not record.durable and _led_by(record, command.node)
             }
             document["queues"] = [
                 row for row in document["queues"] if (row[0], row[1]) not in forgotten
@@ -486,7 +529,7 @@ class MetadataState:
         queues = self._queues.pop(name)
         for record in queues.values():
             self._disown(record)
-            self._unlead(record)
+            self._count(record, -1)
         deleted_queues = tuple(sorted(queues))
         router = self._routers.pop(name)
         deleted_exchanges = tuple(
@@ -709,10 +752,21 @@ class MetadataState:
                 f"'{vhost}' ({self.limits.queues_per_vhost_max}) is reached"
             )
         record = QueueRecord(
-            vhost, name, durable, command.auto_delete, dict(command.arguments), owner, command.node
+            vhost,
+            name,
+            durable,
+            command.auto_delete,
+            dict(command.arguments),
+            owner,
+            command.node,
+            command.replicas,
+            command.leader_epoch,
+            command.isr,
+            command.partition_epoch,
         )
+        _check_partition(record)
         queues[name] = record
-        self._led[record.node] = self._led.get(record.node, 0) + 1
+        self._count(record, 1)
         if owner is not None:
             self._owned.setdefault(owner, {})[(vhost, name)] = record
         writes = (("put_queue", record),) if record.persisted else ()
@@ -726,7 +780,7 @@ class MetadataState:
         if record is None:
             return Outcome(False)
         self._disown(record)
-        self._unlead(record)
+        self._count(record, -1)
         change = self._routers[vhost].queue_deleted(name)
         writes = self._forget_exchanges(vhost, change.deleted_exchanges)
         if record.persisted:
@@ -735,12 +789,109 @@ class MetadataState:
             True, queue=record, deleted_exchanges=change.deleted_exchanges, writes=writes
         )
 
-    def _unlead(self, record: QueueRecord) -> None:
-        led = self._led[record.node] - 1
-        if led:
-            self._led[record.node] = led
-        else:
-            del self._led[record.node]
+    def _count(self, record: QueueRecord, change: int) -> None:
+        """Count `record` (change 1) or stop counting it (-1) in `_led` and `_held`."""
+        nodes: tuple[tuple[dict[int, int], int], ...] = tuple(
+            (self._held, node) for node in record.replicas
+        )
+        if record.node != NO_LEADER:
+            nodes += ((self._led, record.node),)
+        for counts, node in nodes:
+            count = counts.get(node, 0) + change
+            if count:
+                counts[node] = count
+            else:
+                del counts[node]
+
+    def _replace_queues(self, records: list[QueueRecord]) -> None:
+        """Put new versions of existing queues' records in place (partition changes)."""
+        for record in records:
+            queues = self._queues[record.vhost]
+            self._count(queues[record.name], -1)
+            queues[record.name] = record
+            self._count(record, 1)
+            if record.exclusive_owner is not None:
+                self._owned[record.exclusive_owner][(record.vhost, record.name)] = record
+
+    # --- replica sets ----------------------------------------------------------------------
+
+    def _alter_isr(self, command: c.AlterIsr) -> Outcome:
+        queues = self.queues(command.vhost)
+        record = queues.get(command.name)
+        if record is None:
+            raise NotFound(f"no queue '{command.name}' in vhost '{command.vhost}'")
+        isr = tuple(command.isr)
+        if record.node != command.leader or record.leader_epoch != command.leader_epoch:
+            return Outcome(False, queue=record, refused=partitions.NOT_LEADER)
+        if record.isr == isr:
+            # Applied before (a retry whose outcome was lost), or asking for what is.
+            return Outcome(False, queue=record)
+        if record.partition_epoch != command.partition_epoch:
+            return Outcome(False, queue=record, refused=partitions.STALE_PARTITION_EPOCH)
+        altered = partitions.alter_isr(record, isr)
+        _check_partition(altered)
+        self._replace_queues([altered])
+        return Outcome(True, queue=altered, partitions=(PartitionResult(altered),))
+
+    def _elect_leaders(self, command: c.ElectLeaders) -> Outcome:
+        elected = [
+            record
+            for record in (partitions.elect(record, command.gone) for record in self.all_queues())
+            if record is not None
+        ]
+        self._replace_queues(elected)
+        return Outcome(bool(elected), partitions=tuple(map(PartitionResult, elected)))
+
+    def _grow_replicas(self, command: c.GrowReplicas) -> Outcome:
+        if command.node not in self.nodes:
+            raise NotFound(f"no node {command.node} in the cluster")
+        if command.strategy not in partitions.STRATEGIES:
+            raise BadRequest(f"strategy must be one of {', '.join(partitions.STRATEGIES)}")
+        grown = [
+            partitions.grow(record, command.node)
+            for record in self._matching(command.vhost_pattern, command.queue_pattern)
+            if _replicated(record)
+            and command.node not in record.replicas
+            and (command.strategy == "all" or len(record.replicas) % 2 == 0)
+        ]
+        self._replace_queues(grown)
+        return Outcome(bool(grown), partitions=tuple(map(PartitionResult, grown)))
+
+    def _shrink_replicas(self, command: c.ShrinkReplicas) -> Outcome:
+        results = [
+            partitions.shrink(record, command.node)
+            for record in self.all_queues()
+            if command.node in record.replicas
+        ]
+        self._replace_queues([result.queue for result in results if not result.error])
+        return Outcome(any(not result.error for result in results), partitions=tuple(results))
+
+    def _rebalance(self, command: c.Rebalance) -> Outcome:
+        if command.queue_type not in partitions.QUEUE_TYPES:
+            raise BadRequest(f"queue type must be one of {', '.join(partitions.QUEUE_TYPES)}")
+        records = [
+            record
+            for record in self._matching(command.vhost_pattern, command.queue_pattern)
+            if record.node != NO_LEADER
+            and len(record.replicas) > 1
+            and command.queue_type in ("all", _queue_type(record))
+        ]
+        moved = partitions.rebalanced(records, sorted(self.nodes) or [SINGLE_NODE_ID])
+        self._replace_queues(moved)
+        return Outcome(bool(moved), partitions=tuple(map(PartitionResult, moved)))
+
+    def _matching(self, vhost_pattern: str, queue_pattern: str) -> list[QueueRecord]:
+        for pattern in (vhost_pattern, queue_pattern):
+            try:
+                partitions.check_pattern(pattern)
+            except ValueError as error:
+                raise BadRequest(str(error)) from None
+        return [
+            record
+            for record in self.all_queues()
+            if partitions.matches(vhost_pattern, record.vhost)
+            and partitions.matches(queue_pattern, record.name)
+        ]
 
     # --- nodes -----------------------------------------------------------------------------
 
@@ -888,6 +1039,33 @@ def _assert_queue_equivalence(
         raise _inequivalent(record, key, *mismatch)
 
 
+def _check_partition(record: QueueRecord) -> None:
+    """A record's partition state is one the design allows (the proposer's bug otherwise)."""
+    replicas, isr = record.replicas, record.isr
+    if len(set(replicas)) != len(replicas) or any(node < 1 for node in replicas):
+        raise ValueError(f"replicas must be distinct node ids: {replicas}")
+    if len(set(isr)) != len(isr) or not set(isr) <= set(replicas):
+        raise ValueError(f"the ISR {isr} must be distinct replicas of {replicas}")
+    if record.node != NO_LEADER and record.node not in isr:
+        raise ValueError(f"the ISR {isr} must hold the leader {record.node}")
+
+
+def _led_by(record: QueueRecord, node: int) -> bool:
+    """Whether `node` leads the queue, or led it last (it has no leader and `node` is its
+    one replica)."""
+    return record.node == node or (record.node == NO_LEADER and record.replicas == (node,))
+
+
+def _queue_type(record: QueueRecord) -> str:
+    queue_type = record.arguments.get("x-queue-type", "classic")
+    return queue_type.decode() if isinstance(queue_type, bytes) else str(queue_type)
+
+
+def _replicated(record: QueueRecord) -> bool:
+    """A queue that can have replicas: not exclusive, not transient (`partitions`)."""
+    return record.durable and record.exclusive_owner is None
+
+
 def _locked(record: QueueRecord) -> ResourceLocked:
     return ResourceLocked(
         f"cannot obtain exclusive access to locked queue '{record.name}' in vhost "
@@ -981,7 +1159,12 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
         )
     for node_row in document.get("nodes", []):
         commands.append(c.RegisterNode(*node_row))
+    # Format 3 rows end at the owner, format 4 rows at the leader.
     for vhost, name, durable, auto_delete, arguments, owner, *placed in document["queues"]:
+        node, replicas, leader_epoch, isr, partition_epoch = [
+            *placed,
+            *(SINGLE_NODE_ID, (), 0, (), 0)[len(placed) :],
+        ]
         commands.append(
             c.DeclareQueue(
                 vhost,
@@ -992,7 +1175,11 @@ def _snapshot_commands(document: dict) -> list[c.Command]:
                 encoding.decode_table(arguments),
                 owner,
                 server_named=True,
-                node=placed[0] if placed else SINGLE_NODE_ID,
+                node=node,
+                replicas=tuple(replicas),
+                isr=tuple(isr),
+                leader_epoch=leader_epoch,
+                partition_epoch=partition_epoch,
             )
         )
     for vhost, source, kind, destination, routing_key, arguments in document["bindings"]:
