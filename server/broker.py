@@ -53,8 +53,11 @@ from .config import BrokerConfig
 from .delayed import DelayedLogConfig, DelayedMessageLog
 from .delayed.store import DelayedHandoff
 from .descriptor_alarm import DescriptorAlarm
+from .forward.entry import RemoteQueue
 from .forward.forwarding import Forwarding
+from .forward.owner import OwnerLink
 from .http import HttpListeners
+from .partition_controller import PartitionController
 from .queue.arguments import queue_type
 from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.priority import PriorityQueue
@@ -95,15 +98,21 @@ def message_log_config(config: BrokerConfig) -> LogConfig:
     )
 
 
-Confirmed = BrokerChannel | DeadLetterHandoff | DelayedHandoff
+Confirmed = BrokerChannel | DeadLetterHandoff | DelayedHandoff | OwnerLink
 """What the tick confirms once its writes are durable: a publishing channel, the dead
-letters a queue published, or the due messages a delayed exchange routed."""
+letters a queue published, the due messages a delayed exchange routed, or another node's
+link forwarding publishes here."""
 
 
 class _Tick:
-    """The confirms and tx waiters of one tick, released once its commit is done."""
+    """The confirms and tx waiters of one tick, released once its commit is done.
 
-    __slots__ = ("confirms", "nacks", "waiters", "ready", "wanted_s")
+    Another node's forwarded publishes are staged into this node's queues only, so their
+    confirms (`forwarded`) go out once this node's fsyncs are done (`stored_here`), without
+    waiting for the tick's publishes to queues other nodes lead: those nodes' confirms may
+    wait in turn for this node's, when two nodes (or a ring) forward to each other."""
+
+    __slots__ = ("confirms", "forwarded", "nacks", "waiters", "stored_here", "ready", "wanted_s")
 
     def __init__(
         self,
@@ -112,12 +121,19 @@ class _Tick:
         waiters: list[asyncio.Future[None]],
         wanted_s: float,
     ) -> None:
-        self.confirms = confirms
+        self.forwarded = {
+            link: tag for link, tag in confirms.items() if isinstance(link, OwnerLink)
+        }
+        self.confirms = {
+            channel: tag for channel, tag in confirms.items() if channel not in self.forwarded
+        }
         self.nacks = nacks
         self.waiters = waiters
+        self.stored_here = False
         self.ready = False
-        self.wanted_s = wanted_s
-        """When the tick was asked for (monotonic): no publish it confirms came earlier."""
+        self.wanted_s: float | None = wanted_s
+        """When the tick was asked for (monotonic): no publish it confirms came earlier
+        (None once its confirm latency is observed)."""
 
 
 class Broker:
@@ -172,6 +188,8 @@ class Broker:
         self._dead_letters: dict[WorkQueue, None] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._ticks: collections.deque[_Tick] = collections.deque()
+        # The ticks whose forwarded confirms wait for this node's fsyncs, oldest first.
+        self._ticks_storing: collections.deque[_Tick] = collections.deque()
         # The queues' timers: when each is due (epoch ms) and the loop's handle.
         self._timers: dict[WorkQueue, tuple[int, asyncio.TimerHandle]] = {}
         self._background: set[asyncio.Future[Any]] = set()
@@ -191,6 +209,7 @@ class Broker:
         """Bytes read from clients since the resources were last sampled (see
         alarms.RESOURCE_CHECK_READ_BYTES); connections count them."""
         self._metadata_follower: asyncio.Task[None] | None = None
+        self._partition_controller: asyncio.Task[None] | None = None
         self.node = ClusterNode(self)
         self.boot = secrets.randbits(62)
         """This start of the broker (`NodeStarted`)."""
@@ -274,6 +293,9 @@ class Broker:
             self.config.resource_check_interval_ms / 1000, self._check_resources
         )
         self._metadata_follower = asyncio.ensure_future(self._follow_metadata())
+        if self.store.clustered:
+            controller = PartitionController(self.store, self.config.node_gone_ms / 1000)
+            self._partition_controller = asyncio.ensure_future(controller.run())
         self.redrives.recover()
 
     async def _abandon_start(self) -> None:
@@ -429,8 +451,9 @@ class Broker:
             self._timeout_check.cancel()
         if self._resource_check is not None:
             self._resource_check.cancel()
-        if self._metadata_follower is not None:
-            self._metadata_follower.cancel()
+        for task in (self._metadata_follower, self._partition_controller):
+            if task is not None:
+                task.cancel()
         await self.http.stop()
         for server in (self.server, self.tls_server):
             if server is not None:
@@ -450,10 +473,13 @@ class Broker:
         await asyncio.sleep(0)
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
-        for vhost in self.vhosts.values():
-            await vhost.shutdown()
-        if self.store is not None:
-            await self.store.close()
+        try:
+            for vhost in self.vhosts.values():
+                await vhost.shutdown()
+        finally:
+            # Even when a queue's last write fails: the store's thread holds the process.
+            if self.store is not None:
+                await self.store.close()
         for server in (self.server, self.tls_server):
             if server is not None:
                 await server.wait_closed()
@@ -741,12 +767,13 @@ class Broker:
         if confirms or waiters:
             tick = _Tick(confirms, nacks, waiters, wanted_s)
             self._ticks.append(tick)
+            self._ticks_storing.append(tick)
             if to_commit:
                 self._track(self._commit(tick, to_commit))
             else:
                 # Nothing to fsync in this tick; the in-order release still holds it behind
                 # earlier ticks whose commit is running.
-                tick.ready = True
+                tick.stored_here = tick.ready = True
                 self._release()
         else:
             to_commit.clear()
@@ -774,41 +801,66 @@ class Broker:
         self.want_dispatch(queue)
 
     async def _commit(self, tick: _Tick, to_commit: list[tuple[WorkQueue, list[Any]]]) -> None:
-        """fsync the tick's queues; a queue whose fsync fails fails exactly the publishes
-        written to it in this tick, and the others' are confirmed."""
-        outcomes = await asyncio.gather(
-            *(queue.commit() for queue, _ in to_commit), return_exceptions=True
+        """fsync the tick's queues, and wait for the owners of its queues led elsewhere to
+        confirm; a queue whose fsync fails fails exactly the publishes written to it in this
+        tick, and the others' are confirmed."""
+        here = [
+            (queue, written) for queue, written in to_commit if not isinstance(queue, RemoteQueue)
+        ]
+        elsewhere = [
+            (queue, written) for queue, written in to_commit if isinstance(queue, RemoteQueue)
+        ]
+        stored_elsewhere = asyncio.gather(
+            *(queue.commit() for queue, _ in elsewhere), return_exceptions=True
         )
-        for (queue, written), outcome in zip(to_commit, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                log.error(
-                    "queue '%s' in vhost '%s': fsync failed, refusing the publishes "
-                    "written to it: %r",
-                    queue.name,
-                    queue.vhost,
-                    outcome,
-                )
-                for publisher in written:
-                    _publish_failed(publisher)
+        _refuse_failed(
+            here,
+            await asyncio.gather(*(queue.commit() for queue, _ in here), return_exceptions=True),
+        )
+        tick.stored_here = True
+        self._release()
+        _refuse_failed(elsewhere, await stored_elsewhere)
         tick.ready = True
         self._release()
         for queue, _ in to_commit:
             self.want_dispatch(queue)
 
     def _release(self) -> None:
+        storing = self._ticks_storing
+        while storing and storing[0].stored_here:
+            tick = storing.popleft()
+            self._confirm(tick, tick.forwarded)
         ticks = self._ticks
-        released_s = None
         while ticks and ticks[0].ready:
             tick = ticks.popleft()
-            if tick.confirms:
-                if released_s is None:
-                    released_s = time.monotonic()
-                self.confirm_latency.observe(released_s - tick.wanted_s)
-            for channel, tag in tick.confirms.items():
-                channel.confirm(tag, tick.nacks.get(channel, ()))
+            self._confirm(tick, tick.confirms)
             for waiter in tick.waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    def _confirm(self, tick: _Tick, confirms: dict[Confirmed, int]) -> None:
+        """Send some of a tick's confirms; its confirm latency is observed as the first go."""
+        if confirms and tick.wanted_s is not None:
+            self.confirm_latency.observe(time.monotonic() - tick.wanted_s)
+            tick.wanted_s = None
+        for channel, tag in confirms.items():
+            channel.confirm(tag, tick.nacks.get(channel, ()))
+
+
+def _refuse_failed(
+    to_commit: list[tuple[WorkQueue | RemoteQueue, list[Any]]], outcomes: list[Any]
+) -> None:
+    """Fail the publishes written to each queue whose commit failed."""
+    for (queue, written), outcome in zip(to_commit, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            log.error(
+                "queue '%s' in vhost '%s': fsync failed, refusing the publishes written to it: %r",
+                queue.name,
+                queue.vhost,
+                outcome,
+            )
+            for publisher in written:
+                _publish_failed(publisher)
 
 
 def _publish_failed(publisher: tuple[Confirmed, int] | None) -> None:

@@ -449,8 +449,8 @@ class RemoteQueue:
         consumer_id = self.consumers.pop(consumer, None)
         self._granted.pop(consumer, None)
         link = self._link()
-        link.consumers.pop(consumer_id, None)  # type: ignore[arg-type]
         if consumer_id is None or link.closed:
+            link.consumers.pop(consumer_id, None)  # type: ignore[arg-type]
             future = asyncio.get_running_loop().create_future()
             future.set_result(None)
             return future
@@ -458,10 +458,15 @@ class RemoteQueue:
 
     @staticmethod
     async def _cancel(link: EntryLink, consumer_id: int) -> None:
+        # The link keeps knowing the consumer until the owner answers: what it delivered
+        # before it read the CANCEL still arrives, and goes back (`delivered`), where
+        # dropping it left it unacked on the owner for as long as the link lives.
         try:
             await link.request(wire.Kind.CANCEL, consumer_id)
         except (LinkError, ProtocolError):
             pass
+        finally:
+            link.consumers.pop(consumer_id, None)
 
     def cancelled(self, consumer: Consumer, reason: str) -> None:
         """The owner dropped the consumer (queue deleted, its node down)."""
