@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install reference-rabbitmq browser docker-engine run lint format test test-all test-fast test-cluster test-docker soak fuzz bench bench-delayed clean
+.PHONY: install reference-rabbitmq browser faketime docker-engine run lint format test test-all test-fast test-cluster test-docker test-faults soak fuzz bench bench-delayed clean
 
 install: $(STAMP)
 
@@ -36,6 +36,17 @@ browser:
 		fi; \
 	fi
 
+# The fault tests jump a node's clock with libfaketime (Debian's faketime), installed the same
+# way; elsewhere the clock-jump scenarios are skipped.
+faketime:
+	@if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null; \
+		else \
+			echo "note: faketime is not installed; the fault tests' clock jumps will not run"; \
+		fi; \
+	fi
+
 # The Docker test runs a real engine: Debian's docker.io and docker-compose, and debootstrap
 # for a base image built without a registry, installed as root and dockerd started when none
 # answers (scripts/docker_engine.sh); elsewhere the Docker test is skipped, except under CI=true.
@@ -54,7 +65,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: $(STAMP) reference-rabbitmq browser lint
+test: $(STAMP) reference-rabbitmq browser faketime lint
 	$(BIN)/pytest
 
 # The whole suite, as CI runs it.
@@ -71,6 +82,12 @@ test-cluster: $(STAMP)
 
 test-docker: $(STAMP) docker-engine
 	$(BIN)/pytest -m docker tests/test_docker_cluster.py
+
+# Issue 12's fault tests, long: every nemesis with 10 s and 30 s faults for minutes each, and
+# the results table (published, confirmed, consumed, lost, duplicated) at the end. `make test`
+# runs a few seconds of each.
+test-faults: $(STAMP) faketime
+	$(BIN)/pytest -m faults tests/test_faults.py
 
 # 100,000 queues and 255,000 priority levels under a 4,096-file limit: long, and gigabytes.
 soak: $(STAMP)

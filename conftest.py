@@ -1,5 +1,5 @@
-"""Suite-wide guards: soak and Docker tests run only when asked for, and a run in which no test
-passed is a failure, never a green run."""
+"""Suite-wide guards: soak, Docker and long fault tests run only when asked for, and a run in
+which no test passed is a failure, never a green run."""
 
 import pytest
 
@@ -7,6 +7,8 @@ OPT_IN = {
     "soak": "soak test: run with `make soak` (pytest -m soak) or --soak",
     "docker": "needs a Docker engine and minutes: run with `make test-docker` (pytest -m docker)"
     " or --docker",
+    "faults": "minutes of faults per scenario: run with `make test-faults` (pytest -m faults)"
+    " or --faults",
 }
 """Markers whose tests run only when asked for, and why the others skip them."""
 
@@ -16,11 +18,14 @@ def pytest_addoption(parser):
     parser.addoption(
         "--docker", action="store_true", help="also run the Docker tests (`make test-docker`)"
     )
+    parser.addoption(
+        "--faults", action="store_true", help="also run the long fault tests (`make test-faults`)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the soak and Docker tests unless the run asks for them with --soak (--docker) or
-    a -m naming "soak" ("docker").
+    """Skip the soak, Docker and long fault tests unless the run asks for them with --soak
+    (--docker, --faults) or a -m naming "soak" ("docker", "faults").
 
     Not `addopts = -m "not soak"`: a later -m (`make test-fast`'s -m "not slow") replaces
     that expression instead of adding to it, and the soak tests would run.

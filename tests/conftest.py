@@ -75,7 +75,13 @@ def warren_process(tmp_path):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Where the screenshots of the browser tests went (browser.py), if any ran."""
+    """The fault tests' results table (fault_scenarios.py), and where the screenshots of the
+    browser tests went (browser.py), if any ran."""
+    scenarios = sys.modules.get("fault_scenarios")
+    if scenarios is not None and scenarios.RESULTS:
+        terminalreporter.write_sep("-", "fault tests")
+        for line in scenarios.results_table(scenarios.RESULTS):
+            terminalreporter.write_line(line)
     browser = sys.modules.get("browser")
     if browser is not None and browser.saved:
         terminalreporter.write_sep("-", "browser screenshots")
