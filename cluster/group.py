@@ -340,6 +340,9 @@ class RaftGroup:
         self.persist_s_max = 0.0
         self.disk_full_retries = 0
         self._frozen_at_index = 0
+        self.heard_s: dict[int, float] = {}
+        """The loop time of the last Raft message from each peer: a leader hears from each
+        live follower every heartbeat, so this is how long ago a node was last alive."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -400,8 +403,10 @@ class RaftGroup:
             await asyncio.shield(self._persisting)
         self._fail_proposals(GroupStopped("the group stopped; outcome unknown"))
         self._fail_requests(GroupStopped("the group stopped; outcome unknown"))
-        self.storage.close()
-        self._stopped.set()
+        try:
+            self.storage.close()
+        finally:
+            self._stopped.set()
 
     def _close_inputs(self) -> None:
         """Subclasses close what feeds them requests (listeners, client sockets)."""
@@ -871,6 +876,7 @@ class RaftGroup:
             raise ValueError(str(exc)) from exc  # the transport drops the connection
         if message.dst != self.config.node_id:
             raise ValueError(f"message for node {message.dst} reached node {self.config.node_id}")
+        self.heard_s[message.src] = asyncio.get_running_loop().time()
         if message.src in self.group_state.removed and message.src not in self.raft.voters:
             self._heard_from_removed(message.src)
             return

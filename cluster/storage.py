@@ -464,7 +464,9 @@ class RaftStorage:
     def close(self) -> None:
         if self._log is None:
             return
-        if self.hard_state is not None and self.hard_state != self._hard_state_durable:
-            self._write_hard_state()
-        self._log.close()
-        self._log = None
+        try:
+            if self.hard_state is not None and self.hard_state != self._hard_state_durable:
+                self._write_hard_state()
+        finally:
+            self._log.close()
+            self._log = None

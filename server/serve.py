@@ -212,6 +212,11 @@ async def serve(config: BrokerConfig) -> int:
     log.info("data in %s", config.data_dir)
     await stop.wait()
     log.info("shutting down")
-    await broker.stop()
+    try:
+        await broker.stop()
+    except Exception as error:
+        log.critical("stopping failed: %s: %s", type(error).__name__, error)
+        log.debug("stopping failed", exc_info=error)
+        return 1
     log.info("stopped")
     return 0

@@ -9,6 +9,7 @@ durable topology (exchanges, queues, bindings) survives while transient topology
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -346,3 +347,22 @@ def test_sigkill_while_dead_lettering_loses_no_message(warren_process):
     connection.close()
     missing = set(sent) - set(found)
     assert not missing, f"{len(missing)} messages lost, e.g. {sorted(missing)[:3]}"
+
+
+def test_sigterm_after_the_data_dir_was_deleted_exits_with_an_error_not_a_hang(tmp_path):
+    """Its last writes fail (the metadata group's hard state, the queues' marks); the process
+    used to wait forever on the metadata database's thread that the failure left open."""
+    warren_process = WarrenProcess(tmp_path / "data", log_path=tmp_path / "warren.log")
+    warren_process.start()
+    connection = warren_process.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(QUEUE, durable=True)
+    channel.basic_publish("", QUEUE, b"lost with its dir", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    shutil.rmtree(warren_process.data_dir)
+    try:
+        assert warren_process.stop(timeout_s=15) == 1
+    finally:
+        warren_process.kill()
+    assert "stopping failed: FileNotFoundError" in warren_process.log_since_start()
