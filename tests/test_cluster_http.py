@@ -142,6 +142,48 @@ def test_a_consumer_on_node_3_of_a_queue_node_2_leads_shows_on_node_1(cluster, v
     on_3.close()
 
 
+def test_a_connection_to_node_3_is_listed_and_closed_through_node_1(cluster, vhost):
+    """As RabbitMQ's management API, which closes a connection on whichever node holds it."""
+    on_3 = connect(cluster, 3, vhost)
+    on_3.channel().confirm_delivery()
+    http = api(cluster, 1)
+    (shown,) = http.get(path("api", "vhosts", vhost, "connections")).json
+    channels = http.get(path("api", "connections", shown["name"], "channels"))
+    assert channels.status == 200
+    assert [(c["name"], c["confirm"]) for c in channels.json] == [(shown["name"] + " (1)", True)]
+    stranger = add_user(http, "management", {vhost: (".*", ".*", ".*")})
+    assert stranger.delete(path("api", "connections", shown["name"])).status == 401
+    closed = http.delete(path("api", "connections", shown["name"]), headers={"X-Reason": "moved"})
+    assert closed.status == 204
+    with pytest.raises(pika.exceptions.ConnectionClosed) as excinfo:
+        on_3.process_data_events(5)
+    assert excinfo.value.args[:2] == (320, "CONNECTION_FORCED - moved")
+    assert http.delete(path("api", "connections", shown["name"])).status == 404
+    assert http.get(path("api", "connections", shown["name"], "channels")).status == 404
+
+
+def test_a_stream_node_2_leads_is_listed_and_shown_by_node_1(cluster, vhost):
+    stream = name("stream")
+    on_2 = connect(cluster, 2, vhost)
+    channel = on_2.channel()
+    channel.queue_declare(
+        stream,
+        durable=True,
+        arguments={"x-queue-type": "stream", "x-queue-leader-locator": "client-local"},
+    )
+    channel.confirm_delivery()
+    for number in range(3):
+        channel.basic_publish("", stream, b"%d" % number)
+    on_2.close()
+    http = api(cluster, 1)
+    listed = http.get(path("api", "streams", vhost)).json
+    assert [(s["name"], s["node"], s["messages"]) for s in listed] == [(stream, "warren@2", 3)]
+    shown = http.get(path("api", "streams", vhost, stream))
+    assert shown.status == 200
+    assert (shown.json["node"], shown.json["next_offset"]) == ("warren@2", 3)
+    assert http.get(path("api", "streams", vhost, name("none"))).status == 404
+
+
 @pytest.mark.slow
 def test_a_node_cut_off_from_the_others_answers_alone_and_refuses_unconfirmed_reads(tmp_path):
     cluster = up(tmp_path / "cluster", 3)

@@ -1,6 +1,6 @@
 """/api/connections, /api/channels and /api/consumers: the AMQP clients, read as they are,
-every node's (`node_views`: each lists its own clients, with its "node"); closing one and
-listing one connection's channels are this node's only.
+every node's (`node_views`: each lists its own clients, with its "node"), and closing one
+asks every node to close it where it is.
 
 Names are RabbitMQ's: a connection is "PEER_HOST:PEER_PORT -> HOST:PORT", a channel is its
 connection's name and " (N)". Monitoring users see everyone's; other users see their own
@@ -19,7 +19,6 @@ from warrenmq.amqp import replies
 from warrenmq.server.queue.consumer import Consumer
 
 from .api import Call, ManagementApi, no_content
-from .auth import Caller
 from .errors import not_authorised, object_not_found
 from .host import ClientChannel, ClientConnection
 from .node_views import ClusterView, cluster_view, node_view
@@ -50,10 +49,6 @@ def connection_name(connection: ClientConnection) -> str:
 def open_connections(api: ManagementApi) -> list[ClientConnection]:
     """Connections past connection.open (a vhost and a user): those RabbitMQ lists as running."""
     return [c for c in list(api.host.connections) if c.vhost is not None]
-
-
-def visible_to(caller: Caller, connection: ClientConnection) -> bool:
-    return caller.is_monitor or connection.username == caller.name
 
 
 def connection_state(api: ManagementApi, connection: ClientConnection) -> str:
@@ -224,14 +219,6 @@ async def list_connections(call: Call) -> web.Response:
     return view.mark(call.listing(items, DEFAULT_SORT, pageable=True))
 
 
-def _connection(call: Call) -> ClientConnection:
-    name = call.params["connection"]
-    for connection in open_connections(call.api):
-        if connection_name(connection) == name:
-            return connection
-    raise object_not_found()
-
-
 async def _named(call: Call, view: str, key: str) -> dict[str, Any]:
     """The connection or channel the path names, on whichever node (404 if none has it, 401
     if the caller may not see it)."""
@@ -249,21 +236,39 @@ async def get_connection(call: Call) -> web.Response:
     return call.one(await _named(call, "connections", "connection"))
 
 
+CLOSED, REFUSED = "closed", "refused"
+
+
+@node_view("close-connection")
+def close_local_connection(api: ManagementApi, argument: dict[str, Any]) -> str | None:
+    """Close the connection ``argument["name"]`` if it is this node's: CLOSED, REFUSED when
+    ``argument["user"]`` (None: an administrator) may not, None when it is not here."""
+    for connection in open_connections(api):
+        if connection_name(connection) == argument["name"]:
+            if argument["user"] not in (None, connection.username):
+                return REFUSED
+            connection.close(replies.CONNECTION_FORCED, argument["reason"])
+            return CLOSED
+    return None
+
+
 async def close_connection(call: Call) -> web.Response:
-    connection = _connection(call)
-    if not (call.caller.is_admin or connection.username == call.caller.name):
-        raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
+    user = None if call.caller.is_admin else call.caller.name
     reason = call.request.headers.get("X-Reason") or CLOSED_BY_API
-    connection.close(replies.CONNECTION_FORCED, reason)
-    return no_content()
+    argument = {"name": call.params["connection"], "user": user, "reason": reason}
+    answered = await cluster_view(call.api, "close-connection", argument)
+    if CLOSED in answered.parts:
+        return no_content()
+    if REFUSED in answered.parts:
+        raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
+    raise object_not_found()
 
 
 async def list_connection_channels(call: Call) -> web.Response:
-    connection = _connection(call)
-    if not visible_to(call.caller, connection):
-        raise not_authorised(NOT_AUTHORISED_FOR_OBJECT)
-    items = [channel_json(call.api, connection, ch) for ch in connection.channels.values()]
-    return call.listing(items, DEFAULT_SORT, pageable=True)
+    connection = await _named(call, "connections", "connection")
+    items, view = await listed(call, "channels")
+    mine = [item for item in items if item["connection_details"]["name"] == connection["name"]]
+    return view.mark(call.listing(mine, DEFAULT_SORT, pageable=True))
 
 
 async def list_channels(call: Call) -> web.Response:

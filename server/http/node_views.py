@@ -4,7 +4,9 @@ to asks every other member for theirs at once over the forwarding links (VIEW, a
 VIEWED), then adds them up or lists them together.
 
 A view is a function of this node's state (`ManagementApi`) and a JSON-able argument, whose
-answer is JSON-able too; a resource module names its own with `node_view`. A node that does
+answer is JSON-able too; a resource module names its own with `node_view`. A view may also
+act on what this node holds (closing one of its connections), so that a request to any node
+reaches the node where the object is. A node that does
 not answer within `VIEW_WAIT_S` (down, cut off, stopped) is left out: the answer is partial,
 as RabbitMQ's is when a node does not answer (it logs "Management delegate query returned
 errors"), and says so in `MISSING_NODES_HEADER`; never an error or a hang.

@@ -2,9 +2,11 @@
 their retained offsets and tracked offsets, the super streams with their partitions, and the
 creation of a super stream.
 
-    GET /api/streams[/{vhost}]                  every stream (queue of type stream); paged
+    GET /api/streams[/{vhost}]                  every stream (queue of type stream) of every
+                                                node, with the "node" that leads it; paged
                                                 and filtered by name as /api/queues is
-    GET /api/streams/{vhost}/{name}             one stream, its tracked offsets with their lag
+    GET /api/streams/{vhost}/{name}             one stream, its tracked offsets with their
+                                                lag, from the node that leads it
     GET /api/groups[/{vhost}]                   consumer groups: members, assignments,
                                                 committed offsets and lag per partition
     GET /api/super-streams[/{vhost}]            every super stream exchange and its partitions
@@ -33,6 +35,7 @@ from warrenmq.server.stream.super_stream import (
 
 from .api import Call, ManagementApi, core, created, no_content, vhost_missing
 from .errors import bad_request, not_authorised, object_not_found
+from .node_views import cluster_view, node_view
 from .stats import QUEUE_STATS, detailed, queue_counts
 from .values import to_json
 
@@ -48,6 +51,7 @@ def stream_json(api: ManagementApi, vhost: str, stream: Stream) -> dict[str, Any
     return {
         "name": stream.name,
         "vhost": vhost,
+        "node": api.node,
         "type": stream.queue_type,
         "first_offset": log.start_offset,
         "last_offset": log.end_offset - 1 if log.end_offset > log.start_offset else None,
@@ -69,33 +73,57 @@ def stream_json(api: ManagementApi, vhost: str, stream: Stream) -> dict[str, Any
     }
 
 
-def _sort_keys(entry: tuple[str, Stream]) -> dict[str, str]:
-    return {"vhost": entry[0], "name": entry[1].name}
+def _local_stream(api: ManagementApi, vhost: str, name: str) -> Stream | None:
+    served = api.host.vhosts.get(vhost)
+    stream = served.queues.get(name) if served is not None else None
+    return stream if isinstance(stream, Stream) else None
 
 
-async def list_streams(call: Call) -> web.Response:
-    entries = []
-    for name in call.vhosts():
-        vhost = call.api.host.vhosts.get(name)
-        if vhost is None:
-            continue
-        entries += [(name, queue) for queue in vhost.queues.values() if isinstance(queue, Stream)]
-    return call.listing_built_per_page(
-        entries, _sort_keys, lambda entry: stream_json(call.api, *entry), DEFAULT_SORT
-    )
+@node_view("streams")
+def local_streams(api: ManagementApi, argument: dict[str, Any]) -> list[dict[str, Any]]:
+    """The streams this node leads in ``argument["vhosts"]``."""
+    listed = []
+    for name in argument["vhosts"]:
+        vhost = api.host.vhosts.get(name)
+        if vhost is not None:
+            listed += [
+                stream_json(api, name, queue)
+                for queue in list(vhost.queues.values())
+                if isinstance(queue, Stream)
+            ]
+    return listed
 
 
-async def get_stream(call: Call) -> web.Response:
-    """One stream, with the lag of each tracked offset: the messages from it to the end."""
-    vhost = call.vhost()
-    stream = vhost.queues.get(call.params["name"])
-    if not isinstance(stream, Stream):
-        raise object_not_found()
-    item = stream_json(call.api, vhost.name, stream)
+@node_view("stream")
+def local_stream(api: ManagementApi, argument: dict[str, Any]) -> dict[str, Any] | None:
+    """The stream ``argument["name"]`` of ``argument["vhost"]`` with the lag of each tracked
+    offset (the messages from it to the end), if this node leads it."""
+    stream = _local_stream(api, argument["vhost"], argument["name"])
+    if stream is None:
+        return None
+    item = stream_json(api, argument["vhost"], stream)
     item["tracked_offset_lags"] = {
         tag: stream.lag(offset) for tag, offset in stream.tracked.items()
     }
-    return call.one(item)
+    return item
+
+
+async def list_streams(call: Call) -> web.Response:
+    answered = await cluster_view(call.api, "streams", {"vhosts": call.vhosts()})
+    items = [item for part in answered.parts for item in part]
+    return answered.mark(call.listing(items, DEFAULT_SORT, pageable=True))
+
+
+async def get_stream(call: Call) -> web.Response:
+    argument = {"vhost": call.vhost().name, "name": call.params["name"]}
+    item = local_stream(call.api, argument)
+    if item is not None:
+        return call.one(item)
+    answered = await cluster_view(call.api, "stream", argument)
+    for part in answered.parts:
+        if part is not None:
+            return answered.mark(call.one(part))
+    raise object_not_found()
 
 
 async def list_super_streams(call: Call) -> web.Response:
