@@ -183,14 +183,24 @@ class ReferenceNode:
         return {"env": self._env()}
 
     @classmethod
-    def create(cls, tls_dir: Path | None = None) -> ReferenceNode:
+    def create(
+        cls, tls_dir: Path | None = None, http: bool = True, cookie: str | None = None
+    ) -> ReferenceNode:
+        """A node not yet started; ``http`` False leaves out the management and Prometheus
+        plugins (and their ports), ``cookie`` is the Erlang cookie the node shares with the
+        nodes of its cluster (default: one of its own, made at its first boot)."""
         reason = unavailable_reason()
         if reason is not None:
             raise ReferenceUnavailable(reason)
         base = Path(tempfile.mkdtemp(prefix="warren-rabbitmq-"))
         for sub in ("home", "mnesia", "log"):
             (base / sub).mkdir()
-        plugins = PLUGINS if tls_dir is None else PLUGINS + TLS_PLUGINS
+        if cookie is not None:
+            # Erlang refuses a cookie file that others may read.
+            cookie_file = base / "home" / ".erlang.cookie"
+            cookie_file.write_text(cookie)
+            cookie_file.chmod(0o400)
+        plugins = (PLUGINS if http else ()) + (TLS_PLUGINS if tls_dir is not None else ())
         (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
         (base / "rabbitmq-env.conf").write_text("")
         (base / "advanced.config").write_text("[].\n")
@@ -211,8 +221,8 @@ class ReferenceNode:
             amqp_port=amqp_port,
             dist_port=dist_port,
             external_host=non_loopback_address(),
-            management_port=management_port,
-            metrics_port=metrics_port,
+            management_port=management_port if http else 0,
+            metrics_port=metrics_port if http else 0,
             tls_port=tls_port if tls_dir is not None else 0,
         )
         node.write_config()
@@ -304,9 +314,9 @@ class ReferenceNode:
         self.ctl("stop_app")
         self.ctl("start_app")
         for port in self.ports:
-            wait_for_port("127.0.0.1", port, BOOT_SECONDS_MAX, self._alive)
+            wait_for_port("127.0.0.1", port, BOOT_SECONDS_MAX, self.alive)
 
-    def _alive(self) -> bool:
+    def alive(self) -> bool:
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -317,16 +327,16 @@ class ReferenceNode:
 
     def stop(self) -> None:
         """Stop the node (politely, then by SIGKILL of its process group) and remove its files."""
-        if self.pid and self._alive():
+        if self.pid and self.alive():
             try:
                 self.ctl("stop")
             except (RuntimeError, subprocess.TimeoutExpired):
                 pass
             deadline = time.monotonic() + STOP_SECONDS_MAX
-            while self._alive() and time.monotonic() < deadline:
+            while self.alive() and time.monotonic() < deadline:
                 _reap(self.pid)
                 time.sleep(0.1)
-            if self._alive():
+            if self.alive():
                 try:
                     os.killpg(self.pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -4,6 +4,7 @@ generator's schedule, walked through with a clock the test holds."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from types import SimpleNamespace
@@ -317,6 +318,50 @@ def test_the_cli_runs_a_paced_scenario_for_its_seconds(warren, capsys):
     report = json.loads(capsys.readouterr().out)
     assert status == 0 and report["messages"] == 100 and report["rate_per_s"] == 200
     assert report["confirmed"] == 100
+
+
+def test_queue_arguments_reach_the_declared_queue(warren, capsys):
+    """--queue-argument x-max-length=50 (an integer): the kept queue holds 50 of the 100."""
+    status = loadgen.main(
+        [
+            "publish",
+            "--url",
+            warren.url,
+            "--queue",
+            "bench-arguments",
+            "--keep-queue",
+            "--messages",
+            "100",
+            "--queue-argument",
+            "x-max-length=50",
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and report["queue_arguments"] == {"x-max-length": 50}
+    connection = warren.connect()
+    try:
+        channel = connection.channel()
+        kept = channel.queue_declare("bench-arguments", passive=True)
+        assert kept.method.message_count == 50
+        channel.queue_delete("bench-arguments")
+    finally:
+        connection.close()
+
+
+def test_queue_arguments_are_x_arguments_and_not_the_queue_type():
+    assert loadgen.queue_argument("x-quorum-initial-group-size=3") == (
+        "x-quorum-initial-group-size",
+        3,
+    )
+    assert loadgen.queue_argument("x-queue-leader-locator=balanced") == (
+        "x-queue-leader-locator",
+        "balanced",
+    )
+    with pytest.raises(argparse.ArgumentTypeError):
+        loadgen.queue_argument("x-max-length")
+    for key in ("x-queue-type", "max-length"):
+        with pytest.raises(ValueError, match="x- arguments other than --queue-type"):
+            loadgen.Options(scenario="publish", queue="q", queue_arguments={key: 1})
 
 
 def test_the_bench_raises_its_open_files_limit_to_the_hard_one():

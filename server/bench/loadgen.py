@@ -130,6 +130,8 @@ class Options:
     scenario: str
     queue: str
     queue_type: str = "classic"
+    queue_arguments: dict[str, int | str] = field(default_factory=dict)
+    """More x- arguments of the declared queues (x-quorum-initial-group-size...)."""
     size_bytes: int = 64
     messages: int = 100_000
     window: int = 1000
@@ -184,6 +186,9 @@ class Options:
             raise ValueError("--reject-every rejects in the e2e scenario")
         if self.queue_type not in QUEUE_TYPES:
             raise ValueError(f"queue type must be one of {QUEUE_TYPES}, got {self.queue_type!r}")
+        for key in self.queue_arguments:
+            if not key.startswith("x-") or key == "x-queue-type":
+                raise ValueError(f"queue arguments are x- arguments other than --queue-type: {key}")
         if self.scenario == "replay" and self.queue_type != "stream":
             raise ValueError("replay reads a stream: --queue-type stream")
         if self.start not in REPLAY_STARTS:
@@ -355,7 +360,7 @@ def raise_open_files_limit(needed: int) -> None:
 
 
 async def _declare(connection: ClientConnection, channel: int, options: Options) -> None:
-    arguments: dict[str, Any] = {"x-queue-type": options.queue_type}
+    arguments: dict[str, Any] = {"x-queue-type": options.queue_type, **options.queue_arguments}
     dead_letters = dead_letter_queue(options)
     queues = measured_queues(options)
     if dead_letters is not None:
@@ -862,7 +867,16 @@ async def run_scenario(url: str, options: Options, pid: int | None = None) -> di
 
 
 # Options that mean something for each scenario (the rest are left out of its report).
-_PUBLISHING = ("scenario", "queue", "queue_type", "size_bytes", "messages", "window", "publishers")
+_PUBLISHING = (
+    "scenario",
+    "queue",
+    "queue_type",
+    "queue_arguments",
+    "size_bytes",
+    "messages",
+    "window",
+    "publishers",
+)
 _CONSUMING = ("consumers", "prefetch", "multi_ack_every")
 _PACED = ("rate_per_s", "lag_ms_max")
 _SCENARIO_OPTIONS = {
@@ -993,7 +1007,7 @@ async def run_bench(
     }
 
 
-def _run_loop(main: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+def run_loop(main: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
     try:
         import uvloop
     except ImportError:  # Windows: the default loop is slower but correct
@@ -1024,6 +1038,7 @@ def _options_from_args(args: argparse.Namespace) -> Options:
         scenario=args.scenario,
         queue=queue,
         queue_type=args.queue_type,
+        queue_arguments=dict(args.queue_argument),
         size_bytes=args.size,
         messages=messages,
         window=args.window,
@@ -1054,7 +1069,7 @@ def _handle(args: argparse.Namespace) -> int:
         options = _options_from_args(args)
         if options.poll_api is not None and args.compare is not None:
             raise ValueError("--poll-api watches the --url broker: run it without --compare")
-        result = _run_loop(
+        result = run_loop(
             lambda: run_bench(
                 options,
                 args.url,
@@ -1069,6 +1084,17 @@ def _handle(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(result, indent=2))
     return 0
+
+
+def queue_argument(text: str) -> tuple[str, int | str]:
+    """``KEY=VALUE`` from the command line: the value an integer when it reads as one."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, int(value)
+    except ValueError:
+        return key, value
 
 
 def _common_arguments(
@@ -1092,6 +1118,15 @@ def _common_arguments(
         choices=QUEUE_TYPES,
         default="classic",
         help="x-queue-type of the durable queue (default classic)",
+    )
+    parser.add_argument(
+        "--queue-argument",
+        type=queue_argument,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another x- argument of the declared queue, an integer where VALUE is one "
+        "(repeatable; e.g. x-quorum-initial-group-size=3)",
     )
     parser.add_argument("--size", type=int, default=64, help="message body bytes (default 64)")
     if messages is not None:
