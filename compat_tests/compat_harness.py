@@ -26,12 +26,12 @@ from rabbitmq_reference import (
     ReferenceNode,
     ReferenceUnavailable,
     default_state_path,
-    free_port,
     load_node,
     non_loopback_address,
     wait_for_port,
 )
 
+from warrenmq.cluster.local_cluster import free_ports
 from warrenmq.server.tls_cli import (
     CA_CERTIFICATE,
     SERVER_CERTIFICATE,
@@ -153,14 +153,11 @@ class WarrenBroker(Broker):
         # `warren serve` flags beyond those every run has (a cluster node's).
         self.extra_args = extra_args
         self.host = "127.0.0.1"
-        self.port = free_port()
+        self.port, self.management_port, self.metrics_port, self.tls_port = free_ports(4)
         # `warren serve` binds 0.0.0.0 by default, so every local address reaches it.
         self.external_host = non_loopback_address()
-        self.management_port = free_port()
-        self.metrics_port = free_port()
         self.management_url = f"http://{self.host}:{self.management_port}"
         self.metrics_url = f"http://{self.host}:{self.metrics_port}"
-        self.tls_port = free_port()
         self.data_dir = Path(tempfile.mkdtemp(prefix="warren-compat-"))
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
         self.process: subprocess.Popen | None = None
@@ -321,7 +318,7 @@ class WarrenClusterBroker(WarrenBroker):
     name = "warren-cluster"
 
     def __init__(self) -> None:
-        peers = ",".join(f"{node}=127.0.0.1:{free_port()}" for node in (1, 2, 3))
+        peers = ",".join(f"{node}=127.0.0.1:{port}" for node, port in enumerate(free_ports(3), 1))
         secret = os.urandom(16).hex()
 
         def flags(node: int) -> tuple[str, ...]:

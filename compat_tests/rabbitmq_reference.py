@@ -42,6 +42,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from warrenmq.cluster.local_cluster import free_ports
+
 RABBITMQ_BIN_DIR = Path("/usr/lib/rabbitmq/bin")
 RABBITMQ_USER = "rabbitmq"
 BOOT_SECONDS_MAX = 60.0
@@ -65,13 +67,6 @@ def default_state_path() -> Path:
 
 class ReferenceUnavailable(RuntimeError):
     """RabbitMQ cannot be started here (not installed, or we may not become its user)."""
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1 (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_port(host: str, port: int, seconds_max: float, alive=lambda: True) -> None:
@@ -210,10 +205,7 @@ class ReferenceNode:
         os.chmod(base, 0o755)
         for path in [base, *base.rglob("*")]:
             os.chown(path, user.pw_uid, user.pw_gid)
-        ports: set[int] = set()
-        while len(ports) < 5:
-            ports.add(free_port())
-        amqp_port, dist_port, management_port, metrics_port, tls_port = ports
+        amqp_port, dist_port, management_port, metrics_port, tls_port = free_ports(5)
         nodename = f"rabbit-warren-{os.getpid()}-{next(_node_counter)}@localhost"
         node = cls(
             nodename=nodename,

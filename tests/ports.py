@@ -1,10 +1,6 @@
-"""A free TCP port for the tests that must name one before they listen (Raft peers)."""
+"""Free TCP ports for the tests that must name one before they listen (Raft peers): several
+at once with `free_ports`, which never repeats one."""
 
-import socket
+from warrenmq.cluster.local_cluster import free_port, free_ports
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1 (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["free_port", "free_ports"]

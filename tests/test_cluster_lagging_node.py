@@ -14,7 +14,7 @@ import pika.exceptions
 import pytest
 from brokers import ThreadBroker
 from http_api import HttpApi, eventually, path
-from ports import free_port
+from ports import free_ports
 
 from warrenmq.server.metadata import commands as c
 
@@ -23,7 +23,7 @@ DEAF_S = 1.0
 
 @pytest.fixture
 def nodes(tmp_path):
-    peers = ",".join(f"{node}=127.0.0.1:{free_port()}" for node in (1, 2, 3))
+    peers = ",".join(f"{node}=127.0.0.1:{port}" for node, port in enumerate(free_ports(3), 1))
     nodes = [ThreadBroker(tmp_path / str(n), node_id=n, cluster=peers) for n in (1, 2, 3)]
     starting = [threading.Thread(target=node.start) for node in nodes]
     for thread in starting:

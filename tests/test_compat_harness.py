@@ -22,18 +22,19 @@ sys.path.insert(0, str(ROOT / "compat_tests"))
 
 import compat_harness  # noqa: E402
 import rabbitmq_reference  # noqa: E402
+from ports import free_port  # noqa: E402
 from raw_client import FRAME_END, RawClient, raw_frame  # noqa: E402
 
 
 def test_free_port_is_bindable():
-    port = rabbitmq_reference.free_port()
+    port = free_port()
     assert 0 < port < 65536
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
 
 
 def test_wait_for_port_times_out_on_a_closed_port():
-    port = rabbitmq_reference.free_port()
+    port = free_port()
     started = time.monotonic()
     with pytest.raises(TimeoutError):
         rabbitmq_reference.wait_for_port("127.0.0.1", port, 0.3)
@@ -41,7 +42,7 @@ def test_wait_for_port_times_out_on_a_closed_port():
 
 
 def test_wait_for_port_stops_when_the_process_dies():
-    port = rabbitmq_reference.free_port()
+    port = free_port()
     with pytest.raises(RuntimeError, match="exited during start-up"):
         rabbitmq_reference.wait_for_port("127.0.0.1", port, 10, alive=lambda: False)
 

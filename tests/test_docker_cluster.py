@@ -21,7 +21,7 @@ import pika
 import pytest
 from brokers import connect
 from http_api import HttpApi, eventually, path
-from ports import free_port
+from ports import free_ports
 
 # The first run builds the base and the image inside the first test's setup: minutes.
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
@@ -88,8 +88,9 @@ class Cluster:
     def __init__(self, compose: list[str]) -> None:
         self.project = f"warren-test-{uuid.uuid4().hex[:8]}"
         self.compose = [*compose, "-f", str(COMPOSE_FILE), "-p", self.project]
-        self.amqp_ports = {node: free_port() for node in NODES}
-        self.http_ports = {node: free_port() for node in NODES}
+        ports = free_ports(2 * len(NODES))
+        self.amqp_ports = dict(zip(NODES, ports[: len(NODES)], strict=True))
+        self.http_ports = dict(zip(NODES, ports[len(NODES) :], strict=True))
         self.environment = {
             **os.environ,
             "WARREN_IMAGE": IMAGE,

@@ -13,7 +13,7 @@ import pika.exceptions
 import pytest
 from brokers import ThreadBroker
 from http_api import HttpApi, eventually, path
-from ports import free_port
+from ports import free_ports
 
 from warrenmq.amqp.replies import ProtocolError
 from warrenmq.cluster.transport import PeerTransport
@@ -35,7 +35,7 @@ def _placed_on_a(a, b, name: str = QUEUE, **declare) -> None:
 def _two_nodes(tmp_path, secret_of_b: str = SECRET):
     """Nodes 1 (A) and 2 (B) of one metadata group, started side by side: each waits for
     the other to elect a leader."""
-    peers = ",".join(f"{node}=127.0.0.1:{free_port()}" for node in (1, 2))
+    peers = ",".join(f"{node}=127.0.0.1:{port}" for node, port in enumerate(free_ports(2), 1))
     nodes = [
         ThreadBroker(tmp_path / "a", node_id=1, cluster=peers, cluster_secret=SECRET),
         ThreadBroker(tmp_path / "b", node_id=2, cluster=peers, cluster_secret=secret_of_b),
@@ -368,7 +368,7 @@ def test_a_node_without_the_secret_gets_no_metadata_and_sends_none(tmp_path):
     """Nodes 1 and 2 share the secret; "node 3" proves a guess. The two serve as a majority
     of three, and no Raft frame crosses between them and the third, either way (the
     forwarding link's own handshake: tests/test_forwarding_handshake.py)."""
-    addresses = {node: ("127.0.0.1", free_port()) for node in (1, 2, 3)}
+    addresses = {node: ("127.0.0.1", port) for node, port in enumerate(free_ports(3), 1)}
     peers = ",".join(f"{node}={host}:{port}" for node, (host, port) in addresses.items())
     a, b = (
         ThreadBroker(tmp_path / name, node_id=node, cluster=peers, cluster_secret=SECRET)

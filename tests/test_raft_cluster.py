@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ports import free_port
+from ports import free_ports
 
 from warrenmq.cluster.group import coalesce_appends
 from warrenmq.cluster.kv import (
@@ -174,8 +174,9 @@ def test_coalescing_changes_no_peer_stream_but_its_consistency_checks(messages):
 
 
 def _configs(tmp_path: Path, size: int, **overrides) -> dict[int, ServerConfig]:
-    peers = {i: ("127.0.0.1", free_port()) for i in range(1, size + 1)}
-    clients = {i: ("127.0.0.1", free_port()) for i in range(1, size + 1)}
+    ports = iter(free_ports(2 * size))
+    peers = {i: ("127.0.0.1", next(ports)) for i in range(1, size + 1)}
+    clients = {i: ("127.0.0.1", next(ports)) for i in range(1, size + 1)}
     return {
         i: ServerConfig(
             node_id=i,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ports import free_port
+from ports import free_port, free_ports
 from test_raft_group import Journal
 
 from warrenmq.cluster import group_codec as wire
@@ -100,7 +100,7 @@ class Cluster:
     def __init__(self, tmp_path: Path, size: int, **settings) -> None:
         self.tmp_path = tmp_path
         self.settings = settings
-        self.peers = {i: ("127.0.0.1", free_port()) for i in range(1, size + 1)}
+        self.peers = {i: ("127.0.0.1", port) for i, port in enumerate(free_ports(size), 1)}
         self.groups: dict[int, RaftGroup] = {}
         self.journals: dict[int, Journal] = {}
 
