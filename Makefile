@@ -36,14 +36,15 @@ browser:
 		fi; \
 	fi
 
-# The fault tests jump a node's clock with libfaketime (Debian's faketime), installed the same
-# way; elsewhere the clock-jump scenarios are skipped.
+# The fault tests jump a node's clock with libfaketime (Debian's faketime) and slow a node's
+# disk with a preloaded library they build with the C compiler (gcc), installed the same way;
+# elsewhere the clock-jump and slow-disk scenarios are skipped.
 faketime:
-	@if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then \
+	@if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || ! command -v cc >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime gcc libc6-dev >/dev/null; \
 		else \
-			echo "note: faketime is not installed; the fault tests' clock jumps will not run"; \
+			echo "note: faketime or gcc is not installed; the fault tests' clock jumps or slow disks will not run"; \
 		fi; \
 	fi
 

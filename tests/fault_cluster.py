@@ -10,7 +10,9 @@ Network faults: `cut(a, b)` (what a sends stops reaching b), `partition(*sides)`
 shapes of Jepsen's partitions (`random_halves`, `isolated`, `majorities_ring`, `bridge`),
 `slow`, `drop_links`, `heal`. Process faults: `crash` (SIGKILL), `restart`, `pause`
 (SIGSTOP), `resume` (SIGCONT). Clock faults: with libfaketime installed, every node runs under
-it, reading its wall clock's offset from a file of its own (`jump_clock`).
+it, reading its wall clock's offset from a file of its own (`jump_clock`). Disk faults: with
+`slow_disks`, every node runs under `native/slow_fsync.c` (built with the machine's C
+compiler), which delays its fsyncs by what a file of its own says (`slow_disk`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 from fault_proxy import LinkProxy
@@ -26,15 +30,19 @@ from fault_proxy import LinkProxy
 from warrenmq.server.local_cluster import HOST, LocalCluster
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SLOW_FSYNC_SOURCE = Path(__file__).parent / "native" / "slow_fsync.c"
 NODE_START_TIMEOUT_S = 60.0
 
 
 class FaultCluster(LocalCluster):
-    def __init__(self, directory: Path, size: int = 3, fake_clock: bool = False) -> None:
+    def __init__(
+        self, directory: Path, size: int = 3, fake_clock: bool = False, slow_disks: bool = False
+    ) -> None:
         super().__init__(directory, size)
         self.raft_proxies: dict[tuple[int, int], LinkProxy] = {}
         self.link_proxies: dict[tuple[int, int], LinkProxy] = {}
         self.fake_clock = fake_clock and LIBFAKETIME.exists()
+        self.slow_fsync = build_slow_fsync(self.directory) if slow_disks else None
         self.paused: set[int] = set()
 
     # -- how each node reaches its peers ----------------------------------------------------
@@ -52,15 +60,21 @@ class FaultCluster(LocalCluster):
             for peer in self.nodes
             if peer != node_id
         )
+        preloads = []
+        if self.slow_fsync is not None:
+            preloads.append(str(self.slow_fsync))
+            settings["SLOW_FSYNC_FILE"] = str(self.fsync_delay_file(node_id))
         if self.fake_clock:
+            preloads.append(str(LIBFAKETIME))
             settings.update(
-                LD_PRELOAD=str(LIBFAKETIME),
                 FAKETIME_TIMESTAMP_FILE=str(self.clock_file(node_id)),
                 # Read again every second, so that a running node's clock jumps.
                 FAKETIME_CACHE_DURATION="1",
                 # The wall clock only, as an NTP step moves it: CLOCK_MONOTONIC never jumps.
                 FAKETIME_DONT_FAKE_MONOTONIC="1",
             )
+        if preloads:
+            settings["LD_PRELOAD"] = ":".join(preloads)
         return settings
 
     @staticmethod
@@ -69,6 +83,9 @@ class FaultCluster(LocalCluster):
 
     def clock_file(self, node_id: int) -> Path:
         return self.directory / f"node-{node_id}.faketime"
+
+    def fsync_delay_file(self, node_id: int) -> Path:
+        return self.directory / f"node-{node_id}.fsync-delay-us"
 
     # -- start and stop ----------------------------------------------------------------------
 
@@ -87,6 +104,8 @@ class FaultCluster(LocalCluster):
         for node_id in self.nodes:
             if self.fake_clock:
                 self.clock_file(node_id).write_text("+0\n")
+            if self.slow_fsync is not None:
+                self.slow_disk(node_id, 0)
             self.start(node_id)
         await asyncio.gather(*(self.listening(node_id) for node_id in self.nodes))
         return self
@@ -193,7 +212,32 @@ class FaultCluster(LocalCluster):
         """Move the node's wall clock `offset_s` from the real one (within about a second:
         libfaketime reads the file again that often)."""
         assert self.fake_clock, "libfaketime is not installed"
-        path = self.clock_file(node_id)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(f"{offset_s:+.0f}\n")
-        os.replace(temporary, path)
+        _replace(self.clock_file(node_id), f"{offset_s:+.0f}\n")
+
+    def slow_disk(self, node_id: int, seconds: float) -> None:
+        """Make each fsync and fdatasync of the node take `seconds` more (0: heal)."""
+        assert self.slow_fsync is not None, "the cluster was not started with slow_disks"
+        pid = self.nodes[node_id].pid
+        if pid and self.running(node_id):
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert str(self.slow_fsync) in maps, f"node {node_id} did not load {self.slow_fsync}"
+        _replace(self.fsync_delay_file(node_id), f"{round(seconds * 1_000_000)}\n")
+
+
+def build_slow_fsync(directory: Path) -> Path:
+    """`native/slow_fsync.c` built into `directory` with the machine's C compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("slow disks need a C compiler: apt-get install gcc")
+    directory.mkdir(parents=True, exist_ok=True)
+    library = directory / "slow_fsync.so"
+    command = [compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(SLOW_FSYNC_SOURCE)]
+    subprocess.run([*command, "-ldl"], check=True, capture_output=True)
+    return library
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `path` whole at once: a node reads it at any moment."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)

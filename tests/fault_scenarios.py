@@ -7,7 +7,7 @@ checked. `RESULTS` collects a row per scenario run, which the suite prints at it
 Nemeses: the partition shapes RabbitMQ's Jepsen tests use for quorum queues (random halves,
 majorities ring, the leader isolated, a bridge), the leader SIGKILLed, a node paused
 (SIGSTOP), a node's clock jumping (libfaketime, when installed), the links between nodes
-slow.
+slow, the leader's disk slow (its fsyncs delayed, `native/slow_fsync.c`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ DECLARE_TIMEOUT_S = 30.0
 LEADER = 1
 CLOCK_JUMP_S = 60
 LINK_DELAY_S = 0.2
+FSYNC_DELAY_S = 0.2
 NEMESES = (
     "random-halves",
     "majorities-ring",
@@ -36,6 +37,7 @@ NEMESES = (
     "pause",
     "clock-jump",
     "slow-links",
+    "slow-disk",
 )
 
 RESULTS: list[dict[str, object]] = []
@@ -161,6 +163,8 @@ class Nemesis:
             cluster.jump_clock(self.rng.choice(sorted(cluster.nodes)), CLOCK_JUMP_S)
         elif nemesis == "slow-links":
             cluster.slow(LINK_DELAY_S)
+        elif nemesis == "slow-disk":
+            cluster.slow_disk(self.leader, FSYNC_DELAY_S)
         else:
             raise ValueError(f"no nemesis {nemesis!r}")
 
@@ -172,6 +176,9 @@ class Nemesis:
         if cluster.fake_clock:
             for node in cluster.nodes:
                 cluster.jump_clock(node, 0)
+        if cluster.slow_fsync is not None:
+            for node in cluster.nodes:
+                cluster.slow_disk(node, 0)
         for node in sorted(self.crashed):
             await cluster.restart(node)
         self.crashed.clear()
@@ -179,7 +186,11 @@ class Nemesis:
 
 async def run_scenario(directory: Path, scenario: Scenario) -> Verdict:
     """Run `scenario` on a new cluster in `directory`; its verdict, its row in `RESULTS`."""
-    cluster = FaultCluster(directory, fake_clock=scenario.nemesis == "clock-jump")
+    cluster = FaultCluster(
+        directory,
+        fake_clock=scenario.nemesis == "clock-jump",
+        slow_disks=scenario.nemesis == "slow-disk",
+    )
     if scenario.nemesis == "clock-jump" and not LIBFAKETIME.exists():
         raise RuntimeError(f"clock jumps need libfaketime ({LIBFAKETIME})")
     await cluster.boot()

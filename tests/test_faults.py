@@ -11,6 +11,7 @@ runs the long ones (10 s and 30 s faults, for minutes) and prints the results ta
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 from fault_cluster import LIBFAKETIME
@@ -24,6 +25,7 @@ SHORT = [
     Scenario("kill-leader", dead_lettering=True),
     Scenario("pause"),
     Scenario("clock-jump", dead_lettering=True),
+    Scenario("slow-disk"),
     Scenario("random-halves", streams=True),
 ]
 SHORT_DURATION_S = 4.0
@@ -42,6 +44,8 @@ LONG = [
 def judge(tmp_path, scenario: Scenario) -> None:
     if scenario.nemesis == "clock-jump" and not LIBFAKETIME.exists():
         pytest.skip(f"clock jumps need libfaketime ({LIBFAKETIME}): apt-get install faketime")
+    if scenario.nemesis == "slow-disk" and not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("slow disks are built with a C compiler: apt-get install gcc")
     verdict = asyncio.run(run_scenario(tmp_path / "cluster", scenario))
     assert verdict.violations == {}, verdict.row()
     assert verdict.confirmed > 0
