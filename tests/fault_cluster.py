@@ -27,6 +27,7 @@ from pathlib import Path
 
 from fault_proxy import LinkProxy
 
+from warrenmq.cluster.local_cluster import free_ports
 from warrenmq.server.local_cluster import HOST, LocalCluster
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -91,16 +92,19 @@ class FaultCluster(LocalCluster):
 
     async def boot(self) -> FaultCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
+        # Not ports the OS picks at bind: one of the nodes' ports, picked but not yet bound
+        # by their processes, may come back, and that node then fails to start.
+        ports = iter(free_ports(2 * len(self.nodes) * (len(self.nodes) - 1), self._ports()))
         for source in self.nodes:
             for target, node in self.nodes.items():
                 if source != target:
                     pair = (source, target)
                     self.raft_proxies[pair] = await LinkProxy(
                         source, target, (HOST, node.raft_port)
-                    ).start()
+                    ).start(next(ports))
                     self.link_proxies[pair] = await LinkProxy(
                         source, target, (HOST, node.amqp_port)
-                    ).start()
+                    ).start(next(ports))
         for node_id in self.nodes:
             if self.fake_clock:
                 self.clock_file(node_id).write_text("+0\n")

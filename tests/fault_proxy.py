@@ -1,14 +1,14 @@
 """A TCP proxy between two nodes that the fault tests control: the network of a Jepsen test
 on one machine, without iptables.
 
-`LinkProxy(source, target, upstream)` listens on a free loopback port that node `source`
-dials instead of `target`'s own (`upstream`); each accepted connection is piped both ways.
-Either direction can be blocked (`block(forward=True)`: what `source` sends stops reaching
-`target`; `backward`: the replies) — a blocked direction holds its bytes, as a cut network
-with TCP's retransmissions does, and delivers them in order once healed; `delay_s` holds each
-chunk that long before passing it on (a slow link: latency, not a lower rate); `drop()`
-closes every connection through it (a reset). New connections are taken while blocked: their
-bytes wait like the others'.
+`LinkProxy(source, target, upstream)` listens on a loopback port (`start(port)`; 0: one the
+OS picks) that node `source` dials instead of `target`'s own (`upstream`); each accepted
+connection is piped both ways. Either direction can be blocked (`block(forward=True)`: what
+`source` sends stops reaching `target`; `backward`: the replies) — a blocked direction holds
+its bytes, as a cut network with TCP's retransmissions does, and delivers them in order once
+healed; `delay_s` holds each chunk that long before passing it on (a slow link: latency, not
+a lower rate); `drop()` closes every connection through it (a reset). New connections are
+taken while blocked: their bytes wait like the others'.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class LinkProxy:
         assert self._server is not None
         return self._server.sockets[0].getsockname()[1]
 
-    async def start(self) -> LinkProxy:
-        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
+    async def start(self, port: int = 0) -> LinkProxy:
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", port)
         return self
 
     def block(self, forward: bool = True, backward: bool = True) -> None:

@@ -193,13 +193,13 @@ async def run_scenario(directory: Path, scenario: Scenario) -> Verdict:
     )
     if scenario.nemesis == "clock-jump" and not LIBFAKETIME.exists():
         raise RuntimeError(f"clock jumps need libfaketime ({LIBFAKETIME})")
-    await cluster.boot()
     rng = random.Random(scenario.seed)
 
     def urls() -> list[str]:
         return [cluster.amqp_url(node) for node in cluster.nodes if cluster.running(node)]
 
     try:
+        await cluster.boot()
         if scenario.streams:
             partitions = await declare_super_stream(cluster)
             workload = StreamWorkload(urls, rng, "ss", partitions, super_stream=True)
