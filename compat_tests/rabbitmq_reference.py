@@ -28,6 +28,7 @@ listener's amqps URL with the client certificate's query parameters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -41,8 +42,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from warrenmq.cluster.local_cluster import free_ports
 
 RABBITMQ_BIN_DIR = Path("/usr/lib/rabbitmq/bin")
 RABBITMQ_USER = "rabbitmq"
@@ -67,6 +66,19 @@ def default_state_path() -> Path:
 
 class ReferenceUnavailable(RuntimeError):
     """RabbitMQ cannot be started here (not installed, or we may not become its user)."""
+
+
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct ports free a moment ago on 127.0.0.1, all bound until all are picked.
+    Not `warrenmq.cluster.local_cluster.free_ports`: `scripts/rabbitmq_reference.sh` runs
+    this file with any python3, without the package installed."""
+    with contextlib.ExitStack() as bound:
+        ports = []
+        for _ in range(count):
+            sock = bound.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
 
 
 def wait_for_port(host: str, port: int, seconds_max: float, alive=lambda: True) -> None:
@@ -205,7 +217,7 @@ class ReferenceNode:
         os.chmod(base, 0o755)
         for path in [base, *base.rglob("*")]:
             os.chown(path, user.pw_uid, user.pw_gid)
-        amqp_port, dist_port, management_port, metrics_port, tls_port = free_ports(5)
+        amqp_port, dist_port, management_port, metrics_port, tls_port = _free_ports(5)
         nodename = f"rabbit-warren-{os.getpid()}-{next(_node_counter)}@localhost"
         node = cls(
             nodename=nodename,

@@ -214,3 +214,14 @@ def test_reference_script_starts_and_stops_a_node(tmp_path):
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     with pytest.raises(TimeoutError):
         rabbitmq_reference.wait_for_port("127.0.0.1", port, 0.5)
+
+
+def test_the_reference_script_runs_without_warren_installed():
+    """`scripts/rabbitmq_reference.sh` runs it with any python3 when there is no .venv: `-S`
+    leaves site-packages, and so the warrenmq package, out."""
+    script = ROOT / "compat_tests" / "rabbitmq_reference.py"
+    shown = subprocess.run(
+        [sys.executable, "-S", str(script), "--help"], capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "start" in shown.stdout
