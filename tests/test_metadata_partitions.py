@@ -307,3 +307,23 @@ def test_a_restarted_node_forgets_its_transient_queue_even_without_a_leader():
     assert state.has_transient(2)
     state.apply(c.ForgetTransient(2))
     assert state.queue("/", "t") is None
+
+
+def test_a_restarted_node_leads_its_replicated_queues_in_a_new_epoch():
+    state = cluster()
+    declare(state, "replicated", 1, replicas=(1, 2, 3), isr=(1, 2, 3))
+    declare(state, "alone", 1)
+    declare(state, "elsewhere", 2, replicas=(2, 1, 3), isr=(2, 1, 3))
+    outcome = state.apply(c.NodeStarted(1, 7))
+    # Node 1 may have lost an unfsynced tail its followers hold: it must not lead the epoch
+    # it led before it restarted (`ReplicationNode.recover`).
+    record = state.queue("/", "replicated")
+    assert (record.node, record.isr, record.leader_epoch, record.partition_epoch) == (
+        1,
+        (1, 2, 3),
+        1,
+        1,
+    )
+    assert [result.queue.name for result in outcome.partitions] == ["replicated"]
+    assert state.queue("/", "alone").leader_epoch == 0
+    assert state.queue("/", "elsewhere").leader_epoch == 0

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from warrenmq.exchanges.binding import EXCHANGE, QUEUE, Binding, Destination
@@ -930,6 +930,20 @@ class MetadataState:
             outcome = self._forget_transient_exchanges()
         holders[command.node_id] = command.boot
         self.transient_holders = holders
+        # A restarted leader may have lost an unfsynced tail its followers hold: it leads
+        # its replicated queues again only in a new leader epoch (`ReplicationNode.recover`).
+        bumped = [
+            replace(
+                record,
+                leader_epoch=record.leader_epoch + 1,
+                partition_epoch=record.partition_epoch + 1,
+            )
+            for record in self.all_queues()
+            if record.node == command.node_id and len(record.replicas) > 1
+        ]
+        if bumped:
+            self._replace_queues(bumped)
+            outcome = replace(outcome, partitions=tuple(map(PartitionResult, bumped)))
         return outcome
 
     def _forget_transient_exchanges(self) -> Outcome:
