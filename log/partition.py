@@ -313,6 +313,16 @@ class PartitionLog:
         """Every record below this offset has been fsynced."""
         return self._durable_offset
 
+    replicated = False
+    """True while replication vouches for the log (`server/replication.py`): what it
+    confirms and delivers waits for `committed_offset`, the quorum's."""
+
+    @property
+    def committed_offset(self) -> int:
+        """Everything below this is as safe as the log can make it: fsynced here (on a
+        quorum of replicas, for a replicated log)."""
+        return self._durable_offset
+
     @property
     def last_term(self) -> int:
         """The term of the newest batch (0 for an empty log)."""

@@ -60,9 +60,11 @@ from .http import HttpListeners
 from .partition_controller import PartitionController
 from .queue.arguments import queue_type
 from .queue.dead_letter_counts import DeadLetterCounts
+from .queue.log_queue import MESSAGES_DIR
 from .queue.priority import PriorityQueue
 from .queue.work_queue import WorkQueue
 from .redrive import Redrives
+from .replication import Replicas
 from .session import admission
 from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
@@ -221,6 +223,8 @@ class Broker:
         self.node_id = config.node_id
         # Links to the nodes leading queues this node's clients use, and from other nodes.
         self.forwarding = Forwarding(self)
+        # Durable queues' logs copied to their followers (`replication.py`), when asked for.
+        self.replicas = Replicas(self) if config.replicate else None
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -258,6 +262,9 @@ class Broker:
             # wherever it was proposed, reaches the running side.
             self.store.machine.listener = self.node.applied
             self.store.machine.restored = self.node.resync
+            if self.replicas is not None and self.store.clustered:
+                self.replicas.start()
+                self.replicas.sync_all(recovering=True)
             await self.node.started()
             self.server = await self._loop.create_server(
                 lambda: BrokerConnection(self),
@@ -356,7 +363,14 @@ class Broker:
                     level_directory, config, descriptors=descriptors
                 ),
             )
-        return LogQueue.open(directory, config, descriptors=descriptors)
+        open_log = self.replicas.open_log if self.replicas is not None else None
+        return LogQueue.open(directory, config, descriptors=descriptors, open_log=open_log)
+
+    def replica_log_config(self, part: str) -> LogConfig:
+        """The config of a follower's copy of a queue's log (`part`: messages or acks), as
+        the leader's queue opens it."""
+        config = self._queue_configs[True]
+        return config.message_log if part == MESSAGES_DIR else config.ack_log
 
     def _open_delayed(self, directory: Path) -> DelayedMessageLog:
         return DelayedMessageLog.open(
@@ -462,6 +476,8 @@ class Broker:
         for connection in list(self.connections):
             connection.close()
         self.forwarding.close()
+        if self.replicas is not None:
+            self.replicas.close()
         self._tick()
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         while self.connections and time.monotonic() < deadline:

@@ -40,6 +40,7 @@ from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.errors import NotFound
 from warrenmq.server.metadata.records import NO_LEADER, NodeRecord, QueueRecord, node_name
 from warrenmq.server.metadata.state import Outcome
+from warrenmq.server.replication import replicated
 
 log = logging.getLogger(__name__)
 BOOT_ASK_S = 2.0
@@ -177,6 +178,9 @@ class ClusterNode:
             # Transient exchanges forgotten: the delayed ones' stores go with them.
             for vhost in broker.vhosts.values():
                 vhost.delayed.exchanges_deleted(outcome.deleted_exchanges)
+            # The starting node's replicated queues, in a new leader epoch.
+            for result in outcome.partitions:
+                self._partition_changed(result.queue, False)
             return
         vhost_name = getattr(command, "vhost", None)
         vhost = broker.vhosts.get(vhost_name) if vhost_name is not None else None
@@ -186,10 +190,14 @@ class ClusterNode:
             record = outcome.queue
             if outcome.created and record is not None:
                 self._serve(vhost, record)
+                if broker.replicas is not None:
+                    broker.replicas.sync(record)
         elif isinstance(command, c.DeleteQueue):
             queue = vhost.served_queue(outcome.queue.name) if outcome.queue else None
             if queue is not None:
                 vhost.retire_queue(queue)
+            if outcome.queue and broker.replicas is not None:
+                broker.replicas.forget(vhost.name, outcome.queue.name)
         elif isinstance(command, _POLICY_COMMANDS):
             vhost.apply_policies()
         if outcome.deleted_exchanges and isinstance(command, _DELETING_EXCHANGES):
@@ -215,7 +223,30 @@ class ClusterNode:
                 record.min_isr,
             )
         vhost = self.broker.vhosts.get(record.vhost)
-        if vhost is None or record.node == NO_LEADER:
+        if vhost is None:
+            return
+        replicas = self.broker.replicas
+        if replicas is None:
+            self._follow_leader(vhost, record)
+            return
+        if record.node == self.node_id:
+            # This node's follower files close for the queue to open them.
+            replicas.release(record)
+        elif replicated(record):
+            hosted = vhost.queues.get(record.name)
+            if hosted is not None:
+                # Deposed (or left without a leader): the new leader serves it from its
+                # copy, and this one becomes a follower of it.
+                vhost.step_down(hosted)
+                if record.node != NO_LEADER:
+                    self.broker.forwarding.place(vhost, record.name)
+        self._follow_leader(vhost, record)
+        replicas.sync(record)
+
+    def _follow_leader(self, vhost: Any, record: QueueRecord) -> None:
+        """Serve the queue where its record says it is led: here from the files this node
+        has, or forwarded to its leader."""
+        if record.node == NO_LEADER:
             return
         if record.node == self.node_id:
             vhost.host_elected(record)
@@ -251,6 +282,8 @@ class ClusterNode:
                 self._serve(vhost, record)
             vhost.delayed.exchanges_deleted(list(vhost.delayed.stores))
             vhost.apply_policies()
+        if broker.replicas is not None:
+            broker.replicas.sync_all()
 
     def _leave(self) -> None:
         if self.removed:

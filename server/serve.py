@@ -39,7 +39,7 @@ TLS_FLAGS = (
     "metrics_ssl_port",
 )
 # The cluster settings `warren serve` takes as flags of the same names.
-CLUSTER_FLAGS = ("node_id", "cluster", "advertise_host", "join", "cluster_secret")
+CLUSTER_FLAGS = ("node_id", "cluster", "advertise_host", "join", "cluster_secret", "replicate")
 
 
 def register(commands: Any) -> None:
@@ -145,6 +145,13 @@ def register(commands: Any) -> None:
         dest="cluster_secret",
         help="the secret every node of the cluster shares, checked when a node links to another "
         "(also WARREN_CLUSTER_SECRET)",
+    )
+    parser.add_argument(
+        "--replicate",
+        action="store_true",
+        default=None,
+        help="replicate durable queues to their follower nodes, confirming on a majority "
+        "(also WARREN_REPLICATE; every node of the cluster must agree)",
     )
     parser.set_defaults(handler=run_command)
 

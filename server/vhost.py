@@ -1222,6 +1222,21 @@ class VirtualHost:
         # The tick stops the timers of a deleted queue.
         self._wake(queue)
 
+    def step_down(self, queue: WorkQueue) -> None:
+        """Stop hosting a replicated queue another node now leads (or none does): its
+        consumers are cancelled (they consume again from the new leader), its commits
+        waiting for the quorum fail (their publishes are nacked), and its files stay, for
+        this node's replica to follow the new leader from."""
+        if self.queues.get(queue.name) is not queue:
+            return
+        del self.queues[queue.name]
+        for consumer in list(queue.consumers.values()):
+            queue.remove_consumer(consumer)
+            consumer.channel.cancel(consumer, "queue leader moved")
+        queue.deleted = True
+        queue.engine.close()
+        self._wake(queue)
+
     def _dissolve_groups_of(self, partition: Stream) -> None:
         """A deleted partition ends the consumer groups reading it: their members are
         cancelled as a deleted queue's consumers are (a group on a super stream declared

@@ -9,6 +9,7 @@ from warrenmq.cluster.replication.messages import (
     FetchError,
     FetchPartition,
     FetchRequest,
+    FetchResponse,
     PartitionState,
 )
 from warrenmq.cluster.replication.node import ReplicationNode
@@ -166,6 +167,26 @@ def test_a_follower_below_the_leaders_log_start_resets_there(tmp_path):
         assert await follower_log.read_batches(
             start, 400, 1 << 20
         ) == await leader_log.read_batches(start, 400, 1 << 20)
+        cluster.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lost_link_sends_its_partitions_fetches_again_at_once(tmp_path):
+    async def scenario():
+        cluster = Cluster(tmp_path)
+        follower = cluster.nodes[1]
+        cluster.now += 0.01
+        (sent,) = follower.poll_fetches(cluster.now)
+        assert sent[0] == 0
+        # The request is in flight: nothing more goes out until its answer (or its timeout).
+        assert follower.poll_fetches(cluster.now) == []
+        follower.link_lost(0)
+        (again,) = follower.poll_fetches(cluster.now)
+        assert again[0] == 0
+        assert {p.key for p in again[1].partitions} == set(KEYS)
+        # The lost request's answer, should it come after all, is ignored.
+        assert follower.handle_response(0, FetchResponse(sent[1].request_id, (), ()), 0) == []
         cluster.close()
 
     asyncio.run(scenario())

@@ -374,6 +374,12 @@ class ReplicationNode:
                 follower.in_flight = None
                 self._wanting[key] = None
 
+    def link_lost(self, leader_node: int) -> None:
+        """The connection to `leader_node` went down: its requests in flight will get no
+        answer, so their partitions are fetched again (on a new connection) at once."""
+        for request_id, request in self._sent.pop(leader_node, {}).items():
+            self._forget_request(request_id, request.keys)
+
     def handle_response(
         self, leader_node: int, response: FetchResponse, now: float
     ) -> list[PartitionKey]:

@@ -73,9 +73,12 @@ class EntryLink(FramedLink):
         frame_bytes_max: int,
         wake: Callable[[Any], None],
         metadata_index: Callable[[], int],
+        replicas: Any = None,
     ) -> None:
         super().__init__(frame_bytes_max)
         self.node = node
+        # This node's replication (`server/replication.py`): its fetches go over this link.
+        self._replicas = replicas
         self._wake = wake
         self._metadata_index = metadata_index
         self._barrier_sent = 0
@@ -193,6 +196,9 @@ class EntryLink(FramedLink):
             queue.delivered(consumer, message)
         elif kind is wire.Kind.CONFIRM:
             self._confirmed(fields[0])
+        elif kind is wire.Kind.FETCHED:
+            if self._replicas is not None:
+                self._replicas.fetched(self.node, fields[0])
         elif kind is wire.Kind.NACK:
             publisher = self._publishers.pop(fields[0], None)
             if publisher is not None:
@@ -275,6 +281,8 @@ class EntryLink(FramedLink):
         # Their group's coordinator is gone: it dropped them.
         for member in list(self.group_members.values()):
             member.cancelled("node down")
+        if self._replicas is not None:
+            self._replicas.link_lost(self.node)
 
     def writable_again(self) -> None:
         pass

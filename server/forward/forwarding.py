@@ -24,6 +24,7 @@ class ForwardingHost(Protocol):
     config: BrokerConfig
     vhosts: dict[str, VirtualHost]
     node_id: int
+    replicas: Any
 
     def queue_leader(self, vhost: str, name: str) -> int: ...
 
@@ -63,6 +64,7 @@ class Forwarding:
                 self._frame_bytes_max,
                 host.want_dispatch,
                 host.metadata_index,
+                host.replicas,
             )
             dial = asyncio.ensure_future(self._dial(link))
             self._dials.add(dial)

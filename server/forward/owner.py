@@ -57,6 +57,7 @@ class OwnerHost(Protocol):
 
     boot: int
     redrives: Any
+    replicas: Any
 
     async def local_view(self, name: str, argument: Any) -> Any:
         """This node's part of a cluster-wide HTTP API figure (`server/http/node_views.py`)."""
@@ -206,6 +207,11 @@ class OwnerLink(FramedLink):
             self._answer(fields[0], self._append, *fields)
         elif kind is wire.Kind.PEEK:
             self._answer(fields[0], self._peek, *fields)
+        elif kind is wire.Kind.FETCH:
+            replicas = self.host.replicas
+            if replicas is None:
+                raise ValueError("a FETCH to a node that does not replicate")
+            replicas.fetch_received(self, fields[0])
         elif kind is wire.Kind.BOOT:
             self.send(wire.Kind.REPLY, fields[0], self.host.boot, 0)
         elif kind is wire.Kind.REDRIVE:

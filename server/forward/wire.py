@@ -91,6 +91,11 @@ class Kind(enum.IntEnum):
     REVOKE = 50
     GROUP_CANCELLED = 51
     GROUP_DESCRIBED = 52
+    # entry -> owner: a follower node's fetch from the node leading the partitions it
+    # follows there (`server/replication.py`), answered by FETCHED whenever the leader has
+    # news or the long poll ends
+    FETCH = 53
+    FETCHED = 54
 
 
 class Settle(enum.IntEnum):
@@ -175,6 +180,9 @@ SCHEMAS: dict[Kind, str] = {
     # request id, next offset, then the records' offsets, timestamps, exchanges, routing
     # keys, properties and bodies
     Kind.RECORDS: "QQIIMMMM",
+    # a `cluster/replication/codec.py` FetchRequest, FetchResponse
+    Kind.FETCH: "b",
+    Kind.FETCHED: "b",
     # request id, the view's name, its argument as JSON (`server/http/node_views.py`)
     Kind.VIEW: "Qss",
     # request id, the owner's part as JSON

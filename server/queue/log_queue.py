@@ -60,7 +60,7 @@ import itertools
 import operator
 import os
 import shutil
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,21 +262,26 @@ class LogQueue:
         *,
         executor: Executor | None = None,
         descriptors: DescriptorPool | None = None,
+        open_log: Callable[[Path, LogConfig], PartitionLog] | None = None,
     ) -> LogQueue:
         """Open or create the queue in `directory`, recovering its state after any crash.
 
-        Both logs open their files through `descriptors` (see `PartitionLog.open`).
+        Both logs open their files through `descriptors` (see `PartitionLog.open`), or by
+        `open_log` (a replicated queue's: `server/replication.py`).
         """
         config = config or QueueConfig()
         # Path(a_path) parses every component again (Python 3.11): 200,000 times at start.
         path = directory if isinstance(directory, Path) else Path(directory)
-        log = PartitionLog.open(
-            path / MESSAGES_DIR, config.message_log, executor=executor, descriptors=descriptors
-        )
+        if open_log is None:
+
+            def open_log(log_directory: Path, log_config: LogConfig) -> PartitionLog:
+                return PartitionLog.open(
+                    log_directory, log_config, executor=executor, descriptors=descriptors
+                )
+
+        log = open_log(path / MESSAGES_DIR, config.message_log)
         try:
-            acks = PartitionLog.open(
-                path / ACKS_DIR, config.ack_log, executor=executor, descriptors=descriptors
-            )
+            acks = open_log(path / ACKS_DIR, config.ack_log)
         except BaseException:
             log.close()
             raise
@@ -349,8 +354,9 @@ class LogQueue:
 
     @property
     def durable_offset(self) -> int:
-        """Every message below this offset is fsynced (publisher confirms wait for it)."""
-        return self._log.durable_offset
+        """Every message below this offset is fsynced (on a quorum, replicated: publisher
+        confirms wait for it)."""
+        return self._log.committed_offset
 
     @property
     def floor(self) -> int:
@@ -370,7 +376,7 @@ class LogQueue:
         None with messages ready until it has (see `held_until_commit`).
         """
         return (
-            self._log.durable_offset < self._log.end_offset
+            self._log.committed_offset < self._log.end_offset
             or self._run_end >= 0
             or bool(self._pending)
             or bool(self._pending_counts)
@@ -395,7 +401,8 @@ class LogQueue:
             return False
         # Before the first lead is granted, take() grants it itself: nothing to wait for.
         return (self._lead_granted and offset >= self._mark_durable) or (
-            not self.config.deliver_uncommitted and offset >= log.durable_offset
+            not (self.config.deliver_uncommitted and not log.replicated)
+            and offset >= log.committed_offset
         )
 
     # -- publishing ------------------------------------------------------------------------
@@ -480,7 +487,11 @@ class LogQueue:
         if len(taken) == count_max:
             return taken
         log = self._log
-        end = log.end_offset if self.config.deliver_uncommitted else log.durable_offset
+        # A replicated queue delivers only what a quorum holds: a new leader may not have more.
+        if self.config.deliver_uncommitted and not log.replicated:
+            end = log.end_offset
+        else:
+            end = log.committed_offset
         offset = self._next
         if offset < end and not self._lead_granted:
             self._grant_lead(clip=False)
@@ -923,7 +934,7 @@ class LogQueue:
     def _apply_synced_flushes(self) -> None:
         """For each ack log write now fsynced: deliver up to its mark, delete what it covers."""
         unsynced = self._unsynced
-        durable = self._acks.durable_offset
+        durable = self._acks.committed_offset
         while unsynced and unsynced[0][0] <= durable:
             flushed = unsynced.popleft()[1]
             self._mark_durable = max(self._mark_durable, flushed.mark)
