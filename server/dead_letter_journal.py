@@ -100,6 +100,10 @@ class DeadLetterJournal:
         waiter = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         if not self._writing:
+            # Marked here, not once the writer runs: another record in this pass of the loop
+            # would start a second writer, whose write could end first and answer later
+            # hand-offs before earlier ones (or append beside the other's compacting rewrite).
+            self._writing = True
             asyncio.ensure_future(self._write())
         try:
             await waiter
@@ -118,8 +122,8 @@ class DeadLetterJournal:
         self._size = sum(len(line) + 1 for line in lines)
 
     async def _write(self) -> None:
-        # One writer at a time; what arrives meanwhile goes in the next write (group commit).
-        self._writing = True
+        # One writer at a time (`record` sets `_writing`); what arrives meanwhile goes in the
+        # next write (group commit).
         try:
             while self._buffer:
                 lines, self._buffer = self._buffer, []

@@ -314,6 +314,8 @@ class VirtualHost:
         self.journal = DeadLetterJournal(
             data_dir / "dead-letters" / f"{directory_name(name)}.journal"
         )
+        # Each source queue's newest hand-off still on its way (`dead_letter`), until it ends.
+        self._handoffs_pending: dict[WorkQueue, asyncio.Future[Any]] = {}
         delayed_directory = data_dir / "delayed" / directory_name(name)
         self.delayed = DelayedExchanges(
             self,
@@ -496,7 +498,11 @@ class VirtualHost:
 
         When a dead letter goes to a queue, the hand-off is written to the journal first
         (`DeadLetterJournal`), and staged once that is durable: a crash after the targets
-        stored it and before its queue acknowledged it does not deliver it twice."""
+        stored it and before its queue acknowledged it does not deliver it twice.
+
+        A queue's hand-offs are staged in the order they were made, whichever journal write
+        ends first: its targets get its dead letters in the order they died (but for one
+        whose journal write failed: it stays in flight and is published again later)."""
         dead_letters = queue.take_dead_letters()
         if not dead_letters:
             return
@@ -518,10 +524,18 @@ class VirtualHost:
                     target.engine.append_position(record[2])
                 )
             items.append(item)
-        if not items:
+        pending = self._handoffs_pending
+        previous = pending.get(queue)
+        if not items and previous is None:
             self._stage_dead_letters(handoff, plan)
             return
-        self._background(self._journal_then_stage(handoff, plan, items, positions))
+        task = self._background(self._journal_then_stage(handoff, plan, items, positions, previous))
+        pending[queue] = task
+        task.add_done_callback(lambda ended: self._handoff_ended(queue, ended))
+
+    def _handoff_ended(self, queue: WorkQueue, ended: asyncio.Future[Any]) -> None:
+        if self._handoffs_pending.get(queue) is ended:
+            del self._handoffs_pending[queue]
 
     def _dead_letter_plan(
         self, queue: WorkQueue, dead_letters: list[tuple[Message, str]]
@@ -576,22 +590,38 @@ class VirtualHost:
         plan: list[DeadLetterPlan],
         items: list[Item],
         positions: dict[str, set[int]],
+        previous: asyncio.Future[Any] | None,
     ) -> None:
+        """Journal the hand-off (no `items`: nothing to journal), then stage it once
+        `previous`, the same queue's hand-off before it, has ended: journal writes may end
+        in any order, and a later hand-off staged first would overtake its dead letters."""
         queue = handoff.queue
-        try:
-            handoff_id = await self.journal.record(queue.name, items, positions)
-        except OSError as error:
+        handoff_id = None
+        failed = None
+        if items:
+            try:
+                handoff_id = await self.journal.record(queue.name, items, positions)
+            except OSError as error:
+                failed = error
+        if previous is not None:
+            # Waited for even after a failed write: a hand-off ends only after the one before
+            # it, so the newest pending one is all the next has to wait for. `wait`, not
+            # `await`: its failure is its own, and does not stop this one.
+            await asyncio.wait([previous])
+        if failed is not None:
             log.error(
                 "queue '%s' in vhost '%s': the dead-letter journal failed, its dead letters "
                 "wait: %s",
                 queue.name,
                 self.name,
-                describe(error),
+                describe(failed),
             )
             queue.retry_dead_letters(handoff.dead_letters)
             self._wake(queue)
             return
-        handoff.settled = lambda: self._background(self._settle(queue, handoff_id))
+        if handoff_id is not None:
+            journaled = handoff_id
+            handoff.settled = lambda: self._background(self._settle(queue, journaled))
         self._stage_dead_letters(handoff, plan)
 
     async def _settle(self, queue: WorkQueue, handoff_id: int) -> None:

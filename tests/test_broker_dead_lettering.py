@@ -3,6 +3,7 @@ targets (a dead letter leaves its queue only once every target holds it durably)
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import threading
 import time
@@ -103,6 +104,95 @@ def test_a_dead_letter_its_target_could_not_store_is_kept_and_published_again(
     method, properties, body = channel.basic_get(TARGET, auto_ack=True)
     assert body == b"doomed" and properties.headers["x-death"][0]["reason"] == "expired"
     assert channel.basic_get(TARGET)[0] is None
+    connection.close()
+
+
+class ReversedJournal:
+    """The vhost's dead-letter journal, except that the first hand-off's write ends only
+    after the second's did (or then fails, `fail_first`): two journal writes of one source
+    that end in the reverse of the order they began."""
+
+    def __init__(self, journal, fail_first: bool = False) -> None:
+        self._journal = journal
+        self._fail_first = fail_first
+        self.records = 0
+        self._second_recorded: asyncio.Future[None] | None = None
+
+    async def record(self, queue, items, positions) -> int:
+        self.records += 1
+        if self.records == 1:
+            self._second_recorded = asyncio.get_running_loop().create_future()
+            await self._second_recorded
+            if self._fail_first:
+                raise OSError(errno.EIO, "Input/output error")
+            return await self._journal.record(queue, items, positions)
+        handoff_id = await self._journal.record(queue, items, positions)
+        if self.records == 2:
+            assert self._second_recorded is not None
+            self._second_recorded.set_result(None)
+        return handoff_id
+
+    def __getattr__(self, name):
+        return getattr(self._journal, name)
+
+
+def reject_in_two_handoffs(running, journal: ReversedJournal) -> tuple[object, object]:
+    """m0 and m1 published to SOURCE (dead-lettering to TARGET) and rejected one at a time:
+    two hand-offs, m0's first. Returns the source and target queues."""
+    connection = running.connect()
+    channel = connection.channel()
+    channel.queue_declare(TARGET, durable=True)
+    channel.queue_declare(
+        SOURCE,
+        durable=True,
+        arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": TARGET},
+    )
+    vhost = running.broker.vhosts["/"]
+    vhost.journal = journal
+    channel.confirm_delivery()
+    for body in (b"m0", b"m1"):
+        channel.basic_publish("", SOURCE, body, pika.BasicProperties(delivery_mode=2))
+    tags = [channel.basic_get(SOURCE)[0].delivery_tag for _ in range(2)]
+    channel.basic_reject(tags[0], requeue=False)
+    wait_for(lambda: journal.records == 1)
+    channel.basic_reject(tags[1], requeue=False)
+    connection.close()
+    return vhost.queues[SOURCE], vhost.queues[TARGET]
+
+
+def test_dead_letters_reach_their_target_in_the_order_they_died(start_broker, tmp_path):
+    """The second hand-off's journal write ends first; it still waits for the first one, so
+    the target holds the dead letters as they died in their queue."""
+    running = start_broker(tmp_path)
+    source, target = reject_in_two_handoffs(
+        running, ReversedJournal(running.broker.vhosts["/"].journal)
+    )
+    wait_for(lambda: target.ready_count == 2)
+    wait_for(lambda: source.engine.unacked_count == 0)
+    connection = running.connect()
+    channel = connection.channel()
+    bodies = [channel.basic_get(TARGET, auto_ack=True)[2] for _ in range(2)]
+    assert bodies == [b"m0", b"m1"]
+    connection.close()
+
+
+def test_a_dead_letter_whose_journal_write_failed_is_published_again_after_the_next(
+    start_broker, tmp_path
+):
+    """The first hand-off's journal write fails after the second's succeeded: the second is
+    not held back for ever, and the first's dead letter stays in its queue (in flight) and
+    arrives later, once: none lost, none doubled."""
+    running = start_broker(tmp_path)
+    journal = ReversedJournal(running.broker.vhosts["/"].journal, fail_first=True)
+    source, target = reject_in_two_handoffs(running, journal)
+    wait_for(lambda: target.ready_count == 2)
+    wait_for(lambda: source.engine.unacked_count == 0)
+    connection = running.connect()
+    channel = connection.channel()
+    bodies = [channel.basic_get(TARGET, auto_ack=True)[2] for _ in range(2)]
+    assert bodies == [b"m1", b"m0"]
+    assert channel.basic_get(TARGET)[0] is None
+    assert channel.basic_get(SOURCE)[0] is None
     connection.close()
 
 
