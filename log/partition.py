@@ -755,7 +755,8 @@ class PartitionLog:
 
     def _synced(self, end: int, truncations: int, active_base: int) -> None:
         """After an fsync of everything dirty: advance the durable offset and recovery point."""
-        if truncations != self._truncations:
+        if truncations != self._truncations or self._closed:
+            # Truncated meanwhile, or closed: another log may own the directory now.
             return
         self._durable_offset = max(self._durable_offset, end)
         if active_base > self._recovery_point:

@@ -176,6 +176,9 @@ class Replicas:
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        # Nothing more reaches the quorum: what waits for it fails (and is nacked).
+        for led in list(self._leading.values()):
+            led.stop()
         for work in list(self._work):
             work.cancel()
         for key in list(self._following):
@@ -272,6 +275,7 @@ class Replicas:
                     # Not hosted yet: the vhost opens it, then syncs again.
                     continue
                 led.key = key
+                led.stopped = False
                 led.replicated = True
                 led.leader_epoch = record.leader_epoch
                 self._leading[key] = led

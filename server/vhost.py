@@ -1263,7 +1263,7 @@ class VirtualHost:
         for consumer in list(queue.consumers.values()):
             queue.remove_consumer(consumer)
             consumer.channel.cancel(consumer, "queue leader moved")
-        queue.deleted = True
+        queue.deposed = queue.deleted = True
         queue.engine.close()
         self._wake(queue)
 

@@ -144,6 +144,10 @@ def _with_delivery_count(message: Message) -> Message:
     return message._replace(properties=props.with_headers(message.properties, entries))
 
 
+class QueueDeposed(Exception):
+    """The queue's leader moved to another node while its commit waited."""
+
+
 class WorkQueue:
     """One queue of a vhost: engine, metadata flags, consumers, per-tick publish buffer."""
 
@@ -175,6 +179,9 @@ class WorkQueue:
         self.arguments = dict(arguments)
         self.queue_type = queue_type
         self.deleted = False
+        # Stopped here because another node now leads it (`VirtualHost.step_down`): what
+        # waits for a commit was never confirmed by the quorum, and must not be.
+        self.deposed = False
         self.had_consumer = False
         self._batch_records_max = batch_records_max
         self.committing = False
@@ -441,13 +448,15 @@ class WorkQueue:
         A queue deleted meanwhile has nothing left to make durable: its messages are gone
         with it, and their publishes count as handled (RabbitMQ confirms them too).
         """
+        if self.deposed:
+            raise QueueDeposed(f"queue '{self.name}' in vhost '{self.vhost}' is led elsewhere")
         if self.deleted:
             return
         self.committing = True
         try:
             await self.engine.commit()
         except Exception:
-            if not self.deleted:
+            if not self.deleted or self.deposed:
                 raise
         finally:
             self.committing = False
