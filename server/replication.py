@@ -67,6 +67,8 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.05
 """How often the core's timers run (ISR checks, held fetches' deadlines, retries)."""
+LINK_RETRY_S = 0.5
+"""After a link to a leader node was lost, fetches wait this long before dialling again."""
 
 
 class ReplicationStopped(Exception):
@@ -163,6 +165,8 @@ class Replicas:
         self._following: dict[PartitionKey, PartitionLog] = {}
         self._queues: dict[PartitionKey, tuple[str, str]] = {}
         self._fetch_links: dict[int, Any] = {}
+        # Leader nodes whose link was lost, and when fetches may dial them again.
+        self._down_until: dict[int, float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._work: set[asyncio.Future[Any]] = set()
@@ -344,7 +348,14 @@ class Replicas:
 
     def _send_fetches(self, now: float) -> None:
         forwarding = self.broker.forwarding
+        for leader, until in list(self._down_until.items()):
+            if now >= until:
+                del self._down_until[leader]
+                # The requests held back meanwhile were never sent.
+                self.node.link_lost(leader)
         for leader, request in self.node.poll_fetches(now):
+            if leader in self._down_until:
+                continue
             try:
                 self.broker.node_address(leader)
             except Exception:
@@ -383,6 +394,7 @@ class Replicas:
         self._wake.set()
 
     def link_lost(self, leader: int) -> None:
+        self._down_until[leader] = self._now() + LINK_RETRY_S
         self.node.link_lost(leader)
         self._wake.set()
 
