@@ -12,7 +12,7 @@ from doubles import work_queue
 from warrenmq.server.queue import LogQueue, QueueConfig
 from warrenmq.server.queue.consumer import Consumer
 from warrenmq.server.queue.priority import PriorityQueue
-from warrenmq.server.queue.work_queue import WorkQueue
+from warrenmq.server.queue.work_queue import QueueDeposed, WorkQueue
 from warrenmq.server.session.channel import BrokerChannel
 
 PERSISTENT = b"\x10\x00\x02"  # delivery-mode 2
@@ -97,6 +97,23 @@ def test_a_get_waiting_for_a_commit_of_a_deleted_queue_finds_nothing(tmp_path):
         queue.deleted = True  # what VirtualHost.take_queue does
         engine.delete()
         assert await waiting is None
+
+    asyncio.run(scenario())
+
+
+def test_a_deposed_queue_fails_its_commits_instead_of_confirming_them(tmp_path):
+    """A replicated queue's leader moved away (`VirtualHost.step_down`): the publishes that
+    waited for its commit are not on the quorum, so the commit raises and they are nacked,
+    where a deleted queue's commit returns (RabbitMQ confirms publishes to a deleted queue)."""
+
+    async def scenario():
+        engine = LogQueue.open(tmp_path, QueueConfig())
+        queue = work_queue(engine)
+        publish(queue, 3)
+        queue.deposed = queue.deleted = True
+        with pytest.raises(QueueDeposed):
+            await queue.commit()
+        engine.close()
 
     asyncio.run(scenario())
 

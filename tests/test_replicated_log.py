@@ -1,0 +1,86 @@
+"""The leader's side of a replicated queue log (`server/replication.py`): a commit returns
+only once the quorum's high watermark covers what was appended before it, a log the host
+never adopted commits as a plain log, and a leader that stops leading fails what waits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from warrenmq.log import LogConfig
+from warrenmq.server.replication import ReplicatedLog, ReplicationStopped
+
+RECORDS = [(b"", b"rk", b"", b"body")]
+
+
+class RecordingHost:
+    """What `Replicas` hears from a log it leads."""
+
+    def __init__(self):
+        self.appended_keys: list[str] = []
+        self.durable_keys: list[str] = []
+
+    def appended(self, key):
+        self.appended_keys.append(key)
+
+    def durable(self, key):
+        self.durable_keys.append(key)
+
+    def closed(self, log):
+        pass
+
+
+def adopted(tmp_path, epoch=3):
+    log = ReplicatedLog.open(tmp_path / "messages", LogConfig())
+    log.host = RecordingHost()
+    log.key = "k"
+    log.leader_epoch = epoch
+    log.replicated = True
+    return log
+
+
+def test_a_commit_waits_for_the_quorum_and_batches_carry_the_leader_epoch(tmp_path):
+    async def scenario():
+        log = adopted(tmp_path)
+        log.append(RECORDS * 3)
+        commit = asyncio.ensure_future(log.commit())
+        await asyncio.sleep(0.05)
+        # fsynced here, but no quorum yet: not committed, not delivered.
+        assert log.durable_offset == 3 and not commit.done()
+        assert log.committed_offset == 0
+        assert log.host.appended_keys == ["k"] and log.host.durable_keys == ["k"]
+        log.moved(2)
+        await asyncio.sleep(0.01)
+        assert not commit.done() and log.committed_offset == 2
+        log.moved(3)
+        assert await asyncio.wait_for(commit, 1) == 3
+        assert log.last_term == 3
+        log.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_log_never_adopted_commits_on_its_own_fsync(tmp_path):
+    async def scenario():
+        log = ReplicatedLog.open(tmp_path / "messages", LogConfig())
+        log.append(RECORDS)
+        assert await asyncio.wait_for(log.commit(), 1) == 1
+        assert log.committed_offset == 1
+        log.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_that_stops_leading_fails_the_commits_waiting_for_the_quorum(tmp_path):
+    async def scenario():
+        log = adopted(tmp_path)
+        log.append(RECORDS)
+        commit = asyncio.ensure_future(log.commit())
+        await asyncio.sleep(0.05)
+        log.stop()
+        with pytest.raises(ReplicationStopped):
+            await asyncio.wait_for(commit, 1)
+        log.close()
+
+    asyncio.run(scenario())
