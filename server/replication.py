@@ -165,6 +165,10 @@ class Replicas:
         self._following: dict[PartitionKey, PartitionLog] = {}
         self._queues: dict[PartitionKey, tuple[str, str]] = {}
         self._fetch_links: dict[int, Any] = {}
+        # The HW a follower knew when it was promoted: its first as leader.
+        self._known_high_watermarks: dict[PartitionKey, int] = {}
+        # The directory of every replicated queue's logs here, and the queue's name.
+        self._directories: dict[Path, tuple[str, str]] = {}
         # Leader nodes whose link was lost, and when fetches may dial them again.
         self._down_until: dict[int, float] = {}
         self._wake = asyncio.Event()
@@ -208,7 +212,16 @@ class Replicas:
         assert isinstance(opened, ReplicatedLog)
         opened.host = self
         self._opened[directory] = opened
+        if directory in self._directories:
+            # A known queue opened again (its storage failed before): adopted at once after.
+            asyncio.get_running_loop().call_soon(self._adopt, directory)
         return opened
+
+    def _adopt(self, directory: Path) -> None:
+        vhost, name = self._directories[directory]
+        record = self.broker.store.state.queue(vhost, name)
+        if record is not None and directory in self._opened:
+            self.sync(record)
 
     def closed(self, closing: ReplicatedLog) -> None:
         if self._opened.get(closing.directory) is closing:
@@ -233,6 +246,8 @@ class Replicas:
         for the queue to open them."""
         if record.node == self.node_id:
             for key in partition_keys(record.vhost, record.name):
+                if key in self._following:
+                    self._known_high_watermarks[key] = self.node.high_watermark(key)
                 self._unfollow(key)
 
     def sync_all(self, recovering: bool = False) -> None:
@@ -250,7 +265,12 @@ class Replicas:
             following = key in self._following or following
             self._unfollow(key)
             self._queues.pop(key, None)
+            self._known_high_watermarks.pop(key, None)
         host = self.broker.vhosts.get(vhost)
+        if host is not None:
+            directory = host.queue_directory(name)
+            for part in (MESSAGES_DIR, ACKS_DIR):
+                self._directories.pop(directory / part, None)
         if following and host is not None and name not in host.queues:
             remove_directory(host.queue_directory(name))
 
@@ -272,6 +292,7 @@ class Replicas:
         keys = partition_keys(record.vhost, record.name)
         for key, part in zip(keys, (MESSAGES_DIR, ACKS_DIR), strict=True):
             self._queues[key] = (record.vhost, record.name)
+            self._directories[directory / part] = (record.vhost, record.name)
             if record.node == self.node_id:
                 self._unfollow(key)
                 led = self._opened.get(directory / part)
@@ -286,7 +307,8 @@ class Replicas:
                 if recovering:
                     self.node.recover(key, state, led, now)
                 else:
-                    self.node.apply(key, state, led, now)
+                    known = self._known_high_watermarks.pop(key, 0)
+                    self.node.apply(key, state, led, now, known)
                 # A new leader starts from the HW it knew, which need not move to be news.
                 led.moved(self.node.high_watermark(key))
                 continue
