@@ -363,7 +363,9 @@ class Broker:
                     level_directory, config, descriptors=descriptors
                 ),
             )
-        open_log = self.replicas.open_log if self.replicas is not None else None
+        replicas = self.replicas
+        clustered = self.store is not None and self.store.clustered
+        open_log = replicas.open_log if replicas is not None and clustered else None
         return LogQueue.open(directory, config, descriptors=descriptors, open_log=open_log)
 
     def replica_log_config(self, part: str) -> LogConfig:

@@ -188,11 +188,12 @@ class BrokerConfig:
     """"ID=HOST:PORT,..." of other nodes: where this node dials their links for forwarded
     work, instead of the address each registered (its advertise_host and AMQP port). Empty:
     the registered addresses."""
-    replicate: bool = False
-    """Replicate durable queues' logs to their followers (issue 12's data path): a confirm
-    then means fsynced on a majority of the queue's replicas, consumers see only what is,
-    and a killed leader's in-sync follower takes over. Off until failover is complete;
-    every node of a cluster must agree."""
+    replicate: bool = True
+    """In a cluster, replicate durable queues' logs to their followers
+    (`server/replication.py`): a confirm means fsynced on a majority of the queue's
+    replicas, consumers see only what is, and a killed leader's in-sync follower takes
+    over. Off, a queue lives on its leader's disk alone (issue 12's part 1). Every node of
+    a cluster must agree."""
     cluster_secret: str = ""
     """Shared by the nodes of a cluster: both ends of every connection between nodes prove it
     (an HMAC, never the secret itself), the metadata Raft's (`cluster/transport.py`) and the

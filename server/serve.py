@@ -148,10 +148,10 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--replicate",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="replicate durable queues to their follower nodes, confirming on a majority "
-        "(also WARREN_REPLICATE; every node of the cluster must agree)",
+        help="in a cluster, replicate durable queues to their follower nodes, confirming on a "
+        "majority (the default; also WARREN_REPLICATE; every node of the cluster must agree)",
     )
     parser.set_defaults(handler=run_command)
 

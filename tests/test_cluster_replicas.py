@@ -41,7 +41,11 @@ def test_a_quorum_queue_of_three_is_shrunk_and_grown_again(cluster):
     assert item["leader"] == item["node"] == "warren@1"
     assert sorted(item["members"]) == ["warren@1", "warren@2", "warren@3"]
     assert item["members"][0] == "warren@1"
-    assert item["isr"] == ["warren@1"] and item["leader_epoch"] == 0
+    # In sync on its leader alone at first; the followers join once they fetched it all.
+    assert item["isr"][0] == "warren@1" and item["leader_epoch"] == 0
+    assert eventually(lambda: sorted(members(cluster, queue)[1]), item["members"]) == sorted(
+        item["members"]
+    )
     # Node 2 sees the same members, and all three online.
     assert eventually(
         lambda: sorted(api(cluster, 2).get(path("api", "queues", "/", queue)).json["online"]),
@@ -56,8 +60,11 @@ def test_a_quorum_queue_of_three_is_shrunk_and_grown_again(cluster):
     printed = warren("queues", "grow", "3", "all", "--queue-pattern", f"^{queue}$", *login(cluster))
     assert queue in printed and "ok" in printed
     assert sorted(members(cluster, queue)[0]) == ["warren@1", "warren@2", "warren@3"]
-    # The new replica is not in sync until it catches up; the leader stays.
-    assert members(cluster, queue)[1:] == (["warren@1"], "warren@1")
+    # The new replica joins the ISR once it caught up (fetched the whole, empty, queue); the
+    # leader stays.
+    everyone = ["warren@1", "warren@2", "warren@3"]
+    assert eventually(lambda: sorted(members(cluster, queue)[1]), everyone) == everyone
+    assert members(cluster, queue)[2] == "warren@1"
 
 
 def test_shrinking_a_queue_led_alone_answers_per_queue_errors(cluster):
