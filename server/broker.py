@@ -335,6 +335,7 @@ class Broker:
             dead_letter_counts=self.dead_letter_counts,
             node_id=self.config.node_id,
             leader_locator=self.config.queue_leader_locator,
+            replicate=self.replicas is not None,
         )
         self.vhosts[name] = vhost
         return vhost

@@ -42,10 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from warrenmq.cluster.replication import codec
+from warrenmq.cluster.replication.config import ReplicationConfig
 from warrenmq.cluster.replication.messages import (
     NO_LEADER as NO_REPLICATION_LEADER,
 )
@@ -67,6 +69,10 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.05
 """How often the core's timers run (ISR checks, held fetches' deadlines, retries)."""
+REPLICA_LAG_S = 3.0
+"""A follower not caught up for this long leaves the ISR. Every confirm of its queues waits
+for it until then (the quorum is the whole ISR), so it is short: the controller judges a
+node gone as soon (`partition_controller.NODE_GONE_S`)."""
 LINK_RETRY_S = 0.5
 """After a link to a leader node was lost, fetches wait this long before dialling again."""
 
@@ -76,12 +82,26 @@ class ReplicationStopped(Exception):
     confirmed (its publishes are nacked)."""
 
 
+class NotEnoughReplicas(Exception):
+    """Fewer replicas in sync than a majority (Kafka's NOT_ENOUGH_REPLICAS): nothing can be
+    confirmed, so a commit fails at once (its publishes are nacked) rather than hold back
+    every other queue's confirms behind it."""
+
+
 def replicated(record: QueueRecord) -> bool:
-    """Whether the queue's logs are replicated: durable, not exclusive, more than one
-    replica, and neither a stream nor a priority queue (not replicated yet)."""
-    if len(record.replicas) < 2 or not record.durable or record.exclusive_owner is not None:
+    """Whether the queue's logs are replicated (`replicates`)."""
+    return replicates(
+        record.replicas, record.durable, record.exclusive_owner is not None, record.arguments
+    )
+
+
+def replicates(
+    replicas: tuple[int, ...], durable: bool, exclusive: bool, arguments: Mapping[str, Any]
+) -> bool:
+    """Durable, not exclusive, more than one replica, and neither a stream nor a priority
+    queue (not replicated yet)."""
+    if len(replicas) < 2 or not durable or exclusive:
         return False
-    arguments = record.arguments
     queue_type = arguments.get("x-queue-type")
     return queue_type not in ("stream", b"stream") and not arguments.get("x-max-priority")
 
@@ -94,7 +114,16 @@ def partition_keys(vhost: str, name: str) -> tuple[str, str]:
 class ReplicatedLog(PartitionLog):
     """A leader's log: a plain `PartitionLog` until the host adopts it (`replicated`)."""
 
-    __slots__ = ("key", "host", "replicated", "leader_epoch", "high_watermark", "stopped", "_moved")
+    __slots__ = (
+        "key",
+        "host",
+        "replicated",
+        "leader_epoch",
+        "high_watermark",
+        "stopped",
+        "enough_replicas",
+        "_moved",
+    )
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -104,6 +133,7 @@ class ReplicatedLog(PartitionLog):
         self.leader_epoch = 0
         self.high_watermark = 0
         self.stopped = False
+        self.enough_replicas = True
         self._moved: asyncio.Future[None] | None = None
 
     @property
@@ -128,6 +158,10 @@ class ReplicatedLog(PartitionLog):
         while self.high_watermark < min(target, self.end_offset):
             if self.stopped:
                 raise ReplicationStopped(f"{self.directory} is no longer led here")
+            if not self.enough_replicas:
+                raise NotEnoughReplicas(
+                    f"{self.directory} has fewer replicas in sync than a majority"
+                )
             if self._moved is None:
                 self._moved = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._moved)
@@ -158,7 +192,7 @@ class Replicas:
     def __init__(self, broker: Any) -> None:
         self.broker = broker
         self.node_id: int = broker.config.node_id
-        self.node = ReplicationNode(self.node_id)
+        self.node = ReplicationNode(self.node_id, ReplicationConfig(replica_lag_s=REPLICA_LAG_S))
         # Leader-side logs by directory, as LogQueue opened them (adopted or not).
         self._opened: dict[Path, ReplicatedLog] = {}
         self._leading: dict[PartitionKey, ReplicatedLog] = {}
@@ -184,9 +218,12 @@ class Replicas:
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        # Nothing more reaches the quorum: what waits for it fails (and is nacked).
+        # Nothing more reaches the quorum: what waits for it fails (and is nacked), and the
+        # queues' last writes as they close (their exact delivered mark) are this node's
+        # alone, an uncommitted tail that a follower leading next never had.
         for led in list(self._leading.values()):
             led.stop()
+            led.replicated = False
         for work in list(self._work):
             work.cancel()
         for key in list(self._following):
@@ -301,6 +338,7 @@ class Replicas:
                     continue
                 led.key = key
                 led.stopped = False
+                led.enough_replicas = not record.under_min_isr
                 led.replicated = True
                 led.leader_epoch = record.leader_epoch
                 self._leading[key] = led

@@ -66,6 +66,7 @@ from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.engine import Message, QueueEngine
 from .queue.log_queue import remove_directory
 from .queue.work_queue import WorkQueue
+from .replication import replicates
 from .stream import arguments as stream_arguments
 from .stream import offset_spec, super_stream
 from .stream.cursor import Cursor
@@ -280,9 +281,12 @@ class VirtualHost:
         dead_letter_counts: DeadLetterCounts,
         node_id: int = SINGLE_NODE_ID,
         leader_locator: str = CLIENT_LOCAL,
+        replicate: bool = False,
     ) -> None:
         self.name = name
         self.node_id = node_id
+        self.replicate = replicate
+        """Whether this node replicates queues (`server/replication.py`)."""
         self.leader_locator = leader_locator
         """Where new queues go when neither their argument nor a policy says."""
         self._dead_letter_counts = dead_letter_counts
@@ -779,8 +783,7 @@ class VirtualHost:
     ) -> tuple[int, ...]:
         """A new queue's replica set: `leader` first, then followers on the members holding
         the fewest replicas, running ones first; as many as its type, arguments and policy
-        ask for, else the default (`metadata.partitions`). Its ISR starts as the leader
-        alone: followers join it when the replication core reports them caught up."""
+        ask for, else the default (`metadata.partitions`)."""
         state = self.store.state
         queue_type = queue_arguments.queue_type(arguments)
         chosen = policy.queue_policy(name, queue_type, state.policies(self.name).values())
@@ -854,6 +857,12 @@ class VirtualHost:
             server_named=server_named,
             node=node,
             replicas=replicas,
+            # Every replica of a new queue holds all of it (nothing): all are in sync, as
+            # Kafka's new partitions are, so its first publishes need not wait for the
+            # followers to join. A queue not replicated is in sync on its leader alone.
+            isr=replicas
+            if self.replicate and replicates(replicas, durable, exclusive, arguments)
+            else (),
         )
         name = strip_cr_lf(name)
         # A declare of the same new queue still waiting for its command to apply has the

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from warrenmq.log import LogConfig
-from warrenmq.server.replication import ReplicatedLog, ReplicationStopped
+from warrenmq.server.replication import NotEnoughReplicas, ReplicatedLog, ReplicationStopped
 
 RECORDS = [(b"", b"rk", b"", b"body")]
 
@@ -80,6 +80,27 @@ def test_a_leader_that_stops_leading_fails_the_commits_waiting_for_the_quorum(tm
         await asyncio.sleep(0.05)
         log.stop()
         with pytest.raises(ReplicationStopped):
+            await asyncio.wait_for(commit, 1)
+        log.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_commit_fails_at_once_while_fewer_than_a_majority_are_in_sync(tmp_path):
+    async def scenario():
+        log = adopted(tmp_path)
+        log.enough_replicas = False
+        log.append(RECORDS)
+        with pytest.raises(NotEnoughReplicas):
+            await asyncio.wait_for(log.commit(), 1)
+        # The ISR shrank while a commit waited: it fails then.
+        log.enough_replicas = True
+        log.append(RECORDS)
+        commit = asyncio.ensure_future(log.commit())
+        await asyncio.sleep(0.05)
+        log.enough_replicas = False
+        log.moved(0)
+        with pytest.raises(NotEnoughReplicas):
             await asyncio.wait_for(commit, 1)
         log.close()
 

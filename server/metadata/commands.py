@@ -96,8 +96,10 @@ class DeclareQueue:
     keeps the queue where it is. Entries from before placement decode with node 1.
     `replicas` (the leader first; the proposing node places them too) hold its copies:
     empty, as in entries from before replica sets, it is the leader alone. A new queue's
-    ISR is its leader alone; followers join it when the replication core reports them
-    caught up (`AlterIsr`). `isr` and the epochs are given only by a snapshot's replay.
+    ISR is what the proposing node gives: every replica of a queue it replicates (all hold
+    the same nothing), else the leader alone (followers that hold no copy must never be
+    elected); followers leave and join it by `AlterIsr`. The epochs are given only by a
+    snapshot's replay.
     """
 
     vhost: str
