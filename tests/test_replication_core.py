@@ -2,6 +2,7 @@
 the leader reads stored batches with `read_batches`, followers fsync with `commit`."""
 
 import asyncio
+from dataclasses import replace
 
 from warrenmq.cluster.replication.config import ReplicationConfig
 from warrenmq.cluster.replication.messages import (
@@ -187,6 +188,26 @@ def test_a_lost_link_sends_its_partitions_fetches_again_at_once(tmp_path):
         assert {p.key for p in again[1].partitions} == set(KEYS)
         # The lost request's answer, should it come after all, is ignored.
         assert follower.handle_response(0, FetchResponse(sent[1].request_id, (), ()), 0) == []
+        cluster.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_fetch_held_while_its_replica_left_the_replica_set_is_answered(tmp_path):
+    async def scenario():
+        cluster = Cluster(tmp_path)
+        await cluster.settle()
+        leader = cluster.nodes[0]
+        cluster.now += 0.01
+        (sent,) = cluster.nodes[2].poll_fetches(cluster.now)
+        # Nothing new: the leader holds the fetch (a long poll).
+        assert leader.handle_fetch(replace(sent[1], max_wait_ms=500), cluster.now) is None
+        shrunk = PartitionState((0, 1), 0, 1, (0, 1), 2)
+        for key in KEYS:
+            leader.apply(key, shrunk, cluster.logs[(0, key)], cluster.now)
+        (pending,) = leader.ready_fetches(cluster.now + 1)
+        response = pending.response()
+        assert [p.error for p in response.partitions] == [FetchError.NONE] * len(KEYS)
         cluster.close()
 
     asyncio.run(scenario())

@@ -105,8 +105,10 @@ class PendingFetch:
                 partitions.append(FetchedPartition(key, error, -1, -1, b""))
                 continue
             high_watermark = leader.high_watermark
-            if error is FetchError.NONE:
-                leader.followers[self.replica].hw_sent = high_watermark
+            progress = leader.followers.get(self.replica)
+            # The replica may have left the replica set while its fetch was held.
+            if error is FetchError.NONE and progress is not None:
+                progress.hw_sent = high_watermark
             partitions.append(
                 FetchedPartition(
                     key,
