@@ -238,8 +238,9 @@ class ClusterNode:
                 # Deposed (or left without a leader): the new leader serves it from its
                 # copy, and this one becomes a follower of it.
                 vhost.step_down(hosted)
-                if record.node != NO_LEADER:
-                    self.broker.forwarding.place(vhost, record.name)
+            if record.node != NO_LEADER and record.name not in vhost.remote:
+                # Deposed, or never opened here (a restarted leader waits for its new epoch).
+                self.broker.forwarding.place(vhost, record.name)
         self._follow_leader(vhost, record)
         replicas.sync(record)
 

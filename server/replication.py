@@ -249,7 +249,14 @@ class Replicas:
         assert isinstance(opened, ReplicatedLog)
         opened.host = self
         self._opened[directory] = opened
-        if directory in self._directories:
+        known = self._directories.get(directory)
+        record = self.broker.store.state.queue(*known) if known is not None else None
+        if record is not None and record.node == self.node_id:
+            # What the queue writes as it opens (a CLIP of what a crash took back) carries
+            # the epoch it now leads in: stamped with an older one, a follower holding that
+            # older epoch's lost tail could not tell the two apart.
+            opened.leader_epoch = record.leader_epoch
+        if known is not None:
             # A known queue opened again (its storage failed before): adopted at once after.
             asyncio.get_running_loop().call_soon(self._adopt, directory)
         return opened
@@ -428,7 +435,14 @@ class Replicas:
         if not isinstance(response, FetchResponse):
             raise ValueError("a FETCHED carries a fetch response")
         now = self._now()
-        grown = self.node.handle_response(leader, response, now)
+        try:
+            grown = self.node.handle_response(leader, response, now)
+        except LogError as error:
+            # A follower's log refused the leader's batches: logged, and fetched again
+            # later, without taking down the link, which carries the node's other work.
+            log.error("replicating from node %d failed: %r", leader, error)
+            self._down_until[leader] = now + LINK_RETRY_S
+            return
         for partition in response.partitions:
             follower = self._following.get(partition.key)
             # What the leader deleted (acknowledged messages) goes here too, once committed.

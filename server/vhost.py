@@ -66,7 +66,7 @@ from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.engine import Message, QueueEngine
 from .queue.log_queue import remove_directory
 from .queue.work_queue import WorkQueue
-from .replication import replicates
+from .replication import replicated, replicates
 from .stream import arguments as stream_arguments
 from .stream import offset_spec, super_stream
 from .stream.cursor import Cursor
@@ -1165,6 +1165,11 @@ class VirtualHost:
             if self.node_id in record.replicas:
                 kept.append(directory_name(record.name))
             if record.node != self.node_id:
+                continue
+            if self.replicate and replicated(record):
+                # This node may have lost an unfsynced tail its followers hold: it leads the
+                # queue again only in the epoch its `NodeStarted` gives it, and opens it then
+                # (`host_elected`), so that what the queue writes as it opens carries it.
                 continue
             queue = self._host_existing(record)
             if queue is None:
