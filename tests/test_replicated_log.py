@@ -5,11 +5,18 @@ never adopted commits as a plain log, and a leader that stops leading fails what
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
-from warrenmq.log import LogConfig
-from warrenmq.server.replication import NotEnoughReplicas, ReplicatedLog, ReplicationStopped
+from warrenmq.log import DescriptorPool, LogConfig
+from warrenmq.server.metadata.records import QueueRecord
+from warrenmq.server.replication import (
+    NotEnoughReplicas,
+    Replicas,
+    ReplicatedLog,
+    ReplicationStopped,
+)
 
 RECORDS = [(b"", b"rk", b"", b"body")]
 
@@ -102,6 +109,41 @@ def test_a_commit_fails_at_once_while_fewer_than_a_majority_are_in_sync(tmp_path
         log.moved(0)
         with pytest.raises(NotEnoughReplicas):
             await asyncio.wait_for(commit, 1)
+        log.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_queue_opened_where_it_is_led_writes_in_the_epoch_it_leads(tmp_path):
+    """A promoted follower (or a restarted leader in its new epoch) opens the queue, which
+    may write at once (a CLIP of what a crash took back): that batch carries the epoch the
+    record gives, not 0, or followers holding a later epoch's batches refuse it for good."""
+
+    async def scenario():
+        record = QueueRecord(
+            "/",
+            "q",
+            durable=True,
+            auto_delete=False,
+            arguments={},
+            node=2,
+            replicas=(1, 2, 3),
+            isr=(2, 3),
+            leader_epoch=5,
+        )
+        state = SimpleNamespace(queue=lambda vhost, name: record)
+        broker = SimpleNamespace(
+            config=SimpleNamespace(node_id=2),
+            store=SimpleNamespace(state=state),
+            descriptors=DescriptorPool(64),
+        )
+        replicas = Replicas(broker)
+        directory = tmp_path / "q" / "messages"
+        replicas._directories[directory] = ("/", "q")
+        log = replicas.open_log(directory, LogConfig())
+        assert log.leader_epoch == 5
+        log.append(RECORDS)
+        assert log.last_term == 5
         log.close()
 
     asyncio.run(scenario())
