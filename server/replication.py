@@ -435,6 +435,11 @@ class Replicas:
         if not isinstance(response, FetchResponse):
             raise ValueError("a FETCHED carries a fetch response")
         now = self._now()
+        ends = (
+            {key: f.end_offset for key, f in self._following.items()}
+            if log.isEnabledFor(logging.DEBUG)
+            else {}
+        )
         try:
             grown = self.node.handle_response(leader, response, now)
         except LogError as error:
@@ -443,6 +448,16 @@ class Replicas:
             log.error("replicating from node %d failed: %r", leader, error)
             self._down_until[leader] = now + LINK_RETRY_S
             return
+        for key, end in ends.items():
+            follower = self._following.get(key)
+            if follower is not None and follower.end_offset < end:
+                log.debug(
+                    "replica %r truncated from %d to %d: %s",
+                    key,
+                    end,
+                    follower.end_offset,
+                    response.answers,
+                )
         for partition in response.partitions:
             follower = self._following.get(partition.key)
             # What the leader deleted (acknowledged messages) goes here too, once committed.

@@ -52,9 +52,9 @@ PROGRESS_WAIT_S = 20.0
 
 @pytest.fixture
 def environment(monkeypatch):
-    """Replication as a cluster has it by default (whatever this process's environment
-    says); the nodes, restarted ones too, get this process's environment."""
-    monkeypatch.delenv("WARREN_REPLICATE", raising=False)
+    """Replication on (`--replicate`, whatever this process's environment says); the
+    nodes, restarted ones too, get this process's environment."""
+    monkeypatch.setenv("WARREN_REPLICATE", "1")
     return monkeypatch
 
 

@@ -14,7 +14,10 @@ from http_api import eventually, name, path
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    running = up(tmp_path_factory.mktemp("cluster"), 3)
+    # Replicating: followers copy the queues and join the ISR once caught up.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WARREN_REPLICATE", "1")
+        running = up(tmp_path_factory.mktemp("cluster"), 3)
     yield running
     down(running)
 
