@@ -249,6 +249,7 @@ class Replicas:
         assert isinstance(opened, ReplicatedLog)
         opened.host = self
         self._opened[directory] = opened
+        log.debug("opened %s at end %d", directory, opened.end_offset)
         known = self._directories.get(directory)
         record = self.broker.store.state.queue(*known) if known is not None else None
         if record is not None and record.node == self.node_id:
@@ -268,6 +269,13 @@ class Replicas:
             self.sync(record)
 
     def closed(self, closing: ReplicatedLog) -> None:
+        log.debug(
+            "closed %s at end %d durable %d hw %d",
+            closing.directory,
+            closing.end_offset,
+            closing.durable_offset,
+            closing.high_watermark,
+        )
         if self._opened.get(closing.directory) is closing:
             del self._opened[closing.directory]
         if self._leading.get(closing.key) is closing:
@@ -551,9 +559,13 @@ class Replicas:
         try:
             outcome = await self.broker.store.apply_idempotent(command)
         except Exception as error:
-            log.warning("AlterIsr of queue '%s' failed: %r", command.name, error)
-            outcome = None
-        if outcome is None or any(result.error for result in outcome.partitions):
+            # The outcome is unknown: the entry may still commit. The proposal stands, and
+            # with it the HW's wait for a replica it adds (KIP-497's maximal ISR); the core
+            # sends it again. Dropping it let the HW pass a replica that then joined the ISR
+            # without the data, and could be elected.
+            log.warning("AlterIsr of queue '%s' has no answer yet: %r", command.name, error)
+            return
+        if outcome.refused:
             for leader in leaders:
                 if leader is not None and leader.proposed_isr == command.isr:
                     leader.alter_isr_rejected()

@@ -370,6 +370,8 @@ class VirtualHost:
                 if queue is None:
                     queue = self.remote.get(routing_key)  # type: ignore[assignment]
                     if queue is None:
+                        if self._between_leaders(routing_key):
+                            return Published.REFUSED
                         return Published.UNROUTABLE
                 routing_key_bytes = self._encoded_names.get(routing_key)
                 if routing_key_bytes is None:
@@ -459,10 +461,21 @@ class VirtualHost:
             elif type(name) is DelayedTarget:
                 held += 1
                 refused |= not self.delayed.stage(name, record, persistent, publisher)
+            elif self._between_leaders(name):
+                refused = True
         if refused:
             return Published.REFUSED
         # As the plugin: a held message reached no queue yet, so a mandatory one is returned.
         return Published.UNROUTABLE if held == len(queue_names) else Published.ROUTED
+
+    def _between_leaders(self, name: str) -> bool:
+        """A replicated queue served neither here nor elsewhere: it has no leader, or this
+        node stepped down and waits to learn the next. A publish to it is refused (nacked),
+        not confirmed as unroutable: it was routed, and nothing stored it."""
+        if not self.replicate:
+            return False
+        record = self.store.state.queue(self.name, name)
+        return record is not None and replicated(record)
 
     def restage(
         self,
@@ -1059,6 +1072,9 @@ class VirtualHost:
         engine = self._opening.pop(record.name, None)
         if engine is not None:
             return self._host(record, engine)
+        if self._between_leaders(record.name):
+            # This node's copy is a follower's: served only once this node leads it.
+            raise self._crashed(record.name)
         try:
             queue = self._host(record, self._open_existing(record))
         except Exception as error:
@@ -1277,6 +1293,13 @@ class VirtualHost:
         for consumer in list(queue.consumers.values()):
             queue.remove_consumer(consumer)
             consumer.channel.cancel(consumer, "queue leader moved")
+        # Publishes staged and not yet written: the tick skips a deleted queue, and would
+        # confirm them as it confirms those to a queue deleted meanwhile (RabbitMQ does), but
+        # nothing holds them now. They are refused (nacked).
+        for publisher in queue.drop_staged():
+            if publisher is not None:
+                channel, tag = publisher
+                channel.publish_failed(tag)
         queue.deposed = queue.deleted = True
         queue.engine.close()
         self._wake(queue)

@@ -10,7 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from warrenmq.log import DescriptorPool, LogConfig
+from warrenmq.server.metadata.commands import AlterIsr
+from warrenmq.server.metadata.partitions import STALE_PARTITION_EPOCH
 from warrenmq.server.metadata.records import QueueRecord
+from warrenmq.server.metadata.state import Outcome
+from warrenmq.server.metadata.store import StoreFailed
 from warrenmq.server.replication import (
     NotEnoughReplicas,
     Replicas,
@@ -145,5 +149,46 @@ def test_a_queue_opened_where_it_is_led_writes_in_the_epoch_it_leads(tmp_path):
         log.append(RECORDS)
         assert log.last_term == 5
         log.close()
+
+    asyncio.run(scenario())
+
+
+class Proposing:
+    """A partition leader's side of an ISR proposal."""
+
+    def __init__(self, isr):
+        self.proposed_isr = isr
+
+    def alter_isr_rejected(self):
+        self.proposed_isr = None
+
+
+def test_an_alter_isr_whose_outcome_is_unknown_stands_and_a_refused_one_is_dropped(tmp_path):
+    """A proposal that adds a replica keeps the HW waiting for it (the maximal ISR) until the
+    metadata answers. An error is no answer (the entry may commit later): dropping the
+    proposal then let the HW pass a replica the ISR went on to hold, and elect."""
+
+    async def scenario():
+        command = AlterIsr("/", "q", 1, 0, 3, (1, 2, 3))
+        outcomes: list = []
+
+        async def apply_idempotent(_):
+            outcome = outcomes.pop(0)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        broker = SimpleNamespace(
+            config=SimpleNamespace(node_id=1),
+            store=SimpleNamespace(apply_idempotent=apply_idempotent),
+        )
+        replicas = Replicas(broker)
+        leaders = [Proposing((1, 2, 3)), Proposing((1, 2, 3))]
+        outcomes.append(StoreFailed("no metadata leader for 10 s"))
+        await replicas._alter_isr(command, leaders)
+        assert [leader.proposed_isr for leader in leaders] == [(1, 2, 3), (1, 2, 3)]
+        outcomes.append(Outcome(False, refused=STALE_PARTITION_EPOCH))
+        await replicas._alter_isr(command, leaders)
+        assert [leader.proposed_isr for leader in leaders] == [None, None]
 
     asyncio.run(scenario())

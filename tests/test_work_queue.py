@@ -118,6 +118,20 @@ def test_a_deposed_queue_fails_its_commits_instead_of_confirming_them(tmp_path):
     asyncio.run(scenario())
 
 
+def test_publishes_staged_on_a_queue_leaving_this_node_are_handed_back_not_written(tmp_path):
+    """`VirtualHost.step_down` refuses what is staged and not yet written: the tick skips a
+    deleted queue, so its publishes would otherwise be confirmed and never stored."""
+    engine = LogQueue.open(tmp_path, QueueConfig())
+    queue = work_queue(engine)
+    queue.stage((b"", b"q", PERSISTENT, b"a"), persistent=True, publisher=("channel", 1))
+    queue.stage((b"", b"q", PERSISTENT, b"b"), persistent=True, publisher=None)
+    assert queue.drop_staged() == [("channel", 1), None]
+    queue.flush(NOW_MS)
+    assert queue.take_written() == ([], [], False)
+    assert engine.end_offset == 0
+    engine.close()
+
+
 # -- consumers: credit bookkeeping, round-robin, priorities, single active ------------------
 
 # The delivered mark never holds dispatch back here: these tests are about consumers.

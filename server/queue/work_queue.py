@@ -377,6 +377,14 @@ class WorkQueue:
             return True
         return self.bytes_max is not None and self.ready_bytes + body_bytes > self.bytes_max
 
+    def drop_staged(self) -> list[Any]:
+        """Forget what is staged and not yet written; returns its publishers (None
+        included), which must be refused: the queue stops being served here."""
+        publishers = self._staged_publishers
+        self._staged, self._staged_publishers, self._staged_kept = [], [], []
+        self._staged_bytes = 0
+        return publishers
+
     def flush(self, now_ms: int) -> None:
         """Write the records staged so far, stamped `now_ms` (the tick does; so does a method
         that must see them, such as basic.get after publishes on the same channel).
