@@ -392,7 +392,11 @@ def test_membership_changes_add_a_node_and_remove_the_leader(tmp_path):
             await client.remove_voter(leader)
             await servers.pop(leader).stop()
             survivors = sorted(servers)
-            assert all(s.raft.voters == tuple(survivors) for s in servers.values())
+            # The change committed on the leader; the others apply it when they hear so.
+            deadline = time.monotonic() + 10
+            while not all(s.raft.voters == tuple(survivors) for s in servers.values()):
+                assert time.monotonic() < deadline, "the survivors never applied the removal"
+                await asyncio.sleep(0.02)
             new_leader = await _leader(servers)
             # Stop one more original voter: the two left (node 4 among them) are a quorum.
             gone = next(i for i in survivors if i not in (4, new_leader))
