@@ -1269,12 +1269,8 @@ class VirtualHost:
                 del self.remote[queue.name]
                 queue.retire()
             return
-        if self.queues.get(queue.name) is not queue:
+        if not self._unhost(queue, "queue deleted"):
             return
-        del self.queues[queue.name]
-        for consumer in list(queue.consumers.values()):
-            queue.remove_consumer(consumer)
-            consumer.channel.cancel(consumer, "queue deleted")
         if isinstance(queue, Stream):
             self._dissolve_groups_of(queue)
         queue.deleted = True
@@ -1282,17 +1278,24 @@ class VirtualHost:
         # The tick stops the timers of a deleted queue.
         self._wake(queue)
 
+    def _unhost(self, queue: WorkQueue, reason: str) -> bool:
+        """Stop serving a hosted queue here and cancel its consumers with `reason`; False if
+        this node does not host that queue."""
+        if self.queues.get(queue.name) is not queue:
+            return False
+        del self.queues[queue.name]
+        for consumer in list(queue.consumers.values()):
+            queue.remove_consumer(consumer)
+            consumer.channel.cancel(consumer, reason)
+        return True
+
     def step_down(self, queue: WorkQueue) -> None:
         """Stop hosting a replicated queue another node now leads (or none does): its
         consumers are cancelled (they consume again from the new leader), its commits
         waiting for the quorum fail (their publishes are nacked), and its files stay, for
         this node's replica to follow the new leader from."""
-        if self.queues.get(queue.name) is not queue:
+        if not self._unhost(queue, "queue leader moved"):
             return
-        del self.queues[queue.name]
-        for consumer in list(queue.consumers.values()):
-            queue.remove_consumer(consumer)
-            consumer.channel.cancel(consumer, "queue leader moved")
         # Publishes staged and not yet written: the tick skips a deleted queue, and would
         # confirm them as it confirms those to a queue deleted meanwhile (RabbitMQ does), but
         # nothing holds them now. They are refused (nacked).
