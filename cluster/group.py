@@ -533,9 +533,11 @@ class RaftGroup:
         self._kick()
         return future
 
-    def _fail_proposals(self, error: Exception) -> None:
-        proposals, self._proposals = self._proposals, {}
-        for _, future in proposals.values():
+    def _fail_proposals(self, error: Exception, above: int = 0) -> None:
+        """Fail the proposals at indexes past `above`."""
+        failed = [index for index in self._proposals if index > above]
+        for index in failed:
+            _, future = self._proposals.pop(index)
             if not future.done():
                 future.set_exception(error)
 
@@ -964,7 +966,11 @@ class RaftGroup:
             # Our uncommitted entries may yet commit under the next leader, or be
             # overwritten; we cannot know which now, and waiting could take until the log
             # grows past them. Tell the proposers at once so they can check, or retry.
-            self._fail_proposals(ProposalLost("leadership lost; outcome unknown"))
+            # Those already committed keep waiting: a Ready whose fsync is under way applies
+            # them (a leader that removed itself steps down as its removal commits).
+            self._fail_proposals(
+                ProposalLost("leadership lost; outcome unknown"), above=raft.commit_index
+            )
             if self._proposed_addresses:
                 # Dialled from the entries' apply if they commit after all.
                 self._proposed_addresses.clear()

@@ -421,6 +421,35 @@ def test_membership_changes_add_a_node_and_remove_the_leader(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_leader_removing_itself_answers_the_removal_though_it_steps_down_meanwhile(tmp_path):
+    """The leader steps down the moment its removal commits, before the Ready carrying that
+    commit is fsynced and applied. The removal's proposer must get its answer, not "leadership
+    lost; outcome unknown" (a CI run failed on that when the Ready also appended entries)."""
+
+    async def scenario():
+        configs = _configs(tmp_path, 3)
+        servers = await _start_all(configs)
+        client = KVClient(_addresses(configs))
+        try:
+            leader = await _leader(servers)
+            await client.put(b"k", b"v")
+            storage = servers[leader].storage
+            write = storage.write
+
+            def write_then_fsync(hard_state, entries, snapshot):
+                write(hard_state, entries, snapshot)
+                return True  # every Ready waits for a flush, as one that appended does
+
+            storage.write = write_then_fsync
+            await client.remove_voter(leader)
+            assert leader not in servers[leader].raft.voters
+        finally:
+            await client.close()
+            await _stop_all(servers)
+
+    asyncio.run(scenario())
+
+
 def test_restarted_node_catches_up_through_a_snapshot(tmp_path):
     async def scenario():
         configs = _configs(tmp_path, 3, snapshot_entries=100)
