@@ -198,6 +198,7 @@ async def run_scenario(directory: Path, scenario: Scenario) -> Verdict:
     def urls() -> list[str]:
         return [cluster.amqp_url(node) for node in cluster.nodes if cluster.running(node)]
 
+    workload: QueueWorkload | StreamWorkload | None = None
     try:
         await cluster.boot()
         if scenario.streams:
@@ -227,6 +228,10 @@ async def run_scenario(directory: Path, scenario: Scenario) -> Verdict:
             verdict = check_queues(workload.history)
     finally:
         await cluster.shutdown()
+        if workload is not None and directory.exists():
+            with open(directory / "publishes.tsv", "w") as log:
+                for row in workload.publish_log:
+                    print(*row, sep="\t", file=log)
     RESULTS.append({"scenario": scenario.name, **verdict.row(), "violations": verdict.violations})
     return verdict
 

@@ -73,6 +73,9 @@ class Clients:
         self.rng = rng
         self.stopping = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
+        self.publish_log: list[tuple[float, str, str, str]] = []
+        """(wall-clock time, id, node url, outcome) of each publish: to find a lost message
+        in the nodes' logs."""
 
     def url(self) -> str:
         return self.rng.choice(self.urls())
@@ -86,10 +89,11 @@ class Clients:
         self.tasks.clear()
         self.stopping.clear()
 
-    async def connection(self) -> aio_pika.abc.AbstractConnection | None:
-        """A connection to a random node; None, after a pause, if it could not be opened."""
+    async def connection(self, url: str | None = None) -> aio_pika.abc.AbstractConnection | None:
+        """A connection to `url` or a random node; None, after a pause, if it could not be
+        opened."""
         try:
-            return await connect(self.url())
+            return await connect(url or self.url())
         except CLIENT_ERRORS:
             await self.pause(RETRY_S)
             return None
@@ -99,6 +103,17 @@ class Clients:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
         return self.stopping.is_set()
+
+    def _record(
+        self,
+        record: Callable[[str, int, str], None],
+        url: str,
+        message_id: str,
+        seq: int,
+        outcome: str,
+    ) -> None:
+        self.publish_log.append((time.time(), message_id, url, outcome))
+        record(message_id, seq, outcome)
 
     async def publish(
         self,
@@ -111,7 +126,8 @@ class Clients:
         outcome)` for each."""
         seq = 0
         while not self.stopping.is_set():
-            connection = await self.connection()
+            url = self.url()
+            connection = await self.connection(url)
             if connection is None:
                 continue
             try:
@@ -130,12 +146,12 @@ class Clients:
                             target.publish(body, routing_key(message_id)), CONFIRM_TIMEOUT_S
                         )
                     except aio_pika.exceptions.DeliveryError:
-                        record(message_id, seq, NACKED)
+                        self._record(record, url, message_id, seq, NACKED)
                         continue
                     except CLIENT_ERRORS:
-                        record(message_id, seq, UNKNOWN)
+                        self._record(record, url, message_id, seq, UNKNOWN)
                         break
-                    record(message_id, seq, CONFIRMED)
+                    self._record(record, url, message_id, seq, CONFIRMED)
             except CLIENT_ERRORS:
                 pass
             finally:
