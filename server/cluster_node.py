@@ -254,7 +254,7 @@ class ClusterNode:
             return
         remote = vhost.remote.get(record.name)
         if remote is not None and remote.node != record.node:
-            vhost.retire_queue(remote)
+            vhost.stop_forwarding(remote)
             self.broker.forwarding.place(vhost, record.name)
 
     # -- an installed snapshot --------------------------------------------------------------

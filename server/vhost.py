@@ -152,7 +152,11 @@ def stored_properties(properties: bytes) -> bytes:
     return _without_bcc(properties, frames.decode_properties(properties))
 
 
-DeadLetterPlan = tuple[RawRecord, bool, list[WorkQueue], list[DelayedTarget], tuple[str, ...], int]
+DeadLetterPlan = tuple[
+    RawRecord, bool, list[WorkQueue], list[DelayedTarget], tuple[str, ...], int, bool
+]
+"""A dead letter's record, persistence, target queues and delayed exchanges, BCC keys,
+failed deliveries, and whether a target has no leader now (it is published again later)."""
 """A dead letter's record, whether persistent, its target queues and delayed exchanges, the
 BCC keys it keeps and the failed deliveries it carries (`Kept`)."""
 # The reasons a dead letter dies of a failed delivery, counted as one more before it goes on,
@@ -208,6 +212,16 @@ class DeadLetterHandoff:
         if failed:
             self.queue.retry_dead_letters([self.dead_letters[tag - 1] for tag in sorted(failed)])
         self._wake(self.queue)
+
+
+def _refuse_staged(queue: WorkQueue | RemoteQueue) -> None:
+    """Refuse (nack) the publishes staged on a queue that stops being served here, not yet
+    written or sent: the tick skips a deleted queue and would confirm them, as it confirms
+    those to a queue deleted meanwhile (RabbitMQ does), but nothing holds them."""
+    for publisher in queue.drop_staged():
+        if publisher is not None:
+            channel, tag = publisher
+            channel.publish_failed(tag)
 
 
 def check_expiration(expiration: str) -> None:
@@ -407,8 +421,12 @@ class VirtualHost:
         if exchange == "" and routing_keys is None:
             # The default exchange routes to the queue named by the key: no Router call (and
             # no set built) on the commonest path.
-            hosted = routing_key in self.queues or routing_key in self.remote
-            return ((routing_key,) if hosted else ()), properties, bcc
+            routed = (
+                routing_key in self.queues
+                or routing_key in self.remote
+                or self._between_leaders(routing_key)
+            )
+            return ((routing_key,) if routed else ()), properties, bcc
         router = self.router
         if routing_keys is None and not internal_allowed:
             return router.route(exchange, routing_key, headers), properties, bcc
@@ -527,8 +545,10 @@ class VirtualHost:
         plan = self._dead_letter_plan(queue, dead_letters)
         items = []
         positions: dict[str, set[int]] = {}
-        for (message, _), (record, _, targets, _, _, _) in zip(dead_letters, plan, strict=True):
-            if message.offset < 0 or not targets:
+        for (message, _), (record, _, targets, _, _, _, unled) in zip(
+            dead_letters, plan, strict=True
+        ):
+            if message.offset < 0 or not targets or unled:
                 continue
             if any(isinstance(target, RemoteQueue) for target in targets):
                 # A queue led elsewhere has no log here for recovery to find it in: a crash
@@ -561,7 +581,7 @@ class VirtualHost:
         exchange = queue.dead_letter_exchange
         router = self.router
         if exchange is None or (exchange != "" and router.get(exchange) is None):
-            return [((b"", b"", b"", b""), False, [], [], (), 0) for _ in dead_letters]
+            return [((b"", b"", b"", b""), False, [], [], (), 0, False) for _ in dead_letters]
         now_s = self._clock() // 1000
         exchange_bytes = self._encoded(exchange)
         plan = []
@@ -586,6 +606,7 @@ class VirtualHost:
             record = (exchange_bytes, self._encoded(keys[0]), properties, message.body)
             persistent = fastpath.scan_properties(properties)[0] == 2
             queues, delayed = [], []
+            unled = False
             for name in router.route_keys(exchange, keys, headers, internal_allowed=True):
                 target = self.queues.get(name)
                 if target is None:
@@ -594,11 +615,13 @@ class VirtualHost:
                     queues.append(target)
                 elif type(name) is DelayedTarget:
                     delayed.append(name)
+                elif target is None and self._between_leaders(name):
+                    unled = True
             # RabbitMQ's dead letter keeps the keys it was routed by: BCC ones too, unless a
             # dead-letter routing key replaced them all.
             kept_bcc = bcc if dead_letter_routing_key is None else ()
             failures = message.failed_count + (reason in FAILED_DELIVERY_REASONS)
-            plan.append((record, persistent, queues, delayed, kept_bcc, failures))
+            plan.append((record, persistent, queues, delayed, kept_bcc, failures, unled))
         return plan
 
     async def _journal_then_stage(
@@ -654,7 +677,12 @@ class VirtualHost:
     ) -> None:
         if handoff.queue.deleted:
             return
-        for tag, (record, persistent, queues, delayed, bcc, failures) in enumerate(plan, 1):
+        for tag, (record, persistent, queues, delayed, bcc, failures, unled) in enumerate(plan, 1):
+            if unled or any(target.deposed for target in queues):
+                # A target with no leader, or whose leader moved since the plan: staged on
+                # none of them, and published again later.
+                handoff.publish_failed(tag)
+                continue
             for target in queues:
                 if not target.deleted and target.stage_kept(
                     record, persistent, False, (handoff, tag), bcc=bcc, failures=failures
@@ -991,7 +1019,7 @@ class VirtualHost:
         serve it from the files it has, in place of any forwarder to the old leader."""
         remote = self.remote.get(record.name)
         if remote is not None:
-            self.retire_queue(remote)
+            self.stop_forwarding(remote)
         if record.name in self.queues or record.name in self._opening:
             return
         queue = self._host_existing(record)
@@ -1261,6 +1289,14 @@ class VirtualHost:
         x-expires); returns the deletion under way."""
         return self._background(self.delete_queue(queue))
 
+    def stop_forwarding(self, queue: RemoteQueue) -> None:
+        """The queue's leader moved from the node `queue` forwards to. What was sent there
+        waits for its answer; what is staged and not yet sent is refused."""
+        if self.remote.get(queue.name) is queue:
+            _refuse_staged(queue)
+            queue.deposed = True
+        self.retire_queue(queue)
+
     def retire_queue(self, queue: WorkQueue) -> None:
         """Stop hosting a queue whose record is gone: its consumers are cancelled, its timers
         stopped and its engine data deleted."""
@@ -1296,13 +1332,7 @@ class VirtualHost:
         this node's replica to follow the new leader from."""
         if not self._unhost(queue, "queue leader moved"):
             return
-        # Publishes staged and not yet written: the tick skips a deleted queue, and would
-        # confirm them as it confirms those to a queue deleted meanwhile (RabbitMQ does), but
-        # nothing holds them now. They are refused (nacked).
-        for publisher in queue.drop_staged():
-            if publisher is not None:
-                channel, tag = publisher
-                channel.publish_failed(tag)
+        _refuse_staged(queue)
         queue.deposed = queue.deleted = True
         queue.engine.close()
         self._wake(queue)

@@ -364,6 +364,38 @@ def test_owner_gone_nacks_publishes_and_cancels_consumers(nodes):
     consuming.close()
 
 
+class Publisher:
+    """A confirming channel as the tick sees it: what it was told."""
+
+    def __init__(self) -> None:
+        self.failed: list[int] = []
+        self.confirmed: list[int] = []
+
+    def publish_failed(self, tag: int) -> None:
+        self.failed.append(tag)
+
+    def confirm(self, through: int, refused) -> None:
+        self.confirmed.append(through)
+
+
+def test_a_publish_staged_for_an_owner_that_stopped_leading_is_nacked_not_confirmed(nodes):
+    """The queue's leader moves (a failover) after a publish was staged for the old one and
+    before the tick sent it: the tick skips a retired queue, so the publish is refused
+    there and then; confirmed, nothing would hold it."""
+    a, b = nodes
+    vhost = b.broker.vhosts["/"]
+    publisher = Publisher()
+
+    async def stage_then_move() -> None:
+        vhost.publish("", QUEUE, b"", b"moved", persistent=True, publisher=(publisher, 1))
+        vhost.stop_forwarding(vhost.remote[QUEUE])
+        await b.broker.after_commit()
+
+    b.call(stage_then_move())
+    assert publisher.failed == [1]
+    assert _ready_on(a) == 0
+
+
 def test_a_node_without_the_secret_gets_no_metadata_and_sends_none(tmp_path):
     """Nodes 1 and 2 share the secret; "node 3" proves a guess. The two serve as a majority
     of three, and no Raft frame crosses between them and the third, either way (the

@@ -323,6 +323,8 @@ class RemoteQueue:
         self._link = link
         self._wake = wake
         self.deleted = False
+        self.deposed = False
+        """Its leader moved: it forwards no more (`VirtualHost.stop_forwarding`)."""
         self.committing = False
         self.needs_commit = False
         self.has_timers = False
@@ -401,6 +403,12 @@ class RemoteQueue:
                 self._written.append(publisher)
                 self._store_wanted = True
         self.counts.published += len(staged)
+
+    def drop_staged(self) -> list[Any]:
+        """Forget what is staged and not yet sent; returns its publishers (None included),
+        which must be refused: the queue is no longer forwarded to this owner."""
+        staged, self._staged = self._staged, []
+        return [publisher for _, _, _, publisher, _, _ in staged]
 
     def take_written(self) -> tuple[list[Any], list[Any], bool]:
         written, self._written = self._written, []
