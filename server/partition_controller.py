@@ -11,6 +11,13 @@ made only when it would change something (`MetadataState.elections_needed`), so 
 cluster writes nothing. A node that is not the metadata leader judges nothing: a follower
 cut off from the others must not elect anything, and its proposals would not commit.
 
+Nor does a leader that has not heard from a majority of the members lately: it is the one
+cut off, or was itself not running (a SIGSTOP, a stalled loop), and learns so from the next
+message it reads. Judged then, every other node looked gone, and the election it proposed,
+handed on as its leadership ended, committed under the new leader and took the leadership of
+every queue away from healthy nodes. For the same reason a proposal whose outcome is unknown
+is not made again: a leader judges for itself.
+
 `gone_nodes` is the judgement itself, pure (times passed in), for tests.
 """
 
@@ -21,6 +28,7 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from warrenmq.cluster.group import ProposalLost
 from warrenmq.server.metadata import commands as c
 from warrenmq.server.metadata.store import StoreFailed
 
@@ -91,7 +99,15 @@ class PartitionController:
             self._leading_since_s,
             self.node_gone_s,
         )
+        voters = set(group.raft.voters)
+        if len(voters - set(gone)) <= len(voters) // 2:
+            return
         if not state.elections_needed(gone):
             return
         log.warning("nodes %s not heard from for %.1f s: electing leaders", gone, self.node_gone_s)
-        await self.store.apply_idempotent(c.ElectLeaders(gone))
+        try:
+            await self.store.apply(c.ElectLeaders(gone))
+        except StoreFailed as error:
+            if not isinstance(error.__cause__, ProposalLost):
+                raise
+            log.info("electing leaders for nodes %s: %s; judging again", gone, error)
