@@ -384,7 +384,7 @@ class VirtualHost:
                 if queue is None:
                     queue = self.remote.get(routing_key)  # type: ignore[assignment]
                     if queue is None:
-                        if self._between_leaders(routing_key):
+                        if self.unled(routing_key):
                             return Published.REFUSED
                         return Published.UNROUTABLE
                 routing_key_bytes = self._encoded_names.get(routing_key)
@@ -422,9 +422,7 @@ class VirtualHost:
             # The default exchange routes to the queue named by the key: no Router call (and
             # no set built) on the commonest path.
             routed = (
-                routing_key in self.queues
-                or routing_key in self.remote
-                or self._between_leaders(routing_key)
+                routing_key in self.queues or routing_key in self.remote or self.unled(routing_key)
             )
             return ((routing_key,) if routed else ()), properties, bcc
         router = self.router
@@ -479,18 +477,18 @@ class VirtualHost:
             elif type(name) is DelayedTarget:
                 held += 1
                 refused |= not self.delayed.stage(name, record, persistent, publisher)
-            elif self._between_leaders(name):
+            elif self.unled(name):
                 refused = True
         if refused:
             return Published.REFUSED
         # As the plugin: a held message reached no queue yet, so a mandatory one is returned.
         return Published.UNROUTABLE if held == len(queue_names) else Published.ROUTED
 
-    def _between_leaders(self, name: str) -> bool:
+    def unled(self, name: str) -> bool:
         """A replicated queue served neither here nor elsewhere: it has no leader, or this
         node stepped down and waits to learn the next. A publish to it is refused (nacked),
         not confirmed as unroutable: it was routed, and nothing stored it."""
-        if not self.replicate:
+        if not self.replicate or name in self.queues or name in self.remote:
             return False
         record = self.store.state.queue(self.name, name)
         return record is not None and replicated(record)
@@ -615,7 +613,7 @@ class VirtualHost:
                     queues.append(target)
                 elif type(name) is DelayedTarget:
                     delayed.append(name)
-                elif target is None and self._between_leaders(name):
+                elif target is None and self.unled(name):
                     unled = True
             # RabbitMQ's dead letter keeps the keys it was routed by: BCC ones too, unless a
             # dead-letter routing key replaced them all.
@@ -1100,7 +1098,7 @@ class VirtualHost:
         engine = self._opening.pop(record.name, None)
         if engine is not None:
             return self._host(record, engine)
-        if self._between_leaders(record.name):
+        if self.unled(record.name):
             # This node's copy is a follower's: served only once this node leads it.
             raise self._crashed(record.name)
         try:

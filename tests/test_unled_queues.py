@@ -1,7 +1,7 @@
 """A replicated queue with no leader for a moment (its leader stepped down, none elected
 yet: issue 12's failover): what a client publishes to it is refused (nacked), and what is
-dead-lettered to it waits in its source queue, never confirmed or acked with nothing
-holding it.
+dead-lettered to it waits in its source queue, and a delayed message due for it waits in
+its exchange: none is confirmed, acked or dropped with nothing holding it.
 
 A cluster makes this state only in a failover's window, so the tests make it on one node:
 the queue's record is given three replicas and no leader, and the node steps it down as
@@ -93,12 +93,34 @@ def test_a_dead_letter_to_a_queue_with_no_leader_waits_and_arrives_once_it_has_o
     time.sleep(1.5)
     assert running.broker.vhosts["/"].queues["src"].engine.browse(0, 10), "dropped, not kept"
     elect_here_again(running, "dlq")
-    deadline = time.monotonic() + 10
-    got = None
-    while got is None and time.monotonic() < deadline:
-        _, _, got = channel.basic_get("dlq", auto_ack=True)
-        if got is None:
-            time.sleep(0.1)
-    assert got == b"dying"
+    assert get_within(channel, "dlq", 10) == b"dying"
     assert channel.queue_declare("src", passive=True).method.message_count == 0
+    connection.close()
+
+
+def get_within(channel, queue: str, timeout_s: float) -> bytes | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, _, body = channel.basic_get(queue, auto_ack=True)
+        if body is not None:
+            return body
+        time.sleep(0.1)
+    return None
+
+
+def test_a_delayed_message_due_for_a_queue_with_no_leader_waits_for_one(tmp_path, start_broker):
+    running = start_broker(tmp_path / "data")
+    connection = running.connect()
+    channel = connection.channel()
+    channel.exchange_declare(
+        "dx", "x-delayed-message", durable=True, arguments={"x-delayed-type": "direct"}
+    )
+    channel.queue_declare("q", **DURABLE)
+    channel.queue_bind("q", "dx", "k")
+    leave_unled(running, "q")
+    properties = pika.BasicProperties(delivery_mode=2, headers={"x-delay": 100})
+    channel.basic_publish("dx", "k", b"later", properties)
+    time.sleep(1.5)  # due while the queue has no leader
+    elect_here_again(running, "q")
+    assert get_within(channel, "q", 10) == b"later"
     connection.close()

@@ -75,6 +75,8 @@ class Core(Protocol):
 
     def served_queue(self, name: str) -> WorkQueue | None: ...
 
+    def unled(self, name: str) -> bool: ...
+
     def route(
         self, exchange: str, routing_key: str, properties: bytes, internal_allowed: bool = False
     ) -> tuple[Any, bytes]: ...
@@ -265,17 +267,36 @@ class DelayedExchanges:
             with_delay_negated(held.properties, held.delay_ms),
             internal_allowed=True,
         )
+        return self._targeted(Staging(held, properties, []), routed)
+
+    def _targeted(self, staging: Staging, names: Iterable[str]) -> Staging:
+        """`staging` going to the queues `names` as they are served now: the queue served
+        here or forwarded to its leader, or waited for while it has no leader; none, for a
+        queue deleted since it was routed."""
         served = self._core.served_queue
-        return Staging(held, properties, [q for name in routed if (q := served(name)) is not None])
+        queues: list[WorkQueue] = []
+        unled: list[str] = []
+        for name in names:
+            queue = served(name)
+            if queue is not None:
+                queues.append(queue)
+            elif self._core.unled(name):
+                unled.append(name)
+        return staging._replace(queues=queues, unled=tuple(unled))
 
     def _begin(self, store: DelayedStore, stagings: list[Staging]) -> None:
         """Write the intent of a hand-off; it is staged once the intent is durable."""
-        # A retry's queues may have been deleted since.
-        served = self._core.served_queue
+        # A retry's queues may have been deleted since, or be led elsewhere now.
         stagings = [
-            staging._replace(queues=[q for q in staging.queues if served(q.name) is q])
+            self._targeted(staging, [*(q.name for q in staging.queues), *staging.unled])
             for staging in stagings
         ]
+        waiting = [staging for staging in stagings if staging.unled]
+        if waiting:
+            self._retry_later(store, waiting, None)
+            stagings = [staging for staging in stagings if not staging.unled]
+            if not stagings:
+                return
         intents = [
             (
                 staging.held.offset,
@@ -316,11 +337,14 @@ class DelayedExchanges:
             delivery_mode, _, expiration, _ = fastpath.scan_properties(staging.properties)
             record = (held.exchange, held.routing_key, staging.properties, held.body)
             for queue in staging.queues:
-                if served(queue.name) is not queue:
+                if served(queue.name) is not queue and not queue.deposed:
                     continue  # deleted since: nothing left to hold the message there
                 pairs.append((staging, queue))
                 publisher = (handoff, len(pairs))
-                if queue.stage(record, delivery_mode == 2, expiration is not None, publisher):
+                if queue.deposed:
+                    # Its leader moved since the intent: tried again where it is led now.
+                    handoff.publish_failed(len(pairs))
+                elif queue.stage(record, delivery_mode == 2, expiration is not None, publisher):
                     self._staged(queue)
                 elif queue.dead_letters:
                     # x-overflow reject-publish-dlx: the tick dead-letters what it refused.
@@ -386,8 +410,21 @@ class DelayedExchanges:
             if queue is not None:
                 for offset in _not_stored(queue, wanted, stagings):
                     stagings[offset].queues.append(queue)
-        store.engine.routed(offset for offset, staging in stagings.items() if not staging.queues)
-        unfinished = [staging for staging in stagings.values() if staging.queues]
+            elif self._core.unled(name):
+                for _, offset in wanted:
+                    staging = stagings[offset]
+                    stagings[offset] = staging._replace(unled=(*staging.unled, name))
+        store.engine.routed(
+            offset
+            for offset, staging in stagings.items()
+            if not staging.queues and not staging.unled
+        )
+        waiting = [staging for staging in stagings.values() if staging.unled]
+        if waiting:
+            self._retry_later(store, waiting, None)
+        unfinished = [
+            staging for staging in stagings.values() if staging.queues and not staging.unled
+        ]
         log.info(
             "delayed exchange '%s' in vhost '%s': %d message(s) were being routed at a crash; "
             "%d of them staged again on the queues that lack them",

@@ -78,6 +78,8 @@ class Staging(NamedTuple):
     properties: bytes
     """Its properties as routed (x-delay negated)."""
     queues: list[WorkQueue]
+    unled: tuple[str, ...] = ()
+    """Queues it goes to that have no leader for now (a failover): it waits for them."""
 
 
 class DelayedHandoff:
