@@ -189,9 +189,15 @@ class Broker:
         # Queues with dead letters to publish, at the start of the next tick.
         self._dead_letters: dict[WorkQueue, None] = {}
         self._waiters: list[asyncio.Future[None]] = []
+        # Every tick whose commit is under way, oldest first: a tx waiter waits for them all.
         self._ticks: collections.deque[_Tick] = collections.deque()
-        # The ticks whose forwarded confirms wait for this node's fsyncs, oldest first.
-        self._ticks_storing: collections.deque[_Tick] = collections.deque()
+        # Per publisher, the ticks holding a confirm for it, oldest first: a confirm covers
+        # every tag below it (`multiple`), so a publisher's confirms go out in tick order,
+        # but one publisher's never wait for another's (a queue that waits for its quorum
+        # holds the confirms of its own publishers only). Forwarded ones (another node's
+        # link) wait for this node's fsyncs alone (`_Tick`).
+        self._confirming: dict[Confirmed, collections.deque[_Tick]] = {}
+        self._forwarding: dict[Confirmed, collections.deque[_Tick]] = {}
         # The queues' timers: when each is due (epoch ms) and the loop's handle.
         self._timers: dict[WorkQueue, tuple[int, asyncio.TimerHandle]] = {}
         self._background: set[asyncio.Future[Any]] = set()
@@ -786,14 +792,22 @@ class Broker:
         if confirms or waiters:
             tick = _Tick(confirms, nacks, waiters, wanted_s)
             self._ticks.append(tick)
-            self._ticks_storing.append(tick)
+            for channels, pending in (
+                (tick.confirms, self._confirming),
+                (tick.forwarded, self._forwarding),
+            ):
+                for channel in channels:
+                    held = pending.get(channel)
+                    if held is None:
+                        held = pending[channel] = collections.deque()
+                    held.append(tick)
             if to_commit:
                 self._track(self._commit(tick, to_commit))
             else:
-                # Nothing to fsync in this tick; the in-order release still holds it behind
-                # earlier ticks whose commit is running.
+                # Nothing to fsync in this tick; the in-order release still holds its
+                # confirms behind their publishers' earlier ticks whose commit is running.
                 tick.stored_here = tick.ready = True
-                self._release()
+                self._release(tick)
         else:
             to_commit.clear()
         # Acks, the delivered mark and unconfirmed appends: the engine asks for a commit, and
@@ -837,33 +851,47 @@ class Broker:
             await asyncio.gather(*(queue.commit() for queue, _ in here), return_exceptions=True),
         )
         tick.stored_here = True
-        self._release()
+        self._release_confirms(tick.forwarded, self._forwarding)
         _refuse_failed(elsewhere, await stored_elsewhere)
         tick.ready = True
-        self._release()
+        self._release(tick)
         for queue, _ in to_commit:
             self.want_dispatch(queue)
 
-    def _release(self) -> None:
-        storing = self._ticks_storing
-        while storing and storing[0].stored_here:
-            tick = storing.popleft()
-            self._confirm(tick, tick.forwarded)
+    def _release(self, tick: _Tick) -> None:
+        """`tick` is ready: its confirms go, each once its publisher's earlier ticks are
+        ready too, and the tx waiters once every earlier tick is."""
+        self._release_confirms(tick.forwarded, self._forwarding)
+        self._release_confirms(tick.confirms, self._confirming)
         ticks = self._ticks
         while ticks and ticks[0].ready:
-            tick = ticks.popleft()
-            self._confirm(tick, tick.confirms)
-            for waiter in tick.waiters:
+            for waiter in ticks.popleft().waiters:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    def _confirm(self, tick: _Tick, confirms: dict[Confirmed, int]) -> None:
-        """Send some of a tick's confirms; its confirm latency is observed as the first go."""
-        if confirms and tick.wanted_s is not None:
-            self.confirm_latency.observe(time.monotonic() - tick.wanted_s)
-            tick.wanted_s = None
-        for channel, tag in confirms.items():
-            channel.confirm(tag, tick.nacks.get(channel, ()))
+    def _release_confirms(
+        self, confirms: dict[Confirmed, int], pending: dict[Confirmed, collections.deque[_Tick]]
+    ) -> None:
+        """For each publisher of `confirms` (a tick that is now stored), send the confirms
+        of its oldest ticks that are stored too."""
+        forwarded = pending is self._forwarding
+        for channel in confirms:
+            held = pending.get(channel)
+            while held:
+                head = held[0]
+                if not (head.stored_here if forwarded else head.ready):
+                    break
+                held.popleft()
+                if head.wanted_s is not None:
+                    # A tick's confirm latency: until the first of its confirms goes.
+                    self.confirm_latency.observe(time.monotonic() - head.wanted_s)
+                    head.wanted_s = None
+                channel.confirm(
+                    (head.forwarded if forwarded else head.confirms)[channel],
+                    head.nacks.get(channel, ()),
+                )
+            if held is not None and not held:
+                del pending[channel]
 
 
 def _refuse_failed(

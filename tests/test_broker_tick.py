@@ -1,4 +1,5 @@
-"""The broker's tick: confirms are released in tick order, only after the tick's fsync.
+"""The broker's tick: a publisher's confirms are released in tick order, only after the
+tick's fsync; another publisher's do not wait for them.
 
 Driven directly (no sockets): queues whose commit waits on an event the test controls, and
 connections that record the confirms the broker sends.
@@ -131,6 +132,37 @@ def test_confirms_wait_for_the_fsync_and_keep_tick_order():
         durable_engine.gate.set()
         await settle()
         assert connection.amqp.confirms == [(2, True, False), (3, True, False)]
+
+    asyncio.run(scenario())
+
+
+def test_one_publishers_confirms_do_not_wait_for_anothers_slow_queue():
+    """A queue whose commit waits (for its quorum in a failover, or a slow disk) holds its
+    own publishers' confirms, and the later ones of those publishers; not every publisher's
+    on the node."""
+
+    async def scenario():
+        broker, connection, slow_channel = make_broker()
+        other_connection = FakeConnection()
+        other_channel = BrokerChannel(other_connection, 1, unacked_max=100, tx_messages_max=100)
+        other_connection.channels[1] = other_channel
+        slow, slow_engine = gated_queue("slow")
+        fast, _ = gated_queue("fast")
+        slow_engine.gate.clear()
+        publish(broker, slow_channel, slow, 1, persistent=True)
+        await settle()
+        publish(broker, other_channel, fast, 1, persistent=True)
+        publish(broker, slow_channel, fast, 2, persistent=True)
+        await settle()
+        assert other_connection.amqp.confirms == [(1, True, False)]
+        assert connection.amqp.confirms == [], "tag 2 would confirm tag 1 by `multiple`"
+        waiter = broker.after_commit()
+        await settle()
+        assert not waiter.done(), "a tx commit waits for everything staged before it"
+        slow_engine.gate.set()
+        await settle()
+        assert connection.amqp.confirms == [(1, True, False), (2, True, False)]
+        assert waiter.done()
 
     asyncio.run(scenario())
 
