@@ -32,6 +32,7 @@ from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from warrenmq.log.descriptors import default_capacity
 from warrenmq.log.latency import LatencyHistogram
 from warrenmq.server.metadata import (
+    QueueRecord,
     ReplicatedMetadata,
     StoreFailed,
     loopback_refused,
@@ -68,6 +69,7 @@ from .replication import Replicas
 from .session import admission
 from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
+from .stream.arguments import log_config as stream_log_config
 from .stream.stream import Stream, StreamLog
 from .tls import server_context
 from .vhost import REPLY_TO_PREFIX, DeadLetterHandoff, VirtualHost, generated_name
@@ -347,9 +349,16 @@ class Broker:
         return vhost
 
     def _open_engine(self, directory: Path, name: str, arguments: Any) -> QueueEngine:
+        replicas = self.replicas
+        clustered = self.store is not None and self.store.clustered
+        open_log = replicas.open_log if replicas is not None and clustered else None
         if queue_type(arguments) == Stream.queue_type:
             return StreamLog.open(  # type: ignore[return-value]
-                directory, self.message_log_config, arguments, descriptors=self.descriptors
+                directory,
+                self.message_log_config,
+                arguments,
+                open_log=open_log,
+                descriptors=self.descriptors,
             )
         # A quorum queue hands out only fsynced messages, as RabbitMQ's does (a consumer then
         # never sees a message a crash could take back); a classic one delivers at once.
@@ -370,14 +379,13 @@ class Broker:
                     level_directory, config, descriptors=descriptors
                 ),
             )
-        replicas = self.replicas
-        clustered = self.store is not None and self.store.clustered
-        open_log = replicas.open_log if replicas is not None and clustered else None
         return LogQueue.open(directory, config, descriptors=descriptors, open_log=open_log)
 
-    def replica_log_config(self, part: str) -> LogConfig:
-        """The config of a follower's copy of a queue's log (`part`: messages or acks), as
-        the leader's queue opens it."""
+    def replica_log_config(self, record: QueueRecord, part: str) -> LogConfig:
+        """The config of a follower's copy of a queue's log (`part`: messages, acks, or a
+        stream's), as the leader's queue opens it."""
+        if queue_type(record.arguments) == Stream.queue_type:
+            return stream_log_config(self.message_log_config, record.arguments)
         config = self._queue_configs[True]
         return config.message_log if part == MESSAGES_DIR else config.ack_log
 

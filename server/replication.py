@@ -3,11 +3,14 @@
 
 What it replicates
     A durable, non-exclusive queue with more than one replica (`replicated`) is two
-    partitions to the core, its messages log and its ack log, keyed by `partition_keys`.
-    The leader's `LogQueue` opens them as `ReplicatedLog`s (`open_log`); a follower holds
-    them as plain `PartitionLog`s in the same directory the queue would have, storing the
-    leader's batches verbatim. Priority queues (a log per level) and streams are not
-    replicated yet.
+    partitions to the core, its messages log and its ack log; a stream is one, its log
+    (`partitions`). The leader's `LogQueue` or `StreamLog` opens them as `ReplicatedLog`s
+    (`open_log`); a follower holds them as plain `PartitionLog`s in the same directories the
+    leader's are in, storing the leader's batches verbatim. Priority queues (a log per
+    level) are not replicated yet, nor are a stream's tracked offsets (a file beside its
+    log: a consumer resuming on a new leader may get again what it acked since that
+    node's copy was last written there). A stream's producer sequences are rebuilt from the
+    records, which carry them.
 
 The commit rule
     A `ReplicatedLog` the host adopted (`replicated`) stamps each batch with its leader epoch,
@@ -63,6 +66,7 @@ from warrenmq.log import LogConfig, LogError, OffsetOutOfRangeError, PartitionLo
 from .forward import wire
 from .metadata import commands as c
 from .metadata.records import NO_LEADER, QueueRecord
+from .queue.arguments import queue_type
 from .queue.log_queue import ACKS_DIR, MESSAGES_DIR, remove_directory
 
 log = logging.getLogger(__name__)
@@ -98,17 +102,31 @@ def replicated(record: QueueRecord) -> bool:
 def replicates(
     replicas: tuple[int, ...], durable: bool, exclusive: bool, arguments: Mapping[str, Any]
 ) -> bool:
-    """Durable, not exclusive, more than one replica, and neither a stream nor a priority
-    queue (not replicated yet)."""
+    """Durable, not exclusive, more than one replica, and not a priority queue (not
+    replicated yet)."""
     if len(replicas) < 2 or not durable or exclusive:
         return False
-    queue_type = arguments.get("x-queue-type")
-    return queue_type not in ("stream", b"stream") and not arguments.get("x-max-priority")
+    return not arguments.get("x-max-priority")
 
 
-def partition_keys(vhost: str, name: str) -> tuple[str, str]:
-    """The core's keys of a queue's messages log and ack log (NUL cannot be in a name)."""
-    return f"{vhost}\0{name}\0{MESSAGES_DIR}", f"{vhost}\0{name}\0{ACKS_DIR}"
+STREAM_LOG = ""
+"""A stream's one log is in its directory itself (`StreamLog`)."""
+LOG_PARTS = (MESSAGES_DIR, ACKS_DIR, STREAM_LOG)
+
+
+def partition_key(vhost: str, name: str, part: str) -> PartitionKey:
+    """The core's key of one log of a queue (NUL cannot be in a name)."""
+    return f"{vhost}\0{name}\0{part}"
+
+
+def partitions(record: QueueRecord) -> tuple[tuple[PartitionKey, str], ...]:
+    """(key, directory under the queue's) of each log of a replicated queue: a queue's
+    messages log and ack log, a stream's log."""
+    if queue_type(record.arguments) == "stream":
+        parts: tuple[str, ...] = (STREAM_LOG,)
+    else:
+        parts = (MESSAGES_DIR, ACKS_DIR)
+    return tuple((partition_key(record.vhost, record.name, part), part) for part in parts)
 
 
 class ReplicatedLog(PartitionLog):
@@ -297,7 +315,7 @@ class Replicas:
         """Before this node starts hosting a queue it now leads: its follower files close,
         for the queue to open them."""
         if record.node == self.node_id:
-            for key in partition_keys(record.vhost, record.name):
+            for key, _ in partitions(record):
                 if key in self._following:
                     self._known_high_watermarks[key] = self.node.high_watermark(key)
                 self._unfollow(key)
@@ -313,7 +331,8 @@ class Replicas:
     def forget(self, vhost: str, name: str) -> None:
         """The queue is gone (deleted): stop replicating it, delete a follower's files."""
         following = False
-        for key in partition_keys(vhost, name):
+        for part in LOG_PARTS:
+            key = partition_key(vhost, name, part)
             following = key in self._following or following
             self._unfollow(key)
             self._queues.pop(key, None)
@@ -321,7 +340,7 @@ class Replicas:
         host = self.broker.vhosts.get(vhost)
         if host is not None:
             directory = host.queue_directory(name)
-            for part in (MESSAGES_DIR, ACKS_DIR):
+            for part in LOG_PARTS:
                 self._directories.pop(directory / part, None)
         if following and host is not None and name not in host.queues:
             remove_directory(host.queue_directory(name))
@@ -341,8 +360,7 @@ class Replicas:
         directory = vhost.queue_directory(record.name)
         log.debug("queue '%s' in vhost '%s': %s", record.name, record.vhost, state)
         now = self._now()
-        keys = partition_keys(record.vhost, record.name)
-        for key, part in zip(keys, (MESSAGES_DIR, ACKS_DIR), strict=True):
+        for key, part in partitions(record):
             self._queues[key] = (record.vhost, record.name)
             self._directories[directory / part] = (record.vhost, record.name)
             if record.node == self.node_id:
@@ -375,7 +393,7 @@ class Replicas:
             if follower is None:
                 follower = PartitionLog.open(
                     directory / part,
-                    self.broker.replica_log_config(part),
+                    self.broker.replica_log_config(record, part),
                     descriptors=self.broker.descriptors,
                 )
                 self._following[key] = follower
@@ -526,13 +544,15 @@ class Replicas:
                 leading.moved(high_watermark)
 
     def _propose(self, now: float) -> None:
-        """One AlterIsr per queue whose logs want a new ISR: the replicas both want."""
+        """One AlterIsr per queue whose logs want a new ISR: the replicas they all want."""
         queues = {self._queues[p.key] for p in self.node.take_alter_isr() if p.key in self._queues}
         state = self.broker.store.state
         for vhost, name in queues:
             record = state.queue(vhost, name)
-            leaders = [self.node.leaders.get(key) for key in partition_keys(vhost, name)]
-            if record is None or record.node != self.node_id or None in leaders:
+            if record is None or record.node != self.node_id:
+                continue
+            leaders = [self.node.leaders.get(key) for key, _ in partitions(record)]
+            if None in leaders:
                 continue
             wanted = [
                 set(leader.proposed_isr if leader.proposed_isr is not None else leader.state.isr)

@@ -1293,6 +1293,8 @@ class VirtualHost:
         if self.remote.get(queue.name) is queue:
             _refuse_staged(queue)
             queue.deposed = True
+            if queue.queue_type == Stream.queue_type:
+                self._dissolve_groups_of(queue, "queue leader moved")  # type: ignore[arg-type]
         self.retire_queue(queue)
 
     def retire_queue(self, queue: WorkQueue) -> None:
@@ -1306,7 +1308,7 @@ class VirtualHost:
         if not self._unhost(queue, "queue deleted"):
             return
         if isinstance(queue, Stream):
-            self._dissolve_groups_of(queue)
+            self._dissolve_groups_of(queue, "queue deleted")
         queue.deleted = True
         queue.engine.delete()
         # The tick stops the timers of a deleted queue.
@@ -1330,23 +1332,26 @@ class VirtualHost:
         this node's replica to follow the new leader from."""
         if not self._unhost(queue, "queue leader moved"):
             return
+        if isinstance(queue, Stream):
+            self._dissolve_groups_of(queue, "queue leader moved")
         _refuse_staged(queue)
         queue.deposed = queue.deleted = True
         queue.engine.close()
         self._wake(queue)
 
-    def _dissolve_groups_of(self, partition: Stream) -> None:
+    def _dissolve_groups_of(self, partition: Stream, reason: str) -> None:
         """A deleted partition ends the consumer groups reading it: their members are
         cancelled as a deleted queue's consumers are (a group on a super stream declared
-        again starts afresh)."""
+        again starts afresh). So does one whose leader moved: its members consume again
+        where it is led now."""
         for key, group in list(self.groups.items()):
             if partition in group.partitions:
                 del self.groups[key]
                 for member in group.dissolve():
                     if isinstance(member, MemberStandIn):
-                        member.cancel("queue deleted")
+                        member.cancel(reason)
                     else:
-                        member.consumer.channel.cancel(member.consumer, "queue deleted")
+                        member.consumer.channel.cancel(member.consumer, reason)
 
     # -- consuming ------------------------------------------------------------------------
 

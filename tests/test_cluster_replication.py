@@ -2,7 +2,8 @@
 with `WARREN_REPLICATE=1`, i.e. `warren serve --replicate`): the followers of a durable quorum
 queue copy its leader's logs and join its ISR, a confirm means fsynced on a majority, a
 SIGKILLed leader is replaced by an in-sync follower that serves every confirmed message, and
-the old leader restarted comes back as a follower.
+the old leader restarted comes back as a follower. A stream's log is replicated the same
+way, and read from its first offset on the new leader after a failover.
 
 The nodes get the setting through their environment: `up` runs `warren cluster up`, which
 starts them with its own environment, and `LocalCluster.start` (a restart) with this
@@ -100,9 +101,9 @@ def isr_of_all_three(cluster, node: int, queue: str) -> dict | None:
     )
 
 
-def declare(cluster, node: int, queue: str) -> None:
+def declare(cluster, node: int, queue: str, arguments=QUORUM) -> None:
     connection = amqp(cluster, node)
-    connection.channel().queue_declare(queue, durable=True, arguments=QUORUM)
+    connection.channel().queue_declare(queue, durable=True, arguments=arguments)
     connection.close()
     for other in NODES:
         known = poll(lambda n=other: queue_state(cluster, n, queue), lambda _: True, 10.0)
@@ -261,15 +262,11 @@ def new_leader(cluster, node: int, queue: str, killed: int) -> dict | None:
     )
 
 
-def replica_records(cluster, node: int, queue: str) -> list[Record]:
+def replica_records(cluster, node: int, queue: str, part: str = MESSAGES_DIR) -> list[Record]:
+    """The records of `node`'s copy of a queue's log (`part`: a stream's is "")."""
     directory = (
-        cluster.directory
-        / f"node-{node}"
-        / "queues"
-        / directory_name("/")
-        / directory_name(queue)
-        / MESSAGES_DIR
-    )
+        cluster.directory / f"node-{node}" / "queues" / directory_name("/") / directory_name(queue)
+    ) / part
     # PartitionLog.open creates a missing directory: a missing replica must fail, not be made.
     assert directory.is_dir(), f"node {node} has no replica of {queue} at {directory}"
     log = PartitionLog.open(directory, QueueConfig().message_log)
@@ -356,3 +353,62 @@ def test_a_restarted_leader_follows(cluster):
     assert not confirmed - received, (
         f"{len(confirmed - received)} of the 300 confirmed before the kill are missing"
     )
+
+
+STREAM = {"x-queue-type": "stream"}
+
+
+def read_stream(cluster, node: int, stream: str, count: int) -> list[bytes]:
+    """`count` records read through `node` from the stream's first offset, in order."""
+    connection = amqp(cluster, node)
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=100)
+    bodies: list[bytes] = []
+    for method, _, body in channel.consume(
+        stream, arguments={"x-stream-offset": "first"}, inactivity_timeout=5
+    ):
+        if method is None:
+            break
+        bodies.append(body)
+        channel.basic_ack(method.delivery_tag)
+        if len(bodies) == count:
+            break
+    channel.cancel()
+    connection.close()
+    return bodies
+
+
+def test_a_stream_is_replicated_and_read_whole_after_its_leader_is_killed(cluster):
+    stream = name("stream")
+    declare(cluster, 1, stream, STREAM)
+    state = isr_of_all_three(cluster, 1, stream)
+    assert state is not None, f"the ISR of {stream} is not all 3 members: {replicas(state)}"
+    leader = node_id(state["leader"])
+    publisher = next(node for node in NODES if node != leader)
+    published = bodies_for(stream, 300)
+    publish_confirmed(cluster, publisher, stream, published)
+
+    cluster.kill(leader)
+    survivors = [node for node in NODES if node != leader]
+    read: list[bytes] = []
+    deadline_s = time.monotonic() + FAILOVER_WAIT_S
+    while read != published and time.monotonic() < deadline_s:
+        for node in survivors:
+            try:
+                read = within(
+                    CONSUME_WAIT_S, f"reading {stream}", read_stream, cluster, node, stream, 300
+                )
+            except Exception:
+                read = []
+            if read == published:
+                break
+        time.sleep(RETRY_S)
+    assert read == published, (
+        f"{len(read)} records read after the failover, not the 300 confirmed, in order "
+        f"({replicas(queue_state(cluster, survivors[0], stream))})"
+    )
+    down(cluster)
+    # The survivors hold the same log, record for record (offsets, epochs, timestamps).
+    first, second = (replica_records(cluster, node, stream, "") for node in survivors)
+    assert [record.body for record in first] == published
+    assert first == second

@@ -511,7 +511,7 @@ class OwnerLink(FramedLink):
         # An idempotent producer's duplicate is not staged.
         staged = stream.staged_end > offset
         await self.host.after_commit()
-        if stored.failed or (staged and (stream.deleted or stream.log.durable_offset <= offset)):
+        if stored.failed or (staged and (stream.deleted or stream.log.committed_offset <= offset)):
             raise internal_error("storing the record failed")
         self.send(wire.Kind.REPLY, request_id, offset if staged else 0, 0 if staged else 1)
 

@@ -351,7 +351,7 @@ async def post_messages(call: Call) -> web.Response:
     remote_offsets = await _appended(future for _, future in appending)
     unstored = stored.failed or any(
         offset is not None
-        and (partitions[index].deleted or partitions[index].log.durable_offset <= offset)  # type: ignore[union-attr]
+        and (partitions[index].deleted or partitions[index].log.committed_offset <= offset)  # type: ignore[union-attr]
         for index, offset in placed
     )
     if unstored:

@@ -212,7 +212,7 @@ class Cursor(StreamDeliveries):
             return False
         log = self.stream.log
         while True:
-            end = log.durable_offset
+            end = log.committed_offset
             if self.next_offset >= end:
                 return False
             if budget <= 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from warrenmq.server.queue.consumer import ROTATING, Consumer, ConsumerChannel
 from warrenmq.server.queue.engine import Message
 from warrenmq.server.queue.log_queue import remove_directory
 from warrenmq.server.queue.message_counts import MessageCounts
+from warrenmq.server.queue.work_queue import QueueDeposed
 
 from . import arguments as stream_arguments
 from . import offset_spec
@@ -49,8 +50,19 @@ class StreamLog:
         self.log = partition
 
     @classmethod
-    def open(cls, directory: Path, base: LogConfig, arguments: Mapping[str, Any], **kwargs: Any):
+    def open(
+        cls,
+        directory: Path,
+        base: LogConfig,
+        arguments: Mapping[str, Any],
+        open_log: Callable[[Path, LogConfig], PartitionLog] | None = None,
+        **kwargs: Any,
+    ):
+        """`open_log` opens the log instead of `PartitionLog.open` (a replicated stream's:
+        `server/replication.py`)."""
         config = stream_arguments.log_config(base, arguments)
+        if open_log is not None:
+            return cls(directory, open_log(directory, config))
         return cls(directory, PartitionLog.open(directory, config, **kwargs))
 
     @property
@@ -150,6 +162,8 @@ class Stream:
         self._base_config = self.log.config
         self._batch_records_max = batch_records_max
         self.deleted = False
+        self.deposed = False
+        """Led elsewhere now (a replicated stream's failover): its commits fail."""
         self.committing = False
         self.dead_letters: list = []
         """Never any: a stream dead-letters nothing (the tick asks every queue)."""
@@ -261,6 +275,14 @@ class Stream:
         if self.log.segment_count > segments:
             self.enforce_length(now_ms)
 
+    def drop_staged(self) -> list[Any]:
+        """Forget what is staged and not yet written; returns its publishers (None
+        included), which must be refused: the stream stops being served here."""
+        publishers = self._staged_publishers
+        self.producers.written(0)
+        self._staged, self._staged_publishers, self._staged_bytes = [], [], 0
+        return publishers
+
     def take_written(self) -> tuple[list[Any], list[Any], bool]:
         written, self.written_publishers = self.written_publishers, []
         failed, self.failed_publishers = self.failed_publishers, []
@@ -268,6 +290,8 @@ class Stream:
         return written, failed, wanted
 
     async def commit(self) -> None:
+        if self.deposed:
+            raise QueueDeposed(f"stream '{self.name}' in vhost '{self.vhost}' is led elsewhere")
         if self.deleted:
             return
         self.committing = True
@@ -283,7 +307,7 @@ class Stream:
             ):
                 await self.producers.snapshot(log.durable_offset)
         except Exception:
-            if not self.deleted:
+            if not self.deleted or self.deposed:
                 raise
         finally:
             self.committing = False
@@ -414,7 +438,7 @@ class Stream:
         if self.deleted:
             return False
         budget = DISPATCH_DELIVERIES_MAX
-        end = self.log.durable_offset
+        end = self.log.committed_offset
         for consumer in list(self.consumers.values()):
             cursor = consumer.queue
             assert isinstance(cursor, Cursor)
@@ -435,7 +459,7 @@ class Stream:
         reads so: nobody sees a record a crash could take back."""
         log = self.log
         start = max(offset, log.start_offset)
-        end = log.durable_offset
+        end = log.committed_offset
         if start >= end or count_max <= 0:
             return []
         return log.read(start, min(count_max, end - start), bytes_max)
@@ -449,7 +473,7 @@ class Stream:
             if len(readers) >= READERS_MAX:
                 return None
         future = asyncio.get_running_loop().create_future()
-        if self.deleted or self.log.durable_offset > max(offset, self.log.start_offset):
+        if self.deleted or self.log.committed_offset > max(offset, self.log.start_offset):
             future.set_result(None)
         else:
             readers.append((offset, future))
@@ -480,7 +504,7 @@ class Stream:
         return records, next_offset
 
     def _wake_readers(self) -> None:
-        end = self.log.durable_offset
+        end = self.log.committed_offset
         deleted = self.deleted
         waiting = []
         for offset, future in self._readers:
