@@ -71,6 +71,8 @@ from .session.channel import BrokerChannel, monotonic_ms
 from .session.connection import BrokerConnection
 from .stream.arguments import log_config as stream_log_config
 from .stream.stream import Stream, StreamLog
+from .stream.tracked_offsets import LOG_CONFIG as OFFSETS_LOG_CONFIG
+from .stream.tracked_offsets import OFFSETS_DIR
 from .tls import server_context
 from .vhost import REPLY_TO_PREFIX, DeadLetterHandoff, VirtualHost, generated_name
 
@@ -384,6 +386,8 @@ class Broker:
     def replica_log_config(self, record: QueueRecord, part: str) -> LogConfig:
         """The config of a follower's copy of a queue's log (`part`: messages, acks, or a
         stream's), as the leader's queue opens it."""
+        if part == OFFSETS_DIR:
+            return OFFSETS_LOG_CONFIG
         if queue_type(record.arguments) == Stream.queue_type:
             return stream_log_config(self.message_log_config, record.arguments)
         config = self._queue_configs[True]

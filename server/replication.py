@@ -3,14 +3,12 @@
 
 What it replicates
     A durable, non-exclusive queue with more than one replica (`replicated`) is two
-    partitions to the core, its messages log and its ack log; a stream is one, its log
-    (`partitions`). The leader's `LogQueue` or `StreamLog` opens them as `ReplicatedLog`s
-    (`open_log`); a follower holds them as plain `PartitionLog`s in the same directories the
-    leader's are in, storing the leader's batches verbatim. Priority queues (a log per
-    level) are not replicated yet, nor are a stream's tracked offsets (a file beside its
-    log: a consumer resuming on a new leader may get again what it acked since that
-    node's copy was last written there). A stream's producer sequences are rebuilt from the
-    records, which carry them.
+    partitions to the core, its messages log and its ack log; a stream too, its log and
+    its tracked offsets' log (`partitions`). The leader's `LogQueue` or `StreamLog` opens
+    them as `ReplicatedLog`s (`open_log`); a follower holds them as plain `PartitionLog`s in
+    the same directories the leader's are in, storing the leader's batches verbatim.
+    Priority queues (a log per level) are not replicated yet. A stream's producer sequences
+    are rebuilt from its records, which carry them.
 
 The commit rule
     A `ReplicatedLog` the host adopted (`replicated`) stamps each batch with its leader epoch,
@@ -68,6 +66,7 @@ from .metadata import commands as c
 from .metadata.records import NO_LEADER, QueueRecord
 from .queue.arguments import queue_type
 from .queue.log_queue import ACKS_DIR, MESSAGES_DIR, remove_directory
+from .stream.tracked_offsets import OFFSETS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +109,9 @@ def replicates(
 
 
 STREAM_LOG = ""
-"""A stream's one log is in its directory itself (`StreamLog`)."""
-LOG_PARTS = (MESSAGES_DIR, ACKS_DIR, STREAM_LOG)
+"""A stream's log is in its directory itself (`StreamLog`), its tracked offsets' log in
+`OFFSETS_DIR` under it."""
+LOG_PARTS = (MESSAGES_DIR, ACKS_DIR, STREAM_LOG, OFFSETS_DIR)
 
 
 def partition_key(vhost: str, name: str, part: str) -> PartitionKey:
@@ -121,9 +121,9 @@ def partition_key(vhost: str, name: str, part: str) -> PartitionKey:
 
 def partitions(record: QueueRecord) -> tuple[tuple[PartitionKey, str], ...]:
     """(key, directory under the queue's) of each log of a replicated queue: a queue's
-    messages log and ack log, a stream's log."""
+    messages log and ack log, a stream's log and its tracked offsets' log."""
     if queue_type(record.arguments) == "stream":
-        parts: tuple[str, ...] = (STREAM_LOG,)
+        parts: tuple[str, ...] = (STREAM_LOG, OFFSETS_DIR)
     else:
         parts = (MESSAGES_DIR, ACKS_DIR)
     return tuple((partition_key(record.vhost, record.name, part), part) for part in parts)

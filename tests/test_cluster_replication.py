@@ -2,8 +2,9 @@
 with `WARREN_REPLICATE=1`, i.e. `warren serve --replicate`): the followers of a durable quorum
 queue copy its leader's logs and join its ISR, a confirm means fsynced on a majority, a
 SIGKILLed leader is replaced by an in-sync follower that serves every confirmed message, and
-the old leader restarted comes back as a follower. A stream's log is replicated the same
-way, and read from its first offset on the new leader after a failover.
+the old leader restarted comes back as a follower. A stream's log and its tracked offsets
+are replicated the same way: after a failover the new leader serves every confirmed record,
+and a tracked consumer resumes after what it acked.
 
 The nodes get the setting through their environment: `up` runs `warren cluster up`, which
 starts them with its own environment, and `LocalCluster.start` (a restart) with this
@@ -378,6 +379,30 @@ def read_stream(cluster, node: int, stream: str, count: int) -> list[bytes]:
     return bodies
 
 
+def read_as(cluster, node: int, stream: str, tag: str, count: int, **arguments) -> list[bytes]:
+    """`count` records read and acked through `node` by a consumer tagged `tag`: from where
+    that tag's tracked offset says, without an `x-stream-offset` in `arguments`."""
+    connection = amqp(cluster, node)
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=10)
+    bodies: list[bytes] = []
+
+    def take(channel, method, properties, body) -> None:
+        if len(bodies) < count:
+            bodies.append(body)
+            channel.basic_ack(method.delivery_tag)
+
+    channel.basic_consume(stream, take, consumer_tag=tag, arguments=arguments)
+    deadline_s = time.monotonic() + 10
+    while len(bodies) < count and time.monotonic() < deadline_s:
+        connection.process_data_events(time_limit=0.1)
+    # The acks' tracked offset is committed by the next tick.
+    connection.process_data_events(time_limit=0.5)
+    channel.basic_cancel(tag)
+    connection.close()
+    return bodies
+
+
 def test_a_stream_is_replicated_and_read_whole_after_its_leader_is_killed(cluster):
     stream = name("stream")
     declare(cluster, 1, stream, STREAM)
@@ -387,6 +412,8 @@ def test_a_stream_is_replicated_and_read_whole_after_its_leader_is_killed(cluste
     publisher = next(node for node in NODES if node != leader)
     published = bodies_for(stream, 300)
     publish_confirmed(cluster, publisher, stream, published)
+    first = {"x-stream-offset": "first"}
+    assert read_as(cluster, publisher, stream, "reader", 100, **first) == published[:100]
 
     cluster.kill(leader)
     survivors = [node for node in NODES if node != leader]
@@ -407,6 +434,8 @@ def test_a_stream_is_replicated_and_read_whole_after_its_leader_is_killed(cluste
         f"{len(read)} records read after the failover, not the 300 confirmed, in order "
         f"({replicas(queue_state(cluster, survivors[0], stream))})"
     )
+    # The tracked offset of what "reader" acked is replicated too: it resumes after it.
+    assert read_as(cluster, survivors[0], stream, "reader", 10) == published[100:110]
     down(cluster)
     # The survivors hold the same log, record for record (offsets, epochs, timestamps).
     first, second = (replica_records(cluster, node, stream, "") for node in survivors)

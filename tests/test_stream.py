@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import threading
-import time
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -15,9 +14,8 @@ from hypothesis import strategies as st
 from warrenmq.amqp import properties as props
 from warrenmq.exchanges.errors import PreconditionFailed
 from warrenmq.log import LogConfig
-from warrenmq.server import durable_files
 from warrenmq.server.queue.consumer import BLOCKED_BY_PREFETCH, ROTATING
-from warrenmq.server.stream import offset_spec
+from warrenmq.server.stream import offset_spec, tracked_offsets
 from warrenmq.server.stream.arguments import log_config
 from warrenmq.server.stream.cursor import with_offset
 from warrenmq.server.stream.offset_spec import OffsetSpec, Retained, Start
@@ -335,7 +333,10 @@ def test_a_tracked_offset_is_the_contiguous_acked_prefix(tmp_path_factory, count
     assert cursor.needs_commit
     asyncio.run(cursor.commit())
     assert not cursor.needs_commit
-    assert TrackedOffsets(stream.engine.directory).get("mine") == count
+    stream.engine.close()
+    reopened = TrackedOffsets.open(stream.engine.directory)
+    assert reopened.get("mine") == count
+    reopened.close()
 
 
 def test_a_tracked_tag_resumes_without_an_offset_and_a_generated_one_does_not(tmp_path):
@@ -398,34 +399,65 @@ def test_acks_after_the_stream_is_deleted_commit_nothing(tmp_path):
     assert not stream.engine.directory.exists()
 
 
-@pytest.mark.timeout(30)
-def test_a_commit_arriving_as_the_previous_write_ends_waits_for_it(tmp_path, monkeypatch):
-    """Every cursor of a stream commits its tracked offsets. A commit that started in the
-    loop pass where the previous write's result arrived used to spin on that finished write
-    without yielding, so the write's own commit never resumed and the broker hung."""
-    write_returned = threading.Event()
-    replace = durable_files.replace
-
-    def replace_and_tell(path, text):
-        replace(path, text)
-        write_returned.set()
-
-    monkeypatch.setattr(durable_files, "replace", replace_and_tell)
-    offsets = TrackedOffsets(tmp_path)
+def test_tracked_offsets_committed_meanwhile_reopen_as_the_last_set(tmp_path):
+    """Every cursor of a stream commits its tracked offsets: a commit made while another
+    writes waits for it, and what reopens is the last set."""
+    offsets = TrackedOffsets.open(tmp_path)
 
     async def two_commits():
         offsets.set("a", 1)
         first = asyncio.ensure_future(offsets.commit())
         await asyncio.sleep(0)
-        # Block the loop until the executor has handed the write's result back to it.
-        assert write_returned.wait(10)
-        time.sleep(0.2)
         offsets.set("a", 2)
-        second = asyncio.ensure_future(offsets.commit())
-        await asyncio.gather(first, second)
+        offsets.set("b", 7)
+        await asyncio.gather(first, offsets.commit())
 
     asyncio.run(two_commits())
-    assert TrackedOffsets(tmp_path).get("a") == 2
+    offsets.close()
+    reopened = TrackedOffsets.open(tmp_path)
+    assert (reopened.get("a"), reopened.get("b")) == (2, 7)
+    reopened.close()
+
+
+def test_tracked_offsets_compact_into_a_record_of_them_all_and_keep_their_order(
+    tmp_path, monkeypatch
+):
+    """Past the bound, a commit writes every tag and the log drops what came before; the
+    least recently set tag is still the one forgotten first after a reopen."""
+    monkeypatch.setattr(tracked_offsets, "FULL_RECORD_BYTES_MIN", 2_000)
+    monkeypatch.setattr(tracked_offsets, "TAGS_MAX", 50)
+    monkeypatch.setattr(
+        tracked_offsets, "LOG_CONFIG", LogConfig(segment_bytes_max=1_000, tail_cache_bytes_max=0)
+    )
+    offsets = TrackedOffsets.open(tmp_path)
+
+    async def many_commits():
+        for round_ in range(40):
+            for tag in range(round_, round_ + 20):
+                offsets.set(f"tag-{tag}", round_ * 100 + tag)
+            await offsets.commit()
+
+    asyncio.run(many_commits())
+    expected = offsets.items()
+    order = list(offsets._offsets)
+    assert offsets.log.start_offset > 0, "records before a record of every tag are deleted"
+    offsets.close()
+    reopened = TrackedOffsets.open(tmp_path)
+    assert reopened.items() == expected
+    assert list(reopened._offsets) == order
+    reopened.close()
+
+
+def test_tracked_offsets_of_a_stream_from_before_their_log_are_taken_into_it(tmp_path):
+    (tmp_path / tracked_offsets.LEGACY_FILE).write_text(json.dumps({"old": 41, "older": 3}))
+    offsets = TrackedOffsets.open(tmp_path)
+    assert (offsets.get("old"), offsets.get("older")) == (41, 3)
+    asyncio.run(offsets.commit())
+    assert not (tmp_path / tracked_offsets.LEGACY_FILE).exists()
+    offsets.close()
+    reopened = TrackedOffsets.open(tmp_path)
+    assert reopened.items() == [("old", 41), ("older", 3)]
+    reopened.close()
 
 
 @given(

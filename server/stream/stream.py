@@ -32,7 +32,8 @@ from . import offset_spec
 from .cursor import DISPATCH_DELIVERIES_MAX, Cursor
 from .filter import StreamFilter, consume_filter
 from .producers import ProducerSequences, producer_of
-from .tracked_offsets import TrackedOffsets, is_tracked
+from .tracked_offsets import LOG_CONFIG as OFFSETS_LOG_CONFIG
+from .tracked_offsets import OFFSETS_DIR, TrackedOffsets, is_tracked
 
 log = logging.getLogger("warrenmq.server")
 
@@ -45,9 +46,11 @@ READERS_MAX = 10_000
 class StreamLog:
     """A stream's storage as the broker and the HTTP API see a queue's engine."""
 
-    def __init__(self, directory: Path, partition: PartitionLog) -> None:
+    def __init__(self, directory: Path, partition: PartitionLog, offsets: PartitionLog) -> None:
         self.directory = directory
         self.log = partition
+        self.offsets_log = offsets
+        """The tracked offsets' log (`TrackedOffsets`)."""
 
     @classmethod
     def open(
@@ -61,9 +64,18 @@ class StreamLog:
         """`open_log` opens the log instead of `PartitionLog.open` (a replicated stream's:
         `server/replication.py`)."""
         config = stream_arguments.log_config(base, arguments)
-        if open_log is not None:
-            return cls(directory, open_log(directory, config))
-        return cls(directory, PartitionLog.open(directory, config, **kwargs))
+        if open_log is None:
+
+            def open_log(log_directory: Path, log_config: LogConfig) -> PartitionLog:
+                return PartitionLog.open(log_directory, log_config, **kwargs)
+
+        partition = open_log(directory, config)
+        try:
+            offsets = open_log(directory / OFFSETS_DIR, OFFSETS_LOG_CONFIG)
+        except BaseException:
+            partition.close()
+            raise
+        return cls(directory, partition, offsets)
 
     @property
     def ready_count(self) -> int:
@@ -116,11 +128,12 @@ class StreamLog:
         return messages
 
     async def shutdown(self) -> None:
-        await self.log.commit()
+        await asyncio.gather(self.log.commit(), self.offsets_log.commit())
         self.close()
 
     def close(self) -> None:
         self.log.close()
+        self.offsets_log.close()
 
     def delete(self) -> None:
         self.close()
@@ -168,7 +181,7 @@ class Stream:
         self.dead_letters: list = []
         """Never any: a stream dead-letters nothing (the tick asks every queue)."""
         self.consumers: dict[tuple[int, str], Consumer] = {}
-        self.tracked = TrackedOffsets(engine.directory)
+        self.tracked = TrackedOffsets(engine.offsets_log, engine.directory)
         self.producers = ProducerSequences(engine.directory, self.log)
         self.counts = MessageCounts()
         self._staged: list[RawRecord] = []
