@@ -188,13 +188,12 @@ class BrokerConfig:
     """"ID=HOST:PORT,..." of other nodes: where this node dials their links for forwarded
     work, instead of the address each registered (its advertise_host and AMQP port). Empty:
     the registered addresses."""
-    replicate: bool = False
-    """In a cluster, replicate durable queues' logs to their followers
+    replicate: bool = True
+    """In a cluster, replicate durable queues' and streams' logs to their followers
     (`server/replication.py`): a confirm means fsynced on every in-sync replica (at least a
     majority), consumers see only what is, and a killed leader's in-sync follower takes
-    over. Off by default until the long fault runs lose nothing with it (one long `pause`
-    run lost confirmed messages: issue 12's note); off, a queue lives on its leader's disk
-    alone. Every node of a cluster must agree."""
+    over. Off (`--no-replicate`), a queue lives on its leader's disk alone and is unavailable
+    while its node is down. Every node of a cluster must agree."""
     cluster_secret: str = ""
     """Shared by the nodes of a cluster: both ends of every connection between nodes prove it
     (an HMAC, never the secret itself), the metadata Raft's (`cluster/transport.py`) and the

@@ -150,9 +150,9 @@ def register(commands: Any) -> None:
         "--replicate",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="in a cluster, replicate durable queues to their follower nodes, confirming on "
-        "their in-sync replicas (not yet the default; also WARREN_REPLICATE; every node of "
-        "the cluster must agree)",
+        help="in a cluster, replicate durable queues and streams to their follower nodes, "
+        "confirming on their in-sync replicas (the default; --no-replicate keeps each on its "
+        "leader alone; also WARREN_REPLICATE=0/1; every node of the cluster must agree)",
     )
     parser.set_defaults(handler=run_command)
 
