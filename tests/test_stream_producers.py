@@ -56,14 +56,26 @@ def test_duplicates_are_dropped_and_confirmed_even_within_a_tick(tmp_path):
     retry.append(message("q", 1, b"q1"))
     retry.append(message(None, None, b"plain"))
     stream.take_written()
-    # A refused publish would be nacked: duplicates are accepted, just not appended (nor
-    # waiting for a write of their own).
+    # A refused publish would be nacked: duplicates are accepted, just not appended. They
+    # wait for the commit all the same: their original's publish may have failed to reach
+    # the quorum (nacked), and be taken back by a failover.
     accepted = [stream.stage(record, True, publisher=tag) for tag, record in enumerate(retry)]
     stream.flush(NOW_MS)
     assert accepted == [True] * 6
-    assert stream.take_written()[0] == [2, 4, 5]
+    written, _, commit_wanted = stream.take_written()
+    assert sorted(written) == [0, 1, 2, 3, 4, 5] and commit_wanted
     assert bodies(stream) == [b"p1", b"p2", b"p3", b"p4", b"q1", b"plain"]
     assert stream.producers.duplicates == 3
+
+
+def test_a_duplicate_alone_waits_for_the_commit_of_its_original(tmp_path):
+    stream = open_stream(tmp_path)
+    stream.stage(message("p", 1), True, publisher="original")
+    stream.flush(NOW_MS)
+    stream.take_written()
+    stream.stage(message("p", 1), True, publisher="retry")
+    stream.flush(NOW_MS)
+    assert stream.take_written() == (["retry"], [], True)
 
 
 def test_the_sequences_come_back_from_the_log_and_the_snapshot(tmp_path, monkeypatch):
@@ -109,3 +121,32 @@ def test_any_integer_sequence_starts_a_producer(tmp_path, sequence):
     sequences = ProducerSequences(tmp_path, open_stream(tmp_path).log)
     assert sequences.accept(0, "p", sequence)
     assert not sequences.accept(1, "p", sequence)
+
+
+class QuorumBehind(PartitionLog):
+    """A replicated log whose quorum has not caught up with its fsynced end."""
+
+    __slots__ = ("committed",)
+
+    @property
+    def committed_offset(self) -> int:
+        return self.committed
+
+
+def test_a_snapshot_holds_only_what_the_quorum_committed(tmp_path, monkeypatch):
+    """A failover may take back what only this replica fsynced: a snapshot naming its
+    sequences would drop a retry of a message no log holds any more."""
+    monkeypatch.setattr(producers, "SNAPSHOT_EVERY_RECORDS", 4)
+
+    def open_behind(directory, config):
+        log = QuorumBehind.open(directory, config)
+        log.committed = 0
+        return log
+
+    engine = StreamLog.open(tmp_path / "s", LogConfig(), {}, open_log=open_behind)
+    stream = Stream("/", "s", engine, arguments={}, effective_arguments={}, batch_records_max=64)
+    publish(stream, [message("p", n) for n in range(1, 6)])
+    assert not (tmp_path / "s" / producers.SNAPSHOT_FILE).exists()
+    stream.log.committed = stream.log.end_offset
+    asyncio.run(stream.commit())
+    assert (tmp_path / "s" / producers.SNAPSHOT_FILE).exists()

@@ -219,9 +219,14 @@ class Stream:
     ) -> bool:
         """Buffer a record for this tick's batch; a stream refuses nothing. A duplicate of an
         idempotent producer's message (`producers`) is dropped here, and confirmed all the
-        same."""
+        same once the stream's commit covers its original."""
         found = producer_of(record[2])
         if found is not None and not self.producers.accept(len(self._staged), *found):
+            if publisher is not None:
+                # Confirmed once what holds the original is committed: its own publish may
+                # have been nacked (no quorum), and a failover may yet take it back.
+                self.written_publishers.append(publisher)
+                self.commit_wanted = True
             return True
         self._staged.append(record)
         self._staged_publishers.append(publisher)
@@ -311,14 +316,15 @@ class Stream:
         try:
             await self.engine.commit()
             log = self.log
-            # A snapshot of the producers' sequences holds only what is fsynced: taken when
+            # A snapshot of the producers' sequences holds only what is committed (fsynced;
+            # on the quorum, when replicated: a failover never takes it back): taken when
             # nothing newer is written or staged.
             if (
                 not self._staged
-                and log.end_offset == log.durable_offset
-                and self.producers.snapshot_due(log.durable_offset)
+                and log.end_offset == log.committed_offset
+                and self.producers.snapshot_due(log.committed_offset)
             ):
-                await self.producers.snapshot(log.durable_offset)
+                await self.producers.snapshot(log.committed_offset)
         except Exception:
             if not self.deleted or self.deposed:
                 raise
