@@ -211,3 +211,46 @@ def test_a_fetch_held_while_its_replica_left_the_replica_set_is_answered(tmp_pat
         cluster.close()
 
     asyncio.run(scenario())
+
+
+def test_ready_partitions_wait_for_one_fsyncing_what_it_fetched_and_share_its_request(tmp_path):
+    """Sent at once, the ready partitions would be held by the leader as a long poll, and
+    with another request in flight fill the follower's room: the fsynced one could not
+    report its durable offset (the leader's acknowledgement, which every confirm of its
+    queue waits for) until one of them came back. A priority queue's confirms took 250 ms
+    so in a cluster."""
+
+    async def scenario():
+        cluster = Cluster(tmp_path)
+        leader, follower = cluster.nodes[0], cluster.nodes[1]
+        await cluster.publish(KEYS[0], 2, b"a")
+        ((_, request),) = follower.poll_fetches(cluster.now)
+        assert {p.key for p in request.partitions} == set(KEYS)
+        response = await cluster.answer(0, leader.handle_fetch(request, cluster.now))
+        assert follower.handle_response(0, response, cluster.now) == [KEYS[0]]
+        # KEYS[1] had nothing new and is ready again; KEYS[0] is fsyncing what it got.
+        assert follower.poll_fetches(cluster.now) == []
+        await cluster.logs[(1, KEYS[0])].commit()
+        follower.durable(KEYS[0], cluster.now)
+        ((_, together),) = follower.poll_fetches(cluster.now)
+        assert {p.key: p.durable_offset for p in together.partitions} == {KEYS[0]: 2, KEYS[1]: 0}
+        cluster.close()
+
+    asyncio.run(scenario())
+
+
+def test_ready_partitions_wait_for_an_fsync_only_so_long(tmp_path):
+    async def scenario():
+        cluster = Cluster(tmp_path)
+        leader, follower = cluster.nodes[0], cluster.nodes[1]
+        await cluster.publish(KEYS[0], 2, b"a")
+        ((_, request),) = follower.poll_fetches(cluster.now)
+        response = await cluster.answer(0, leader.handle_fetch(request, cluster.now))
+        follower.handle_response(0, response, cluster.now)
+        assert follower.poll_fetches(cluster.now) == []
+        later = cluster.now + CONFIG.fetch_store_wait_s
+        ((_, alone),) = follower.poll_fetches(later)
+        assert [p.key for p in alone.partitions] == [KEYS[1]]
+        cluster.close()
+
+    asyncio.run(scenario())

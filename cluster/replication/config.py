@@ -22,6 +22,9 @@ class ReplicationConfig:
     fetch_in_flight_max: int = 2
     """Most fetch requests in flight from one follower node to one leader node. Two let a
     partition whose fsync finished report it while another request is held by the leader."""
+    fetch_store_wait_s: float = 0.05
+    """How long a follower's ready partitions wait for another of the same leader to fsync
+    what it fetched, so that they share its request (`ReplicationNode.poll_fetches`)."""
     fetch_backoff_s: float = 0.1
     """After an error answer, a partition waits this long before it is fetched again."""
     parked_fetches_max: int = 10_000
@@ -36,6 +39,7 @@ class ReplicationConfig:
             "alter_isr_retry_s",
             "fetch_max_wait_s",
             "fetch_timeout_s",
+            "fetch_store_wait_s",
             "fetch_backoff_s",
         ):
             if getattr(self, name) < 0:

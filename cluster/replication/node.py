@@ -153,6 +153,9 @@ class ReplicationNode:
         # an fsync); requests in flight by leader node and request id.
         self._wanting: dict[PartitionKey, None] = {}
         self._sent: dict[int, dict[int, _Sent]] = {}
+        # Per leader node, the partitions whose fetched records are being fsynced, and since
+        # when: the others wait for them (`poll_fetches`).
+        self._storing: dict[int, dict[PartitionKey, float]] = {}
         self._next_request_id = 0
 
     # -- metadata --------------------------------------------------------------------------
@@ -340,7 +343,7 @@ class ReplicationNode:
         max_wait_ms = int(config.fetch_max_wait_s * 1000)
         for leader_node, followers in by_leader.items():
             sent = self._sent.setdefault(leader_node, {})
-            if len(sent) >= config.fetch_in_flight_max:
+            if len(sent) >= config.fetch_in_flight_max or self._store_under_way(leader_node, now):
                 continue
             request_id = self._next_request_id
             self._next_request_id += 1
@@ -368,6 +371,26 @@ class ReplicationNode:
                 )
             )
         return requests
+
+    def _store_under_way(self, leader_node: int, now: float) -> bool:
+        """Whether a partition of `leader_node` is fsyncing what it fetched (for at most
+        `fetch_store_wait_s`): the ready ones wait to go in its request. Sent now, they would
+        be held by the leader as a long poll, and with the other request in flight take the
+        last room, so the fsynced one could not report its durable offset (the leader's
+        acknowledgement) until one of them came back: up to `fetch_max_wait_s` per confirm."""
+        storing = self._storing.get(leader_node)
+        if not storing:
+            return False
+        for key, since in list(storing.items()):
+            follower = self.followers.get(key)
+            if (
+                follower is None
+                or follower.leader != leader_node
+                or follower.log.durable_offset >= follower.log.end_offset
+                or now - since >= self.config.fetch_store_wait_s
+            ):
+                del storing[key]
+        return bool(storing)
 
     def _forget_request(self, request_id: int, keys: tuple[PartitionKey, ...]) -> None:
         for key in keys:
@@ -406,6 +429,10 @@ class ReplicationNode:
                 and follower.on_fetched(fetched, now, backoff_s)
             ):
                 grown.append(fetched.key)
+        if grown:
+            storing = self._storing.setdefault(leader_node, {})
+            for key in grown:
+                storing[key] = now
         self._forget_request(request_id, sent.keys)
         return grown
 
