@@ -59,7 +59,7 @@ from .forward.forwarding import Forwarding
 from .forward.owner import OwnerLink
 from .http import HttpListeners
 from .partition_controller import PartitionController
-from .queue.arguments import queue_type
+from .queue.arguments import max_priority, queue_type
 from .queue.dead_letter_counts import DeadLetterCounts
 from .queue.log_queue import MESSAGES_DIR
 from .queue.priority import PriorityQueue
@@ -367,19 +367,16 @@ class Broker:
         quorum = arguments.get("x-queue-type") in ("quorum", b"quorum")
         config = self._queue_configs[quorum]
         descriptors = self.descriptors
-        max_priority = arguments.get("x-max-priority")
-        if (
-            isinstance(max_priority, int)
-            and not isinstance(max_priority, bool)
-            and max_priority > 0
-        ):
+        levels = max_priority(arguments)
+        if levels is not None:
             return PriorityQueue(
                 directory,
-                max_priority,
+                levels,
                 config.message_log.batch_bytes_max,
                 lambda level_directory: LogQueue.open(
-                    level_directory, config, descriptors=descriptors
+                    level_directory, config, descriptors=descriptors, open_log=open_log
                 ),
+                every_level=open_log is not None,
             )
         return LogQueue.open(directory, config, descriptors=descriptors, open_log=open_log)
 
@@ -391,7 +388,7 @@ class Broker:
         if queue_type(record.arguments) == Stream.queue_type:
             return stream_log_config(self.message_log_config, record.arguments)
         config = self._queue_configs[True]
-        return config.message_log if part == MESSAGES_DIR else config.ack_log
+        return config.message_log if Path(part).name == MESSAGES_DIR else config.ack_log
 
     def _open_delayed(self, directory: Path) -> DelayedMessageLog:
         return DelayedMessageLog.open(

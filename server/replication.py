@@ -7,8 +7,8 @@ What it replicates
     its tracked offsets' log (`partitions`). The leader's `LogQueue` or `StreamLog` opens
     them as `ReplicatedLog`s (`open_log`); a follower holds them as plain `PartitionLog`s in
     the same directories the leader's are in, storing the leader's batches verbatim.
-    Priority queues (a log per level) are not replicated yet. A stream's producer sequences
-    are rebuilt from its records, which carry them.
+    A priority queue is two partitions per level, every level. A stream's producer
+    sequences are rebuilt from its records, which carry them.
 
 The commit rule
     A `ReplicatedLog` the host adopted (`replicated`) stamps each batch with its leader epoch,
@@ -64,8 +64,9 @@ from warrenmq.log import LogConfig, LogError, OffsetOutOfRangeError, PartitionLo
 from .forward import wire
 from .metadata import commands as c
 from .metadata.records import NO_LEADER, QueueRecord
-from .queue.arguments import queue_type
+from .queue.arguments import max_priority, queue_type
 from .queue.log_queue import ACKS_DIR, MESSAGES_DIR, remove_directory
+from .queue.priority import level_directory
 from .stream.tracked_offsets import OFFSETS_DIR
 
 log = logging.getLogger(__name__)
@@ -101,17 +102,13 @@ def replicated(record: QueueRecord) -> bool:
 def replicates(
     replicas: tuple[int, ...], durable: bool, exclusive: bool, arguments: Mapping[str, Any]
 ) -> bool:
-    """Durable, not exclusive, more than one replica, and not a priority queue (not
-    replicated yet)."""
-    if len(replicas) < 2 or not durable or exclusive:
-        return False
-    return not arguments.get("x-max-priority")
+    """Durable, not exclusive, and more than one replica."""
+    return len(replicas) > 1 and durable and not exclusive
 
 
 STREAM_LOG = ""
 """A stream's log is in its directory itself (`StreamLog`), its tracked offsets' log in
 `OFFSETS_DIR` under it."""
-LOG_PARTS = (MESSAGES_DIR, ACKS_DIR, STREAM_LOG, OFFSETS_DIR)
 
 
 def partition_key(vhost: str, name: str, part: str) -> PartitionKey:
@@ -121,11 +118,20 @@ def partition_key(vhost: str, name: str, part: str) -> PartitionKey:
 
 def partitions(record: QueueRecord) -> tuple[tuple[PartitionKey, str], ...]:
     """(key, directory under the queue's) of each log of a replicated queue: a queue's
-    messages log and ack log, a stream's log and its tracked offsets' log."""
+    messages log and ack log, those of each level of a priority queue (all of its levels,
+    which its leader opens at once), a stream's log and its tracked offsets' log."""
     if queue_type(record.arguments) == "stream":
         parts: tuple[str, ...] = (STREAM_LOG, OFFSETS_DIR)
     else:
-        parts = (MESSAGES_DIR, ACKS_DIR)
+        levels = max_priority(record.arguments)
+        if levels is None:
+            parts = (MESSAGES_DIR, ACKS_DIR)
+        else:
+            parts = tuple(
+                f"{level_directory(level)}/{part}"
+                for level in range(levels + 1)
+                for part in (MESSAGES_DIR, ACKS_DIR)
+            )
     return tuple((partition_key(record.vhost, record.name, part), part) for part in parts)
 
 
@@ -331,17 +337,15 @@ class Replicas:
     def forget(self, vhost: str, name: str) -> None:
         """The queue is gone (deleted): stop replicating it, delete a follower's files."""
         following = False
-        for part in LOG_PARTS:
-            key = partition_key(vhost, name, part)
+        keys = [key for key, queue in self._queues.items() if queue == (vhost, name)]
+        for key in keys:
             following = key in self._following or following
             self._unfollow(key)
-            self._queues.pop(key, None)
+            del self._queues[key]
             self._known_high_watermarks.pop(key, None)
+        for directory in [d for d, queue in self._directories.items() if queue == (vhost, name)]:
+            del self._directories[directory]
         host = self.broker.vhosts.get(vhost)
-        if host is not None:
-            directory = host.queue_directory(name)
-            for part in LOG_PARTS:
-                self._directories.pop(directory / part, None)
         if following and host is not None and name not in host.queues:
             remove_directory(host.queue_directory(name))
 

@@ -448,3 +448,40 @@ def test_a_stream_is_replicated_and_read_whole_after_its_leader_is_killed(cluste
     first, second = (replica_records(cluster, node, stream, "") for node in survivors)
     assert [record.body for record in first] == published
     assert first == second
+
+
+def test_a_priority_queue_is_replicated_level_by_level_and_fails_over_in_priority_order(cluster):
+    queue = name("priority")
+    declare(cluster, 1, queue, {"x-max-priority": 3})
+    state = isr_of_all_three(cluster, 1, queue)
+    assert state is not None, f"the ISR of {queue} is not all 3 members: {replicas(state)}"
+    leader = node_id(state["leader"])
+    publisher = next(node for node in NODES if node != leader)
+    connection = amqp(cluster, publisher)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    sent = [(i % 4, f"{queue}-{i:03d}".encode()) for i in range(120)]
+    for priority, body in sent:
+        properties = pika.BasicProperties(delivery_mode=2, priority=priority)
+        channel.basic_publish("", queue, body, properties, mandatory=True)
+    connection.close()
+
+    killed, _, through = kill_leader_and_fail_over(cluster, queue)
+    assert killed == leader
+    state = new_leader(cluster, through, queue, killed)
+    assert state is not None and state["leader"] != f"warren@{killed}", replicas(state)
+    connection = amqp(cluster, through)
+    channel = connection.channel()
+    got = []
+    while True:
+        method, properties, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        got.append((properties.priority or 0, body))
+    connection.close()
+    # Every confirmed message, the highest priority first, each level in publish order (the
+    # one kill_leader_and_fail_over took and gave back is redelivered: in order all the same).
+    assert sorted(set(got), key=lambda m: (-m[0], m[1])) == sorted(
+        sent, key=lambda m: (-m[0], m[1])
+    )
+    assert [p for p, _ in got] == sorted((p for p, _ in got), reverse=True)

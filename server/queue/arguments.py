@@ -220,5 +220,13 @@ def queue_type(arguments: Mapping[str, Any]) -> str:
     return _text(arguments.get("x-queue-type")) or "classic"
 
 
+def max_priority(arguments: Mapping[str, Any]) -> int | None:
+    """The highest priority level of a priority queue (`x-max-priority`), None for another."""
+    value = arguments.get("x-max-priority")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
 def check_consume(queue: str, vhost: str, arguments: Mapping[str, Any]) -> None:
     check_arguments(CONSUME_CHECKS, queue, vhost, arguments)

@@ -29,6 +29,11 @@ _LEVEL_MASK = LEVELS_MAX - 1
 _LEVEL_PREFIX = "priority-"
 
 
+def level_directory(level: int) -> str:
+    """A level's directory under its queue's."""
+    return f"{_LEVEL_PREFIX}{level}"
+
+
 class PriorityQueue:
     def __init__(
         self,
@@ -36,7 +41,10 @@ class PriorityQueue:
         max_priority: int,
         batch_bytes_max: int,
         open_level: Callable[[Path], QueueEngine],
+        every_level: bool = False,
     ) -> None:
+        """`every_level`: open all levels now, not on their first message (a replicated
+        queue's: its followers hold a copy of every level's logs)."""
         assert 0 <= max_priority < LEVELS_MAX, max_priority
         self.directory = directory
         self.max_priority = max_priority
@@ -46,6 +54,9 @@ class PriorityQueue:
         self._levels: dict[int, QueueEngine] = {}
         directory.mkdir(parents=True, exist_ok=True)
         try:
+            if every_level:
+                for level in range(max_priority + 1):
+                    self._level(level)
             for path in directory.glob(_LEVEL_PREFIX + "*"):
                 suffix = path.name[len(_LEVEL_PREFIX) :]
                 if suffix.isdigit() and int(suffix) <= max_priority:
@@ -58,7 +69,7 @@ class PriorityQueue:
     def _level(self, level: int) -> QueueEngine:
         engine = self._levels.get(level)
         if engine is None:
-            engine = self._open_level(self.directory / f"{_LEVEL_PREFIX}{level}")
+            engine = self._open_level(self.directory / level_directory(level))
             self._levels[level] = engine
             self._levels = dict(sorted(self._levels.items(), reverse=True))
         return engine
