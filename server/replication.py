@@ -546,6 +546,17 @@ class Replicas:
             leading = self._leading.get(key)
             if leading is not None:
                 leading.moved(high_watermark)
+                self._wake_queue(key)
+
+    def _wake_queue(self, key: PartitionKey) -> None:
+        """The HW of one of a queue's logs moved: what it may deliver grew. A commit of its
+        own wakes it once it returns, but the HW also moves without one (a restarted leader's
+        followers reporting what they hold, a follower back in the ISR)."""
+        names = self._queues.get(key)
+        vhost = self.broker.vhosts.get(names[0]) if names is not None else None
+        queue = vhost.queues.get(names[1]) if vhost is not None else None
+        if queue is not None:
+            self.broker.want_dispatch(queue)
 
     def _propose(self, now: float) -> None:
         """One AlterIsr per queue whose logs want a new ISR: the replicas they all want."""

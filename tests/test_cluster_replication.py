@@ -485,3 +485,45 @@ def test_a_priority_queue_is_replicated_level_by_level_and_fails_over_in_priorit
         sent, key=lambda m: (-m[0], m[1])
     )
     assert [p for p, _ in got] == sorted((p for p, _ in got), reverse=True)
+
+
+def test_a_consumer_waiting_on_a_restarted_leader_gets_what_its_followers_then_report(cluster):
+    """Every node killed and restarted, nothing published since: the restarted leader's HW
+    moves only as its followers report what they hold, and that alone must wake its
+    consumers (it did not: a stream consumer waiting from before got nothing)."""
+    stream = name("restarted")
+    declare(cluster, 1, stream, STREAM)
+    state = isr_of_all_three(cluster, 1, stream)
+    assert state is not None, replicas(state)
+    leader = node_id(state["leader"])
+    published = bodies_for(stream, 50)
+    publish_confirmed(cluster, leader, stream, published)
+    for node in NODES:
+        cluster.kill(node)
+    first, last = [node for node in NODES if node != leader]
+    for node in (leader, first):
+        cluster.start(node)
+    for node in (leader, first):
+        cluster.wait_listening(node)
+    # The last follower is down and in the ISR: the HW cannot move yet.
+    connection = poll(lambda: amqp(cluster, leader), lambda _: True, FAILOVER_WAIT_S)
+    channel = connection.channel()
+    channel.basic_qos(prefetch_count=100)
+    read: list[bytes] = []
+    consumed = poll(
+        lambda: channel.basic_consume(
+            stream,
+            lambda ch, method, properties, body: read.append(body),
+            arguments={"x-stream-offset": "first"},
+        ),
+        lambda _: True,
+        FAILOVER_WAIT_S,
+    )
+    assert consumed is not None, f"{stream} could not be consumed on its restarted leader"
+    cluster.start(last)
+    deadline_s = time.monotonic() + FAILOVER_WAIT_S
+    while len(read) < len(published) and time.monotonic() < deadline_s:
+        connection.process_data_events(time_limit=0.1)
+    with contextlib.suppress(pika.exceptions.AMQPError):
+        connection.close()
+    assert read == published, f"{len(read)} of the 50 confirmed records delivered"
