@@ -43,6 +43,16 @@ AWAIT_HEADER = 1
 AWAIT_BODY = 2
 
 
+def _undecodable(payload, class_id, method_id):
+    """RabbitMQ's answer to a method whose arguments do not decode."""
+    return replies.AMQPConnectionError(
+        replies.FRAME_ERROR,
+        f"cannot decode <<{','.join(map(str, payload[4:]))}>>",
+        class_id,
+        method_id,
+    )
+
+
 def method_key(class_id, method_id):
     return (class_id << 16) | method_id
 
@@ -178,7 +188,7 @@ class Channel:
         self._properties = b""
         self._scan = (None, None, None, None)
         self._remaining = 0
-        self._parts = []
+        self._parts = None
 
     def transition(self, what):
         try:
@@ -251,17 +261,13 @@ class Channel:
         try:
             return decoder(payload)
         except ValueError:
-            raise replies.AMQPConnectionError(
-                replies.FRAME_ERROR,
-                f"cannot decode <<{','.join(map(str, payload[4:]))}>>",
-                class_id,
-                method_id,
-            ) from None
+            raise _undecodable(payload, class_id, method_id) from None
 
     def _publish(self, payload):
-        exchange, routing_key, mandatory, immediate = self._fast(
-            fastpath.decode_publish, payload, 60, 40
-        )
+        try:
+            exchange, routing_key, mandatory, immediate = fastpath.decode_publish(payload)
+        except ValueError:
+            raise _undecodable(payload, 60, 40) from None
         if immediate:
             raise replies.AMQPConnectionError(replies.NOT_IMPLEMENTED, "immediate=true", 60, 40)
         if self.confirm_mode:
@@ -306,7 +312,6 @@ class Channel:
         if body_size == 0:
             return self._published(b"")
         self._remaining = body_size
-        self._parts = []
         self.content_state = AWAIT_BODY
         return None
 
@@ -328,12 +333,20 @@ class Channel:
             # Nothing to keep: a client sending empty body frames without end must not grow
             # the list (RabbitMQ's assembler keeps each one).
             return None
-        self._parts.append(payload)
-        self._remaining = remaining
-        if remaining:
-            return None
         parts = self._parts
-        return self._published(parts[0] if len(parts) == 1 else b"".join(parts))
+        if remaining:
+            # A body split over frames is gathered; one in a single frame (the usual case)
+            # never needs the list.
+            if parts is None:
+                self._parts = [payload]
+            else:
+                parts.append(payload)
+            self._remaining = remaining
+            return None
+        if parts is not None:
+            parts.append(payload)
+            payload = b"".join(parts)
+        return self._published(payload)
 
     def _published(self, body):
         delivery_mode, priority, expiration, user_id = self._scan
@@ -350,5 +363,8 @@ class Channel:
             user_id,
             self.publish_seq if self.confirm_mode else 0,
         )
-        self._reset_content()
+        # Only the state and the gathered body parts need resetting: the other fields are
+        # all set again by the next publish before they are read.
+        self.content_state = AWAIT_METHOD
+        self._parts = None
         return event

@@ -71,11 +71,25 @@ _PROPERTY_FIELDS = (
     (0x0008, "s"),  # app-id
     (0x0004, "s"),  # cluster-id (deprecated, still on the wire)
 )
+# flags -> the (flag, width) pairs present, so a scan walks only the fields a message has
+# (usually one to three of fourteen). Bounded: flags are 14 known bits.
+_FIELDS_PRESENT: dict[int, tuple] = {}
 _DELIVERY_MODE_FLAG = 0x1000
 _PRIORITY_FLAG = 0x0800
 _EXPIRATION_FLAG = 0x0100
 _USER_ID_FLAG = 0x0010
 _PROPERTY_FLAGS_KNOWN = 0xFFFC
+
+
+def fields_present(flags):
+    """The (flag, width) pairs of ``_PROPERTY_FIELDS`` whose bit is set in ``flags``, in wire
+    order."""
+    fields = _FIELDS_PRESENT.get(flags)
+    if fields is None:
+        fields = _FIELDS_PRESENT[flags] = tuple(
+            (flag, width) for flag, width in _PROPERTY_FIELDS if flags & flag
+        )
+    return fields
 
 
 def decode_publish(payload):
@@ -150,9 +164,7 @@ def scan_properties(property_bytes):
     delivery_mode = priority = expiration = user_id = None
     offset = 2
     try:
-        for flag, width in _PROPERTY_FIELDS:
-            if not flags & flag:
-                continue
+        for flag, width in fields_present(flags):
             if width == "s":
                 start = offset + 1
                 offset = start + property_bytes[offset]

@@ -15,7 +15,7 @@ scan_properties``), so they are taken to be well formed.
 
 import struct
 
-from .fastpath import _PROPERTY_FIELDS
+from .fastpath import _PROPERTY_FIELDS, fields_present
 from .field_table import FIXED_WIDTHS
 
 HEADERS_FLAG = 0x2000
@@ -47,9 +47,7 @@ def split(property_bytes: bytes) -> dict[int, bytes]:
     flags = _SHORT.unpack_from(property_bytes)[0]
     fields: dict[int, bytes] = {}
     offset = 2
-    for flag, width in _PROPERTY_FIELDS:
-        if not flags & flag:
-            continue
+    for flag, width in fields_present(flags):
         if width == "s":
             end = offset + 1 + property_bytes[offset]
         elif width == "t":
