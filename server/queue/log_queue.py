@@ -548,31 +548,51 @@ class LogQueue:
 
     def ack(self, offset: int) -> bool:
         """Acknowledge an in-flight message; False (and no effect) when it is not in flight."""
-        try:
-            self._in_flight.remove(offset)
-        except KeyError:
-            return False
-        if self._counts:
-            self._counts.pop(offset, None)
-        if self._bcc:
-            self._bcc.pop(offset, None)
-        if self._failures:
-            self._failures.pop(offset, None)
-        self._acked.add(offset)
-        # Consecutive acks extend one pending run; anything else starts a new one.
-        if offset == self._run_end:
-            self._run_end = offset + 1
+        return self.ack_many((offset,)) == 1
+
+    def ack_many(self, offsets: Iterable[int]) -> int:
+        """Acknowledge each in-flight offset; returns how many were. Consecutive offsets (a
+        multiple ack's usual shape) are marked acked a run at a time."""
+        in_flight = self._in_flight
+        counts = self._counts
+        bcc = self._bcc
+        failures = self._failures
+        acked = 0
+        run_start = run_end = -1
+        for offset in offsets:
+            try:
+                in_flight.remove(offset)
+            except KeyError:
+                continue
+            if counts:
+                counts.pop(offset, None)
+            if bcc:
+                bcc.pop(offset, None)
+            if failures:
+                failures.pop(offset, None)
+            acked += 1
+            if offset == run_end:
+                run_end += 1
+            else:
+                if run_end >= 0:
+                    self._acked_run(run_start, run_end)
+                run_start = offset
+                run_end = offset + 1
+        if run_end >= 0:
+            self._acked_run(run_start, run_end)
+        return acked
+
+    def _acked_run(self, start: int, end: int) -> None:
+        """Mark [start, end), all just taken out of flight, acked; a run continuing the
+        pending one extends it, anything else starts a new one."""
+        self._acked.add_range(start, end)
+        if start == self._run_end:
+            self._run_end = end
         else:
             if self._run_end >= 0:
                 self._pend(self._run_start, self._run_end)
-            self._run_start = offset
-            self._run_end = offset + 1
-        return True
-
-    def ack_many(self, offsets: Iterable[int]) -> int:
-        """Acknowledge each in-flight offset; returns how many were."""
-        ack = self.ack
-        return sum(1 for offset in offsets if ack(offset))
+            self._run_start = start
+            self._run_end = end
 
     def requeue(self, offsets: Iterable[int], failed: bool = False) -> int:
         """Return in-flight messages to the queue, ahead of new ones, counting a failed

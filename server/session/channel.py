@@ -356,6 +356,8 @@ class BrokerChannel:
         dispatch (those settled, and those of consumers the freed credit unblocked)."""
         by_queue: dict[ConsumedQueue, list[int]] = {}
         touched: set[ConsumedQueue] = set()
+        # Each consumer's freed prefetch, told to its queue once the whole settle is counted.
+        freed: dict[Consumer, None] = {}
         for entry in taken:
             if entry.stale:
                 # Its message went back to the queue at its visibility timeout: counted, and
@@ -368,7 +370,9 @@ class BrokerChannel:
             if consumer is not None:
                 consumer.unacked_count -= 1
                 self.consumer_unacked -= 1
-                consumer.queue.prefetch_freed(consumer)
+                freed[consumer] = None
+        for consumer in freed:
+            consumer.queue.prefetch_freed(consumer)
         if requeue is None:
             self.counts.acked += len(taken)
         for queue, offsets in by_queue.items():
