@@ -195,6 +195,10 @@ def decode_records(
     buf: bytes | memoryview, position: int, header: BatchHeader, first_offset: int
 ) -> list[Record]:
     """Records of the CRC-verified batch at `position`, from `first_offset` on."""
+    if type(buf) is not bytes:
+        # One copy of the batch, so that each field below is a single slice of bytes.
+        buf = bytes(buf[position : position + header.total_bytes])
+        position = 0
     unpack = RECORD_HEADER.unpack_from
     pos = position + HEADER_BYTES
     end = position + header.total_bytes
@@ -203,6 +207,7 @@ def decode_records(
     timestamp_ms = header.max_timestamp_ms
     records: list[Record] = []
     append = records.append
+    new = tuple.__new__
     for _ in range(header.record_count):
         if pos + RECORD_HEADER_BYTES > end:
             raise CorruptBatchError(f"record framing overruns batch at offset {header.base_offset}")
@@ -215,15 +220,19 @@ def decode_records(
             routing_key_at = pos + exchange_len
             properties_at = routing_key_at + routing_key_len
             body_at = properties_at + properties_len
+            # tuple.__new__: a NamedTuple's own __new__ is a Python function, a call per record.
             append(
-                Record(
-                    offset,
-                    timestamp_ms,
-                    term,
-                    bytes(buf[pos:routing_key_at]),
-                    bytes(buf[routing_key_at:properties_at]),
-                    bytes(buf[properties_at:body_at]),
-                    bytes(buf[body_at:record_end]),
+                new(
+                    Record,
+                    (
+                        offset,
+                        timestamp_ms,
+                        term,
+                        buf[pos:routing_key_at],
+                        buf[routing_key_at:properties_at],
+                        buf[properties_at:body_at],
+                        buf[body_at:record_end],
+                    ),
                 )
             )
         pos = record_end
