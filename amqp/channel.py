@@ -38,6 +38,9 @@ from pamqp import commands
 
 from . import events, fastpath, frames, replies
 
+_new = tuple.__new__
+_MESSAGE_PUBLISHED = events.MessagePublished
+
 AWAIT_METHOD = 0
 AWAIT_HEADER = 1
 AWAIT_BODY = 2
@@ -350,18 +353,21 @@ class Channel:
 
     def _published(self, body):
         delivery_mode, priority, expiration, user_id = self._scan
-        event = events.MessagePublished(
-            self.number,
-            self._exchange,
-            self._routing_key,
-            self._mandatory,
-            self._properties,
-            body,
-            delivery_mode,
-            priority,
-            expiration,
-            user_id,
-            self.publish_seq if self.confirm_mode else 0,
+        event = _new(
+            _MESSAGE_PUBLISHED,
+            (
+                self.number,
+                self._exchange,
+                self._routing_key,
+                self._mandatory,
+                self._properties,
+                body,
+                delivery_mode,
+                priority,
+                expiration,
+                user_id,
+                self.publish_seq if self.confirm_mode else 0,
+            ),
         )
         # Only the state and the gathered body parts need resetting: the other fields are
         # all set again by the next publish before they are read.

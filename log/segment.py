@@ -525,12 +525,23 @@ class Segment:
                 continue
             if header.base_offset > offset:
                 raise CorruptBatchError(f"index of {self.log_path} skips offset {offset}")
-            for record in batch_codec.decode_records(buf, at, header, offset):
-                size = batch_codec.record_size(record)
-                if records and (size > budget or len(records) >= max_records):
-                    return records
-                records.append(record)
-                budget -= size
+            decoded = batch_codec.decode_records(buf, at, header, offset)
+            whole_bytes = header.total_bytes - HEADER_BYTES
+            if (
+                header.base_offset == offset
+                and whole_bytes <= budget
+                and len(records) + len(decoded) <= max_records
+            ):
+                # The whole batch fits: its records' sizes add up to its payload's.
+                records += decoded
+                budget -= whole_bytes
+            else:
+                for record in decoded:
+                    size = batch_codec.record_size(record)
+                    if records and (size > budget or len(records) >= max_records):
+                        return records
+                    records.append(record)
+                    budget -= size
             offset = header.next_offset
             if len(records) >= max_records or budget <= 0:
                 break
