@@ -19,6 +19,7 @@ check their structure and pick out the few fields the broker acts on, without bu
 object; ``frames.decode_properties`` does the full (pamqp) decode when a header is needed.
 """
 
+import os
 import struct
 from typing import NamedTuple
 
@@ -448,3 +449,22 @@ def encode_nack(channel, delivery_tag, multiple, requeue=False):
         bits,
         frames.FRAME_END,
     )
+
+
+# The compiled twins of the two decoders every publish goes through (amqp/_speedups.pyx),
+# when the install could build them. The Python functions above stay the reference: the
+# twins hand them every input off the well-formed path, and a property test holds the two to
+# the same answers. WARREN_PURE_PYTHON=1 keeps the reference (to measure, or to rule it out).
+python_scan_properties = scan_properties
+python_decode_publish = decode_publish
+if os.environ.get("WARREN_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from . import _speedups
+    except ImportError:
+        _speedups = None
+    else:
+        _speedups.use_reference(python_scan_properties, python_decode_publish)
+        scan_properties = _speedups.scan_properties
+        decode_publish = _speedups.decode_publish
+else:
+    _speedups = None
