@@ -1,17 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Compiled twins of two decoders every publish goes through: ``fastpath.scan_properties`` and
-``fastpath.decode_publish``.
+"""Compiled twins of the codecs every message goes through: ``fastpath.scan_properties`` and
+``fastpath.decode_publish`` on the way in, ``fastpath.deliver_many_parts`` on the way out.
 
-The pure-Python functions in ``fastpath`` stay the reference. These take the well-formed
-case only (every length inside its bounds, text in ASCII) and hand anything else to the
-reference, so that every error, and the text a client sees in it, comes from one place.
-``tests/test_amqp_speedups.py`` checks that both agree on any bytes. ``fastpath`` uses these
-when the install could build them (a C compiler; the build is optional), and
-``WARREN_PURE_PYTHON=1`` keeps it on the reference.
+The pure-Python functions in ``fastpath`` stay the reference. These take the common case only
+(every length inside its bounds, text in ASCII, a body in one frame) and hand anything else to
+the reference, so that every error, and the text a client sees in it, comes from one place.
+``tests/test_amqp_speedups.py`` checks that both agree on any input, byte for byte.
+``fastpath`` uses these when the install could build them (a C compiler; the build is
+optional), and ``WARREN_PURE_PYTHON=1`` keeps it on the reference.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeASCII
+from libc.string cimport memcpy
 
 from . import field_table
 
@@ -23,15 +24,13 @@ cdef unsigned int EXPIRATION_FLAG = 0x0100
 cdef unsigned int TIMESTAMP_FLAG = 0x0040
 cdef unsigned int USER_ID_FLAG = 0x0010
 
-_python_scan_properties = None
-_python_decode_publish = None
+cdef object _reference = None
 
 
-def use_reference(scan_properties, decode_publish):
-    """The reference functions that inputs off the fast case go to (``fastpath``'s)."""
-    global _python_scan_properties, _python_decode_publish
-    _python_scan_properties = scan_properties
-    _python_decode_publish = decode_publish
+def use_reference(fastpath):
+    """The module whose pure-Python functions take every input off the common case."""
+    global _reference
+    _reference = fastpath
 
 
 cdef inline bint _ascii(const unsigned char* text, Py_ssize_t length):
@@ -45,7 +44,7 @@ cdef inline bint _ascii(const unsigned char* text, Py_ssize_t length):
 def scan_properties(property_bytes):
     """``fastpath.scan_properties``: (delivery_mode, priority, expiration, user_id)."""
     if type(property_bytes) is not bytes:
-        return _python_scan_properties(property_bytes)
+        return _reference.python_scan_properties(property_bytes)
     cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(property_bytes)
     cdef Py_ssize_t end = PyBytes_GET_SIZE(property_bytes)
     cdef Py_ssize_t offset = 2
@@ -53,10 +52,10 @@ def scan_properties(property_bytes):
     cdef unsigned int flags, flag
     cdef int bit
     if end < 2:
-        return _python_scan_properties(property_bytes)
+        return _reference.python_scan_properties(property_bytes)
     flags = (data[0] << 8) | data[1]
     if flags & ~FLAGS_KNOWN:
-        return _python_scan_properties(property_bytes)
+        return _reference.python_scan_properties(property_bytes)
     delivery_mode = priority = expiration = user_id = None
     # Fields in wire order: flag bits 15 down to 2.
     for bit in range(15, 1, -1):
@@ -65,7 +64,7 @@ def scan_properties(property_bytes):
             continue
         if flag == HEADERS_FLAG:
             if offset + 4 > end:
-                return _python_scan_properties(property_bytes)
+                return _reference.python_scan_properties(property_bytes)
             start = offset + 4
             offset = start + (
                 (<Py_ssize_t>data[offset] << 24)
@@ -74,14 +73,14 @@ def scan_properties(property_bytes):
                 | data[offset + 3]
             )
             if offset > end:
-                return _python_scan_properties(property_bytes)
+                return _reference.python_scan_properties(property_bytes)
             try:
                 field_table.check(property_bytes, start, offset)
             except Exception:
-                return _python_scan_properties(property_bytes)
+                return _reference.python_scan_properties(property_bytes)
         elif flag == DELIVERY_MODE_FLAG or flag == PRIORITY_FLAG:
             if offset >= end:
-                return _python_scan_properties(property_bytes)
+                return _reference.python_scan_properties(property_bytes)
             if flag == DELIVERY_MODE_FLAG:
                 delivery_mode = data[offset]
             else:
@@ -91,40 +90,40 @@ def scan_properties(property_bytes):
             offset += 8
         else:
             if offset >= end:
-                return _python_scan_properties(property_bytes)
+                return _reference.python_scan_properties(property_bytes)
             start = offset + 1
             offset = start + data[offset]
             if offset > end or not _ascii(data + start, offset - start):
-                return _python_scan_properties(property_bytes)
+                return _reference.python_scan_properties(property_bytes)
             if flag == EXPIRATION_FLAG:
                 expiration = PyUnicode_DecodeASCII(<const char*>data + start, offset - start, NULL)
             elif flag == USER_ID_FLAG:
                 user_id = PyUnicode_DecodeASCII(<const char*>data + start, offset - start, NULL)
     if offset != end:
-        return _python_scan_properties(property_bytes)
+        return _reference.python_scan_properties(property_bytes)
     return delivery_mode, priority, expiration, user_id
 
 
 def decode_publish(payload):
     """``fastpath.decode_publish``: (exchange, routing_key, mandatory, immediate)."""
     if type(payload) is not bytes:
-        return _python_decode_publish(payload)
+        return _reference.python_decode_publish(payload)
     cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(payload)
     cdef Py_ssize_t size = PyBytes_GET_SIZE(payload)
     cdef Py_ssize_t exchange_end, routing_key_end
     cdef unsigned char bits
     if size < 9:
-        return _python_decode_publish(payload)
+        return _reference.python_decode_publish(payload)
     exchange_end = 7 + data[6]
     if exchange_end >= size:
-        return _python_decode_publish(payload)
+        return _reference.python_decode_publish(payload)
     routing_key_end = exchange_end + 1 + data[exchange_end]
     if (
         routing_key_end + 1 != size
         or not _ascii(data + 7, exchange_end - 7)
         or not _ascii(data + exchange_end + 1, routing_key_end - exchange_end - 1)
     ):
-        return _python_decode_publish(payload)
+        return _reference.python_decode_publish(payload)
     bits = data[routing_key_end]
     return (
         PyUnicode_DecodeASCII(<const char*>data + 7, exchange_end - 7, NULL),
@@ -134,3 +133,127 @@ def decode_publish(payload):
         (bits & 1) != 0,
         (bits & 2) != 0,
     )
+
+
+cdef Py_ssize_t FRAME_MIN_BYTES = 4096
+cdef Py_ssize_t FRAME_OVERHEAD_BYTES = 8
+# A body up to this size is copied into its message's one bytes object; a larger one is its own
+# part, copied once, into the connection's coalesced write.
+cdef Py_ssize_t BODY_INLINE_BYTES_MAX = 1024
+
+
+cdef inline unsigned char* _put16(unsigned char* at, unsigned long value):
+    at[0] = (value >> 8) & 0xFF
+    at[1] = value & 0xFF
+    return at + 2
+
+
+cdef inline unsigned char* _put32(unsigned char* at, unsigned long long value):
+    at[0] = (value >> 24) & 0xFF
+    at[1] = (value >> 16) & 0xFF
+    at[2] = (value >> 8) & 0xFF
+    at[3] = value & 0xFF
+    return at + 4
+
+
+cdef inline unsigned char* _put64(unsigned char* at, unsigned long long value):
+    _put32(at, value >> 32)
+    return _put32(at + 4, value & 0xFFFFFFFF)
+
+
+cdef inline unsigned char* _put(unsigned char* at, bytes data, Py_ssize_t size):
+    memcpy(at, PyBytes_AS_STRING(data), size)
+    return at + size
+
+
+def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_max):
+    """``fastpath.deliver_many_parts``: each message's frames appended to ``parts`` as one
+    bytes object (its body a part of its own above ``BODY_INLINE_BYTES_MAX``); returns the
+    bodies' bytes."""
+    if (
+        type(parts) is not list
+        or type(channel) is not int
+        or type(first_tag) is not int
+        or type(frame_max) is not int
+        or not 0 <= channel <= 0xFFFF
+        or not 0 <= first_tag < (1 << 63)
+        or not FRAME_MIN_BYTES <= frame_max <= 0xFFFFFFFF
+    ):
+        return _reference.python_deliver_many_parts(
+            parts, channel, consumer_tag, first_tag, messages, frame_max
+        )
+    cdef bytes tag = _reference._shortstr(consumer_tag)
+    cdef Py_ssize_t tag_size = PyBytes_GET_SIZE(tag)
+    cdef Py_ssize_t chunk_bytes_max = frame_max - FRAME_OVERHEAD_BYTES
+    cdef unsigned long long delivery_tag = first_tag
+    cdef Py_ssize_t body_bytes = 0
+    cdef Py_ssize_t exchange_size, routing_key_size, properties_size, body_size, method_size
+    cdef Py_ssize_t inline_size, size
+    cdef unsigned char* at
+    cdef bytes frames
+    for message in messages:
+        exchange = message.exchange
+        routing_key = message.routing_key
+        property_bytes = message.properties
+        body = message.body
+        if (
+            type(exchange) is not bytes
+            or type(routing_key) is not bytes
+            or type(property_bytes) is not bytes
+            or type(body) is not bytes
+            or PyBytes_GET_SIZE(exchange) > 255
+            or PyBytes_GET_SIZE(routing_key) > 255
+            or PyBytes_GET_SIZE(body) > chunk_bytes_max
+            or delivery_tag >= (1ULL << 63)
+        ):
+            # Off the common case (a body split over frames, a name too long to send, ...):
+            # this message goes through the reference.
+            body_bytes += _reference.python_deliver_many_parts(
+                parts, channel, consumer_tag, delivery_tag, [message], frame_max
+            )
+            delivery_tag += 1
+            continue
+        exchange_size = PyBytes_GET_SIZE(exchange)
+        routing_key_size = PyBytes_GET_SIZE(routing_key)
+        properties_size = PyBytes_GET_SIZE(property_bytes)
+        body_size = PyBytes_GET_SIZE(body)
+        method_size = 16 + tag_size + exchange_size + routing_key_size
+        inline_size = body_size if body_size <= BODY_INLINE_BYTES_MAX else 0
+        size = (7 + method_size + 1) + (7 + 12 + properties_size + 1)
+        if body_size:
+            size += 7 + inline_size + (1 if inline_size else 0)
+        frames = PyBytes_FromStringAndSize(NULL, size)
+        at = <unsigned char*>PyBytes_AS_STRING(frames)
+        # basic.deliver
+        at[0] = 1
+        at = _put32(_put16(at + 1, channel), method_size)
+        at = _put16(_put16(at, 60), 60)
+        at[0] = tag_size
+        at = _put(at + 1, tag, tag_size)
+        at = _put64(at, delivery_tag)
+        at[0] = 1 if message.redelivered else 0
+        at[1] = exchange_size
+        at = _put(at + 2, exchange, exchange_size)
+        at[0] = routing_key_size
+        at = _put(at + 1, routing_key, routing_key_size)
+        at[0] = 0xCE
+        # content header
+        at[1] = 2
+        at = _put32(_put16(at + 2, channel), 12 + properties_size)
+        at = _put64(_put16(_put16(at, 60), 0), body_size)
+        at = _put(at, property_bytes, properties_size)
+        at[0] = 0xCE
+        at += 1
+        if body_size:
+            at[0] = 3
+            at = _put32(_put16(at + 1, channel), body_size)
+            if inline_size:
+                at = _put(at, body, body_size)
+                at[0] = 0xCE
+        parts.append(frames)
+        if body_size and not inline_size:
+            parts.append(body)
+            parts.append(b"\xce")
+        body_bytes += body_size
+        delivery_tag += 1
+    return body_bytes

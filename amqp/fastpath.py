@@ -21,6 +21,7 @@ object; ``frames.decode_properties`` does the full (pamqp) decode when a header 
 
 import os
 import struct
+import sys
 from typing import NamedTuple
 
 from . import field_table, frames
@@ -451,20 +452,22 @@ def encode_nack(channel, delivery_tag, multiple, requeue=False):
     )
 
 
-# The compiled twins of the two decoders every publish goes through (amqp/_speedups.pyx),
+# The compiled twins of the codecs every message goes through (amqp/_speedups.pyx),
 # when the install could build them. The Python functions above stay the reference: the
 # twins hand them every input off the well-formed path, and a property test holds the two to
 # the same answers. WARREN_PURE_PYTHON=1 keeps the reference (to measure, or to rule it out).
 python_scan_properties = scan_properties
 python_decode_publish = decode_publish
+python_deliver_many_parts = deliver_many_parts
 if os.environ.get("WARREN_PURE_PYTHON", "") in ("", "0"):
     try:
         from . import _speedups
     except ImportError:
         _speedups = None
     else:
-        _speedups.use_reference(python_scan_properties, python_decode_publish)
+        _speedups.use_reference(sys.modules[__name__])
         scan_properties = _speedups.scan_properties
         decode_publish = _speedups.decode_publish
+        deliver_many_parts = _speedups.deliver_many_parts
 else:
     _speedups = None
