@@ -14,7 +14,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcpy
 
-from . import field_table
+from . import field_table, frames
 
 cdef unsigned int FLAGS_KNOWN = 0xFFFC
 cdef unsigned int HEADERS_FLAG = 0x2000
@@ -135,8 +135,12 @@ def decode_publish(payload):
     )
 
 
-cdef Py_ssize_t FRAME_MIN_BYTES = 4096
-cdef Py_ssize_t FRAME_OVERHEAD_BYTES = 8
+cdef Py_ssize_t FRAME_MIN_BYTES = frames.FRAME_MIN_BYTES
+cdef Py_ssize_t FRAME_OVERHEAD_BYTES = frames.FRAME_OVERHEAD_BYTES
+cdef unsigned char FRAME_METHOD = frames.FRAME_METHOD
+cdef unsigned char FRAME_HEADER = frames.FRAME_HEADER
+cdef unsigned char FRAME_BODY = frames.FRAME_BODY
+cdef unsigned char FRAME_END = frames.FRAME_END
 # A body up to this size is copied into its message's one bytes object; a larger one is its own
 # part, copied once, into the connection's coalesced write.
 cdef Py_ssize_t BODY_INLINE_BYTES_MAX = 1024
@@ -190,7 +194,7 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
     cdef Py_ssize_t exchange_size, routing_key_size, properties_size, body_size, method_size
     cdef Py_ssize_t inline_size, size
     cdef unsigned char* at
-    cdef bytes frames
+    cdef bytes framed
     for message in messages:
         exchange = message.exchange
         routing_key = message.routing_key
@@ -222,10 +226,10 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
         size = (7 + method_size + 1) + (7 + 12 + properties_size + 1)
         if body_size:
             size += 7 + inline_size + (1 if inline_size else 0)
-        frames = PyBytes_FromStringAndSize(NULL, size)
-        at = <unsigned char*>PyBytes_AS_STRING(frames)
+        framed = PyBytes_FromStringAndSize(NULL, size)
+        at = <unsigned char*>PyBytes_AS_STRING(framed)
         # basic.deliver
-        at[0] = 1
+        at[0] = FRAME_METHOD
         at = _put32(_put16(at + 1, channel), method_size)
         at = _put16(_put16(at, 60), 60)
         at[0] = tag_size
@@ -236,24 +240,24 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
         at = _put(at + 2, exchange, exchange_size)
         at[0] = routing_key_size
         at = _put(at + 1, routing_key, routing_key_size)
-        at[0] = 0xCE
+        at[0] = FRAME_END
         # content header
-        at[1] = 2
+        at[1] = FRAME_HEADER
         at = _put32(_put16(at + 2, channel), 12 + properties_size)
         at = _put64(_put16(_put16(at, 60), 0), body_size)
         at = _put(at, property_bytes, properties_size)
-        at[0] = 0xCE
+        at[0] = FRAME_END
         at += 1
         if body_size:
-            at[0] = 3
+            at[0] = FRAME_BODY
             at = _put32(_put16(at + 1, channel), body_size)
             if inline_size:
                 at = _put(at, body, body_size)
-                at[0] = 0xCE
-        parts.append(frames)
+                at[0] = FRAME_END
+        parts.append(framed)
         if body_size and not inline_size:
             parts.append(body)
-            parts.append(b"\xce")
+            parts.append(frames.FRAME_END_BYTE)
         body_bytes += body_size
         delivery_tag += 1
     return body_bytes

@@ -154,6 +154,21 @@ def delivered(function, channel, consumer_tag, first_tag, messages, frame_max):
     messages=[fastpath.Delivery(b"", b"q", b"\x10\x00\x02", b"x" * 1025, True)],
     frame_max=131072,
 )
+@example(  # bodies at and past the inline bound and the frame size, names at and past 255
+    channel=7,
+    consumer_tag="t" * 255,
+    first_tag=1,
+    messages=[
+        fastpath.Delivery(b"e" * 255, b"k" * 255, b"\x00\x00", b"a" * 1024),
+        fastpath.Delivery(b"", b"q", b"\x00\x00", b"b" * 1025, True),
+        fastpath.Delivery(b"", b"q", b"\x00\x00", b"c" * (4096 - 8)),
+        fastpath.Delivery(b"", b"q", b"\x00\x00", b"d" * (4096 - 7)),
+        fastpath.Delivery(b"e" * 256, b"q", b"\x00\x00", b"x"),
+        fastpath.Delivery(b"", b"k" * 256, b"\x00\x00", b""),
+    ],
+    frame_max=4096,
+)
+@example(channel=1, consumer_tag="t" * 256, first_tag=1, messages=[], frame_max=4096)
 def test_deliveries_are_the_same_bytes_as_the_reference(
     channel, consumer_tag, first_tag, messages, frame_max
 ):
