@@ -1,7 +1,7 @@
 """docker/Dockerfile and docker/docker-compose.yml on a real Docker engine: the image built by
 compose on a local base (scripts/docker_base_image.sh: Debian packages, no registry needed, kept
-between runs), the three nodes up and healthy on free host ports, messages through them, and
-the cluster still serving with one node stopped.
+between runs), the three nodes up and healthy on free host ports, the compiled codecs in the
+image, messages through the nodes, and the cluster still serving with one node stopped.
 
 Marked `docker`: only `make test-docker` (pytest -m docker) runs it, as CI does; it takes
 minutes (the first base build about one). Without a Docker engine and a compose CLI it skips,
@@ -185,6 +185,20 @@ def test_every_node_serves_its_published_ports(cluster):
     for node in NODES:
         assert cluster.api(node).get("/api/health/checks/alarms").json == {"status": "ok"}
         cluster.connect(node).close()
+
+
+def test_the_image_has_the_compiled_codecs(cluster):
+    """The image's Warren runs amqp/_speedups.pyx compiled (docker/Dockerfile's builder stage
+    has the C compiler), not the pure-Python reference an install without one falls back to."""
+    printed = cluster.run(
+        "exec",
+        "-T",
+        "warren1",
+        "python",
+        "-c",
+        "from warrenmq.amqp import fastpath; print(fastpath._speedups)",
+    ).strip()
+    assert printed.startswith("<module 'warrenmq.amqp._speedups'"), printed
 
 
 def test_publish_and_consume_through_one_node(cluster):
