@@ -2,7 +2,8 @@
 
 `PartitionLog.open(directory, LogConfig(...))` opens (or creates and recovers) one partition;
 see `partition.py` for the API and `batch.py` for the on-disk format. The logs' files are
-opened through a bounded `DescriptorPool` (`descriptors.py`).
+opened through a bounded `DescriptorPool` (`descriptors.py`); a node's logs can share one
+bound on their tail caches, a `TailCacheBudget` (`tail_cache.py`).
 """
 
 from .batch import RawRecord, Record
@@ -10,6 +11,7 @@ from .config import LogConfig
 from .descriptors import DescriptorPool
 from .errors import CorruptBatchError, LogError, OffsetOutOfRangeError
 from .partition import PartitionLog
+from .tail_cache import TailCacheBudget
 
 __all__ = [
     "CorruptBatchError",
@@ -20,4 +22,5 @@ __all__ = [
     "PartitionLog",
     "RawRecord",
     "Record",
+    "TailCacheBudget",
 ]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import LogError
+from .tail_cache import TailCacheBudget
 
 # Index entries store positions and relative offsets as unsigned 32-bit integers.
 _U32_MAX = 0xFFFF_FFFF
@@ -27,7 +28,13 @@ class LogConfig:
     retention_bytes: int | None = None
     """Oldest whole segments are deleted while the rest still hold this much; None keeps all."""
     tail_cache_bytes_max: int = 8 << 20
-    """The newest batches, up to this many encoded bytes, are served from memory."""
+    """The newest batches, up to this many bytes, are served from memory: their encoded bytes
+    and `partition.CACHED_RECORD_OVERHEAD_BYTES` per record, what Python holds besides."""
+    tail_cache_budget: TailCacheBudget | None = field(default=None, compare=False)
+    """A bound this log's tail cache shares with every log opened with the same budget (a
+    node's message logs): past it the batch cached longest ago goes first, whichever log
+    holds it. None: the log's own bound alone. Configs derived with `dataclasses.replace`
+    keep the budget."""
 
     def __post_init__(self) -> None:
         positive = {

@@ -9,7 +9,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from itertools import chain
+from itertools import chain, repeat
 from pathlib import Path
 
 from crc32c import crc32c
@@ -26,6 +26,12 @@ from .segment import RETIRED_SUFFIX, Segment
 _FSYNC_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warren-fsync")
 FSYNC_LATENCY = LatencyHistogram()
 """How long each group commit's fsync took, every log of the process (for the metrics)."""
+
+
+CACHED_RECORD_OVERHEAD_BYTES = 144
+"""What the tail cache holds per record beyond its encoded bytes, and charges to its bound:
+three bytes objects' headers and four list slots (a small message's Python objects cost more
+memory than its bytes on disk)."""
 
 
 class _FilesNotOpened(OSError):
@@ -137,9 +143,7 @@ class PartitionLog:
         "_cache_terms",
         "_cache_timestamps",
         "_cache_sizes",
-        "_cache_starts",
         "_cache_fields",
-        "_cache_fields_base",
         "_cache_head",
         "_cache_bytes",
         "_dir_dirty",
@@ -174,21 +178,18 @@ class PartitionLog:
         self._last_timestamp_ms = max(
             (s.max_timestamp_ms for s in segments if s.max_timestamp_ms is not None), default=0
         )
-        # The tail cache: batch i (for i >= _cache_head) starts at offset _cache_bases[i] and
-        # its records' bytes fields, 4 per record, are _cache_fields[_cache_starts[i] -
-        # _cache_fields_base:] up to the next batch's start. Every field of every cached batch sits
-        # in that one list, so
-        # the cache holds no object per batch or per record that the garbage collector must
-        # walk: a cache of the appended record tuples piled up in the collector's youngest
-        # generation (freed old objects keep its collection from triggering), and each young
-        # collection then walked tens of thousands of them (5-20 ms stalls at 10,000 msg/s).
+        # The tail cache: batch i (for i >= _cache_head) starts at offset _cache_bases[i], and
+        # _cache_fields[i] holds its records' bytes fields, 4 per record, in one flat tuple.
+        # The collector stops tracking a tuple of bytes alone the first time it sees one, so
+        # the cache leaves it nothing to walk per record or per batch: one list of the
+        # records' fields was walked whole by each full collection (about 25 ms each with
+        # 128 MiB of small messages cached), and a cache of the appended record tuples piled
+        # up in the youngest generation (5-20 ms stalls at 10,000 msg/s).
         self._cache_bases: list[int] = []
         self._cache_terms: list[int] = []
         self._cache_timestamps: list[int] = []
         self._cache_sizes: list[int] = []
-        self._cache_starts: list[int] = []
-        self._cache_fields: list[bytes | None] = []
-        self._cache_fields_base = 0
+        self._cache_fields: list[tuple[bytes, ...] | None] = []
         self._cache_head = 0
         self._cache_bytes = 0
         # The directory is fsynced with the first sync, not at open: nothing the log vouches
@@ -538,56 +539,77 @@ class PartitionLog:
         encoded_bytes: int,
     ) -> None:
         limit = self.config.tail_cache_bytes_max
-        if encoded_bytes > limit:
+        charge = encoded_bytes + len(records) * CACHED_RECORD_OVERHEAD_BYTES
+        if charge > limit:
             self._cache_clear()
             return
-        fields = self._cache_fields
-        starts = self._cache_starts
         self._cache_bases.append(base)
         self._cache_terms.append(term)
         self._cache_timestamps.append(timestamp_ms)
-        self._cache_sizes.append(encoded_bytes)
-        fields_base = self._cache_fields_base
-        starts.append(fields_base + len(fields))
-        fields.extend(chain.from_iterable(records))
-        self._cache_bytes += encoded_bytes
-        sizes = self._cache_sizes
-        head = self._cache_head
+        self._cache_sizes.append(charge)
+        self._cache_fields.append(tuple(chain.from_iterable(records)))
+        self._cache_bytes += charge
+        budget = self.config.tail_cache_budget
+        if budget is not None:
+            budget.cached(self, base, charge)
+        # The batch just pushed fits the bound, so this never drops it.
         while self._cache_bytes > limit:
-            self._cache_bytes -= sizes[head]
-            # Drop the references now: evicted records must not outlive the byte bound. The
-            # batch just pushed fits the bound, so a later batch always exists here.
-            start, end = starts[head] - fields_base, starts[head + 1] - fields_base
-            fields[start:end] = [None] * (end - start)
-            head += 1
+            self._cache_drop_head()
+
+    def _cache_drop_head(self) -> None:
+        """Drop the oldest cached batch."""
+        head = self._cache_head
+        sizes = self._cache_sizes
+        if head + 1 == len(sizes):
+            self._cache_clear()
+            return
+        size = sizes[head]
+        self._cache_bytes -= size
+        budget = self.config.tail_cache_budget
+        if budget is not None:
+            budget.dropped(size, 1)
+        # Drop the references now: dropped records must not outlive the byte bound.
+        fields = self._cache_fields
+        fields[head] = None
+        head += 1
         self._cache_head = head
-        # Compact the evicted prefix now and then, so eviction stays O(1) amortised.
-        # Only C-level list moves here: one compaction must not stall the event loop either.
+        # Compact the dropped prefix now and then, so dropping stays O(1) amortised.
         if head > 64 and head * 2 > len(sizes):
-            cut = starts[head] - fields_base
-            del fields[:cut]
-            self._cache_fields_base = fields_base + cut
             for column in (
                 self._cache_bases,
                 self._cache_terms,
                 self._cache_timestamps,
                 sizes,
-                starts,
+                fields,
             ):
                 del column[:head]
             self._cache_head = 0
 
+    def _cache_drop_batch(self, base: int) -> None:
+        """The budget's eviction: drop the batch at `base` if it is the oldest cached (any
+        other batch of the budget's order is gone already)."""
+        head = self._cache_head
+        bases = self._cache_bases
+        if head < len(bases) and bases[head] == base:
+            self._cache_drop_head()
+
+    def _cache_holds(self, base: int) -> bool:
+        bases = self._cache_bases
+        at = bisect_left(bases, base, self._cache_head)
+        return at < len(bases) and bases[at] == base
+
     def _cache_clear(self) -> None:
+        budget = self.config.tail_cache_budget
+        if budget is not None and self._cache_bytes:
+            budget.dropped(self._cache_bytes, len(self._cache_sizes) - self._cache_head)
         for column in (
             self._cache_bases,
             self._cache_terms,
             self._cache_timestamps,
             self._cache_sizes,
-            self._cache_starts,
             self._cache_fields,
         ):
             column.clear()
-        self._cache_fields_base = 0
         self._cache_head = 0
         self._cache_bytes = 0
 
@@ -628,23 +650,44 @@ class PartitionLog:
         first = bisect_right(bases, offset, self._cache_head) - 1
         terms = self._cache_terms
         timestamps = self._cache_timestamps
-        starts = self._cache_starts
-        fields = self._cache_fields
-        last = len(bases) - 1
-        fields_base = self._cache_fields_base
+        sizes = self._cache_sizes
+        cached = self._cache_fields
         records: list[Record] = []
         append = records.append
         new = tuple.__new__
         budget = max_bytes
-        for i in range(first, last + 1):
+        for i in range(first, len(bases)):
             base = bases[i]
             term = terms[i]
             timestamp_ms = timestamps[i]
-            start = starts[i] - fields_base
-            end = starts[i + 1] - fields_base if i < last else len(fields)
-            for at in range(start + 4 * max(0, offset - base), end, 4):
+            fields = cached[i]
+            assert fields is not None
+            batch_records = len(fields) >> 2
+            if (
+                offset <= base
+                and batch_records <= max_records - len(records)
+                and sizes[i] <= budget
+            ):
+                # The whole batch fits (its charge bounds its records' sizes): none of them
+                # needs sizing, and the loop over them runs in C.
+                each = iter(fields)
+                records += map(
+                    new,
+                    repeat(Record),
+                    zip(
+                        range(base, base + batch_records),
+                        repeat(timestamp_ms),
+                        repeat(term),
+                        each,
+                        each,
+                        each,
+                        each,
+                    ),
+                )
+                budget -= sizes[i]
+                continue
+            for at in range(4 * max(0, offset - base), len(fields), 4):
                 exchange, routing_key, properties, body = fields[at : at + 4]
-                assert body is not None
                 size = (
                     RECORD_HEADER_BYTES
                     + len(exchange)
@@ -658,7 +701,7 @@ class PartitionLog:
                     new(
                         Record,
                         (
-                            base + (at - start) // 4,
+                            base + (at >> 2),
                             timestamp_ms,
                             term,
                             exchange,

@@ -27,7 +27,7 @@ from typing import Any
 
 from warrenmq.amqp.auth import EXTERNAL
 from warrenmq.amqp.connection import ConnectionConfig
-from warrenmq.log import DescriptorPool, LogConfig
+from warrenmq.log import DescriptorPool, LogConfig, TailCacheBudget
 from warrenmq.log.batch import HEADER_BYTES, RECORD_OVERHEAD_BYTES_MAX
 from warrenmq.log.descriptors import default_capacity
 from warrenmq.log.latency import LatencyHistogram
@@ -94,11 +94,18 @@ def now_ms() -> int:
 def message_log_config(config: BrokerConfig) -> LogConfig:
     """A queue's message log: it must hold any message the broker accepts, so its record
     bound follows the broker's maximum message size (body, plus a content header of up to a
-    frame, plus exchange and routing key)."""
+    frame, plus exchange and routing key). Every log opened with it (and with the configs
+    derived from it: streams', delayed messages', replicas') shares one tail cache budget."""
     record_bytes_max = config.message_bytes_max + config.frame_bytes_max + RECORD_OVERHEAD_BYTES_MAX
+    # At most a quarter of the memory high watermark: a cache full of the newest messages
+    # must not raise the memory alarm on its own.
+    cache_bytes = min(
+        config.tail_cache_bytes_max, memory_limit_bytes(config, total_memory_bytes()) // 4
+    )
     return LogConfig(
         segment_bytes_max=config.segment_bytes_max,
-        tail_cache_bytes_max=2 << 20,
+        tail_cache_bytes_max=cache_bytes,
+        tail_cache_budget=TailCacheBudget(cache_bytes),
         record_bytes_max=record_bytes_max,
         batch_bytes_max=max(64 << 20, record_bytes_max + HEADER_BYTES),
     )

@@ -100,6 +100,13 @@ class BrokerConfig:
     trims its list of evicted batches only once more than 1024 have gone, so it holds up to
     1024 batches whatever its byte bound: 128-record batches keep that under ~35 MB."""
     segment_bytes_max: int = 64 << 20
+    tail_cache_bytes_max: int = 128 << 20
+    """The newest messages of every queue and stream together, up to this many bytes of
+    memory, are delivered from memory rather than read back from their files; past it the
+    ones cached longest ago go first, whichever queue holds them. Any one queue may use it
+    all, so a busy one keeps its consumers' whole in-flight window (1,000 messages of 16 KiB
+    are 16 MiB). At most a quarter of the memory high watermark is used; 0 reads every
+    delivery back from the file."""
     log_open_files_max: int = 0
     """Descriptors the queues' logs keep open at most: a pool that closes the least recently
     used beyond this and reopens a file on its next use, so the number of queues is not
@@ -259,6 +266,10 @@ class BrokerConfig:
             raise ConfigError(
                 f"queue_leader_locator must be one of {', '.join(QUEUE_LEADER_LOCATORS)}, "
                 f"got {self.queue_leader_locator!r}"
+            )
+        if self.tail_cache_bytes_max < 0:
+            raise ConfigError(
+                f"tail_cache_bytes_max must not be negative, got {self.tail_cache_bytes_max}"
             )
         if self.log_open_files_max < 0:
             raise ConfigError(

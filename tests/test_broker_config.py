@@ -149,3 +149,22 @@ def test_cluster_settings_from_file_environment_and_flags(tmp_path):
 def test_bad_cluster_settings_are_refused_with_the_reason(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load(environ={}, overrides=overrides)
+
+
+def test_tail_cache_bytes_max_bounds_one_cache_every_queue_log_shares(tmp_path):
+    from warrenmq.server.broker import Broker
+
+    assert load(environ={"WARREN_TAIL_CACHE_BYTES_MAX": "1024"}).tail_cache_bytes_max == 1024
+    broker = Broker(BrokerConfig(tail_cache_bytes_max=32 << 20, data_dir=str(tmp_path)))
+    budget = broker.message_log_config.tail_cache_budget
+    assert budget is not None and budget.bytes_max == 32 << 20
+    assert broker.message_log_config.tail_cache_bytes_max == 32 << 20
+    assert {id(c.message_log.tail_cache_budget) for c in broker._queue_configs.values()} == {
+        id(budget)
+    }
+    assert broker._delayed_log_config.message_log.tail_cache_budget is budget
+    with pytest.raises(ConfigError, match="tail_cache_bytes_max"):
+        BrokerConfig(tail_cache_bytes_max=-1)
+    # A quarter of the memory high watermark at most.
+    small = Broker(BrokerConfig(memory_high_watermark_bytes=100 << 20, data_dir=str(tmp_path)))
+    assert small.message_log_config.tail_cache_budget.bytes_max == 25 << 20
