@@ -43,8 +43,15 @@ cdef inline bint _ascii(const unsigned char* text, Py_ssize_t length):
 
 def scan_properties(property_bytes):
     """``fastpath.scan_properties``: (delivery_mode, priority, expiration, user_id)."""
-    if type(property_bytes) is not bytes:
-        return _reference.python_scan_properties(property_bytes)
+    if type(property_bytes) is bytes:
+        scanned = _scan(property_bytes)
+        if scanned is not None:
+            return scanned
+    return _reference.python_scan_properties(property_bytes)
+
+
+cdef object _scan(bytes property_bytes):
+    """``scan_properties`` on the common case; None for anything else."""
     cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(property_bytes)
     cdef Py_ssize_t end = PyBytes_GET_SIZE(property_bytes)
     cdef Py_ssize_t offset = 2
@@ -52,10 +59,10 @@ def scan_properties(property_bytes):
     cdef unsigned int flags, flag
     cdef int bit
     if end < 2:
-        return _reference.python_scan_properties(property_bytes)
+        return None
     flags = (data[0] << 8) | data[1]
     if flags & ~FLAGS_KNOWN:
-        return _reference.python_scan_properties(property_bytes)
+        return None
     delivery_mode = priority = expiration = user_id = None
     # Fields in wire order: flag bits 15 down to 2.
     for bit in range(15, 1, -1):
@@ -64,7 +71,7 @@ def scan_properties(property_bytes):
             continue
         if flag == HEADERS_FLAG:
             if offset + 4 > end:
-                return _reference.python_scan_properties(property_bytes)
+                return None
             start = offset + 4
             offset = start + (
                 (<Py_ssize_t>data[offset] << 24)
@@ -73,14 +80,14 @@ def scan_properties(property_bytes):
                 | data[offset + 3]
             )
             if offset > end:
-                return _reference.python_scan_properties(property_bytes)
+                return None
             try:
                 field_table.check(property_bytes, start, offset)
             except Exception:
-                return _reference.python_scan_properties(property_bytes)
+                return None
         elif flag == DELIVERY_MODE_FLAG or flag == PRIORITY_FLAG:
             if offset >= end:
-                return _reference.python_scan_properties(property_bytes)
+                return None
             if flag == DELIVERY_MODE_FLAG:
                 delivery_mode = data[offset]
             else:
@@ -90,40 +97,48 @@ def scan_properties(property_bytes):
             offset += 8
         else:
             if offset >= end:
-                return _reference.python_scan_properties(property_bytes)
+                return None
             start = offset + 1
             offset = start + data[offset]
             if offset > end or not _ascii(data + start, offset - start):
-                return _reference.python_scan_properties(property_bytes)
+                return None
             if flag == EXPIRATION_FLAG:
                 expiration = PyUnicode_DecodeASCII(<const char*>data + start, offset - start, NULL)
             elif flag == USER_ID_FLAG:
                 user_id = PyUnicode_DecodeASCII(<const char*>data + start, offset - start, NULL)
     if offset != end:
-        return _reference.python_scan_properties(property_bytes)
+        return None
     return delivery_mode, priority, expiration, user_id
 
 
 def decode_publish(payload):
     """``fastpath.decode_publish``: (exchange, routing_key, mandatory, immediate)."""
-    if type(payload) is not bytes:
-        return _reference.python_decode_publish(payload)
-    cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(payload)
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(payload)
+    if type(payload) is bytes:
+        decoded = _decode_publish(
+            <const unsigned char*>PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload)
+        )
+        if decoded is not None:
+            return decoded
+    return _reference.python_decode_publish(payload)
+
+
+cdef object _decode_publish(const unsigned char* data, Py_ssize_t size):
+    """``decode_publish`` of the method payload at ``data`` on the common case; None for
+    anything else."""
     cdef Py_ssize_t exchange_end, routing_key_end
     cdef unsigned char bits
     if size < 9:
-        return _reference.python_decode_publish(payload)
+        return None
     exchange_end = 7 + data[6]
     if exchange_end >= size:
-        return _reference.python_decode_publish(payload)
+        return None
     routing_key_end = exchange_end + 1 + data[exchange_end]
     if (
         routing_key_end + 1 != size
         or not _ascii(data + 7, exchange_end - 7)
         or not _ascii(data + exchange_end + 1, routing_key_end - exchange_end - 1)
     ):
-        return _reference.python_decode_publish(payload)
+        return None
     bits = data[routing_key_end]
     return (
         PyUnicode_DecodeASCII(<const char*>data + 7, exchange_end - 7, NULL),
@@ -261,3 +276,113 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
         body_bytes += body_size
         delivery_tag += 1
     return body_bytes
+
+
+cdef inline Py_ssize_t _whole_frame(
+    const unsigned char* data,
+    Py_ssize_t end,
+    Py_ssize_t at,
+    unsigned char frame_type,
+    unsigned int channel,
+    Py_ssize_t frame_bytes_max,
+):
+    """The payload size of the frame at ``at``: one of ``frame_type`` on ``channel``, whole in
+    the buffer, within the frame bound and properly ended. -1 for anything else."""
+    cdef Py_ssize_t size
+    if at + 7 > end or data[at] != frame_type or ((data[at + 1] << 8) | data[at + 2]) != channel:
+        return -1
+    size = (
+        (<Py_ssize_t>data[at + 3] << 24)
+        | (<Py_ssize_t>data[at + 4] << 16)
+        | (<Py_ssize_t>data[at + 5] << 8)
+        | data[at + 6]
+    )
+    if size > frame_bytes_max or at + 7 + size >= end or data[at + 7 + size] != FRAME_END:
+        return -1
+    return size
+
+
+def publish_frames(
+    buffer, Py_ssize_t offset, Py_ssize_t frame_bytes_max, Py_ssize_t message_bytes_max,
+    confirm_tag, event_type,
+):
+    """A whole publish at ``offset`` in ``buffer``: (the offset after it, the
+    ``event_type`` (``events.MessagePublished``) it makes, with ``confirm_tag``), or None.
+
+    ``Connection.next_event`` asks this first when a method frame starts at ``offset`` on a
+    channel that awaits one. It takes the common case only: the basic.publish frame, its
+    content header and its body in one frame (none for an empty body), all three whole in
+    the buffer, on the same channel, each within the frame bound and well formed, the body
+    within the message bound. Anything else (a body split over frames, a frame still
+    arriving, any error) is None, and the connection parses the frames one by one, as it
+    would without this: the reference. ``tests/test_amqp_speedups.py`` holds the two to the
+    same events and the same bytes sent, whatever the input and however it arrives."""
+    if type(buffer) is not bytes:
+        return None
+    cdef const unsigned char* data = <const unsigned char*>PyBytes_AS_STRING(buffer)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(buffer)
+    cdef unsigned int channel
+    cdef Py_ssize_t method_size, header_size, body_frame_size, at
+    cdef unsigned long long body_size
+    if offset < 0 or offset + 7 > end:
+        return None
+    channel = (data[offset + 1] << 8) | data[offset + 2]
+    method_size = _whole_frame(data, end, offset, FRAME_METHOD, channel, frame_bytes_max)
+    at = offset + 7
+    if (
+        method_size < 4
+        or ((data[at] << 8) | data[at + 1]) != 60
+        or ((data[at + 2] << 8) | data[at + 3]) != 40
+    ):
+        return None
+    publish = _decode_publish(data + at, method_size)
+    if publish is None or publish[3]:
+        return None
+    at += method_size + 1
+    header_size = _whole_frame(data, end, at, FRAME_HEADER, channel, frame_bytes_max)
+    at += 7
+    if header_size < 14 or ((data[at] << 8) | data[at + 1]) != 60 or data[at + 2] or data[at + 3]:
+        return None
+    body_size = (
+        (<unsigned long long>data[at + 4] << 56)
+        | (<unsigned long long>data[at + 5] << 48)
+        | (<unsigned long long>data[at + 6] << 40)
+        | (<unsigned long long>data[at + 7] << 32)
+        | (<unsigned long long>data[at + 8] << 24)
+        | (<unsigned long long>data[at + 9] << 16)
+        | (<unsigned long long>data[at + 10] << 8)
+        | data[at + 11]
+    )
+    if message_bytes_max < 0 or body_size > <unsigned long long>message_bytes_max:
+        return None
+    property_bytes = PyBytes_FromStringAndSize(<const char*>data + at + 12, header_size - 12)
+    scanned = _scan(property_bytes)
+    if scanned is None:
+        return None
+    at += header_size + 1
+    if body_size == 0:
+        body = b""
+    else:
+        body_frame_size = _whole_frame(data, end, at, FRAME_BODY, channel, frame_bytes_max)
+        if body_frame_size < 0 or <unsigned long long>body_frame_size != body_size:
+            return None
+        body = PyBytes_FromStringAndSize(<const char*>data + at + 7, body_frame_size)
+        at += 7 + body_frame_size + 1
+    exchange, routing_key, mandatory, _ = publish
+    delivery_mode, priority, expiration, user_id = scanned
+    return at, tuple.__new__(
+        event_type,
+        (
+            channel,
+            exchange,
+            routing_key,
+            mandatory,
+            property_bytes,
+            body,
+            delivery_mode,
+            priority,
+            expiration,
+            user_id,
+            confirm_tag,
+        ),
+    )

@@ -209,6 +209,9 @@ _UNPACK_IDS = frames.METHOD_IDS.unpack_from
 _CONTENT_PREFIX_BYTES = frames.CONTENT_HEADER_PREFIX_BYTES
 _OPEN = S.OPEN
 _CHANNEL_OPEN = ChannelState.OPEN
+_MESSAGE_PUBLISHED = events.MessagePublished
+_PUBLISH_IDS = (60, 40)
+_publish_frames = fastpath.publish_frames
 
 
 class Connection:
@@ -317,6 +320,31 @@ class Connection:
                 self._bytes_needed = frames.FRAME_HEADER_BYTES
                 return None
             frame_type, channel_number, size = _UNPACK_HEADER(buffer, offset)
+            if frame_type == _METHOD and state is _OPEN and _publish_frames is not None:
+                # A whole publish (method, header, body) in the buffer is parsed in one step
+                # when compiled; anything off its common case goes on one frame at a time.
+                channel = self._channels.get(channel_number)
+                if (
+                    channel is not None
+                    and channel.state is _CHANNEL_OPEN
+                    and channel.content_state == AWAIT_METHOD
+                    and not self._stop_at_content
+                ):
+                    confirm_mode = channel.confirm_mode
+                    found = _publish_frames(
+                        buffer,
+                        offset,
+                        self.frame_bytes_max,
+                        channel.message_bytes_max,
+                        channel.publish_seq + 1 if confirm_mode else 0,
+                        _MESSAGE_PUBLISHED,
+                    )
+                    if found is not None:
+                        self._offset, event = found
+                        channel.last_method_ids = _PUBLISH_IDS
+                        if confirm_mode:
+                            channel.publish_seq += 1
+                        return event
             if size > self.frame_bytes_max:
                 self._fatal(
                     replies.AMQPConnectionError(

@@ -459,6 +459,9 @@ def encode_nack(channel, delivery_tag, multiple, requeue=False):
 python_scan_properties = scan_properties
 python_decode_publish = decode_publish
 python_deliver_many_parts = deliver_many_parts
+publish_frames = None
+"""A whole publish's frames parsed at once (``_speedups.publish_frames``), when compiled; its
+reference is the connection's frame-by-frame path."""
 if os.environ.get("WARREN_PURE_PYTHON", "") in ("", "0"):
     try:
         from . import _speedups
@@ -469,5 +472,6 @@ if os.environ.get("WARREN_PURE_PYTHON", "") in ("", "0"):
         scan_properties = _speedups.scan_properties
         decode_publish = _speedups.decode_publish
         deliver_many_parts = _speedups.deliver_many_parts
+        publish_frames = _speedups.publish_frames
 else:
     _speedups = None
