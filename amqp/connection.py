@@ -824,12 +824,18 @@ class Connection:
 
     def data_to_send(self):
         """Everything queued since the last call, as one bytes: one transport.write."""
+        out = self.parts_to_send()
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def parts_to_send(self):
+        """Everything queued since the last call, as bytes objects for one
+        transport.writelines: a large body is a part of its own, written without a copy."""
         out = self._out
         if not out:
-            return b""
+            return ()
         self._out = []
         self.delivered_body_bytes = 0
-        return out[0] if len(out) == 1 else b"".join(out)
+        return out
 
     def channel_is_open(self, channel):
         ch = self._channels.get(channel)

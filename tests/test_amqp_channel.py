@@ -9,7 +9,7 @@ from pamqp import commands
 from pamqp import header as pamqp_header
 from protocol import connected, feed, raw_frame
 
-from warrenmq.amqp import ChannelError, events, replies, testing
+from warrenmq.amqp import ChannelError, events, fastpath, replies, testing
 
 
 def sent(conn):
@@ -269,6 +269,20 @@ def test_delivery_round_trips_through_a_client_parser():
     assert all(isinstance(b, pamqp_body.ContentBody) for b in bodies)
     assert all(len(b.value) <= 4096 - 8 for b in bodies)
     assert b"".join(b.value for b in bodies) == published.body
+
+
+def test_a_large_delivered_body_is_a_part_of_its_own_until_written():
+    """The broker writes such parts without joining them (transport.writelines): the body
+    object itself is handed over, and the parts make the same bytes as data_to_send."""
+    body = b"b" * 16384
+    messages = [fastpath.Delivery(b"", b"q", b"\x00\x00", body)] * 2
+    parts_conn, bytes_conn = connected(), connected()
+    for conn in (parts_conn, bytes_conn):
+        conn.deliver_many(1, "ctag", 1, messages)
+    parts = parts_conn.parts_to_send()
+    assert sum(part is body for part in parts) == 2
+    assert b"".join(parts) == bytes_conn.data_to_send()
+    assert parts_conn.parts_to_send() == () and parts_conn.data_to_send() == b""
 
 
 def test_get_ok_and_return_are_sent_with_content():

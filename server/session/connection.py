@@ -68,6 +68,10 @@ VISIBILITY_QUEUE = "amq.warren.visibility"
 # How long a finished connection's socket stays open for the client to read the last frames
 # and close its end (`_linger`).
 LINGER_S = 1.0
+# Output whose parts average this size or more is written part by part (writelines, one
+# writev, nothing joined): deliveries of large bodies. 16 KiB bodies: 21.4k -> 24.7k msgs/s
+# end to end; 64-byte ones lost 4% written that way, so they are joined.
+WRITE_PARTS_BYTES_MIN = 4096
 
 log = logging.getLogger("warrenmq.server")
 
@@ -323,10 +327,16 @@ class BrokerConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.closed:
             return
-        data = self.amqp.data_to_send()
-        if data:
-            self.sent_bytes += len(data)
-            transport.write(data)
+        parts = self.amqp.parts_to_send()
+        if parts:
+            sent = sum(map(len, parts))
+            self.sent_bytes += sent
+            # Large bodies (parts of their own) go to the socket without being joined first;
+            # many small parts cost less joined than handed over one by one.
+            if sent >= WRITE_PARTS_BYTES_MIN * len(parts):
+                transport.writelines(parts)
+            else:
+                transport.write(b"".join(parts))
             if not self.writable and not self._transport_paused:
                 self._writable_again()
         if self.amqp.finished:
