@@ -247,7 +247,8 @@ def deliver_many_parts(parts, channel, consumer_tag, first_tag, messages, frame_
     ``parts`` (buffers, not joined), with delivery tags counting up from ``first_tag``. The
     connection appends straight to its output list so a body is copied once, into the
     coalesced write, or not at all when the broker writes the parts as they are (large
-    bodies: ``Connection.parts_to_send``). This is the one delivery path: a single delivery is a batch of one.
+    bodies: ``Connection.parts_to_send``). This is the one delivery path: a single delivery
+    is a batch of one.
 
     Each message (a ``Delivery``, or anything with its attributes) has ``exchange`` and
     ``routing_key`` (bytes, as stored: at most 255 bytes, checked here), ``properties``,
