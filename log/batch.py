@@ -21,6 +21,7 @@ The properties are the AMQP content-header property bytes exactly as the client 
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -240,3 +241,22 @@ def decode_records(
     if pos != end:
         raise CorruptBatchError(f"batch at offset {header.base_offset} has trailing bytes")
     return records
+
+
+# The compiled twins of the record codecs (log/_speedups.pyx), when the install could build
+# them. The Python functions above stay the reference: the twins hand them every input off
+# the common case, and a property test holds the two to the same answers.
+# WARREN_PURE_PYTHON=1 keeps the reference.
+python_encode_records = encode_records
+python_decode_records = decode_records
+if os.environ.get("WARREN_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from . import _speedups
+    except ImportError:
+        _speedups = None
+    else:
+        _speedups.use_reference(python_encode_records, python_decode_records)
+        encode_records = _speedups.encode_records
+        decode_records = _speedups.decode_records
+else:
+    _speedups = None

@@ -188,17 +188,20 @@ def test_every_node_serves_its_published_ports(cluster):
 
 
 def test_the_image_has_the_compiled_codecs(cluster):
-    """The image's Warren runs amqp/_speedups.pyx compiled (docker/Dockerfile's builder stage
-    has the C compiler), not the pure-Python reference an install without one falls back to."""
+    """The image's Warren runs amqp/ and log/_speedups.pyx compiled (docker/Dockerfile's
+    builder stage has the C compiler), not the pure-Python reference an install without one
+    falls back to."""
     printed = cluster.run(
         "exec",
         "-T",
         "warren1",
         "python",
         "-c",
-        "from warrenmq.amqp import fastpath; print(fastpath._speedups)",
-    ).strip()
-    assert printed.startswith("<module 'warrenmq.amqp._speedups'"), printed
+        "from warrenmq.amqp import fastpath; from warrenmq.log import batch; "
+        "print(fastpath._speedups); print(batch._speedups)",
+    ).split()
+    assert printed[1] == "'warrenmq.amqp._speedups'", printed
+    assert printed[4] == "'warrenmq.log._speedups'", printed
 
 
 def test_publish_and_consume_through_one_node(cluster):
