@@ -635,11 +635,11 @@ class PartitionLog:
         records: list[Record] = []
         budget = max_bytes
         for segment in self._segments[bisect_right(self._bases, offset) - 1 :]:
-            got = segment.read(offset, max_records - len(records), budget)
+            got, got_bytes = segment.read_counted(offset, max_records - len(records), budget)
             if not got:
                 break
             records += got
-            budget -= sum(map(batch_codec.record_size, got))
+            budget -= got_bytes
             offset = records[-1].offset + 1
             if offset < segment.end_offset or len(records) >= max_records or budget <= 0:
                 break

@@ -510,6 +510,13 @@ class Segment:
         At least one record is returned when any exists, however large, so a reader with a small
         byte budget still makes progress.
         """
+        return self.read_counted(offset, max_records, max_bytes)[0]
+
+    def read_counted(
+        self, offset: int, max_records: int, max_bytes: int
+    ) -> tuple[list[Record], int]:
+        """`read`, and the bytes the records take in their batches (counted as they are read,
+        so that a caller with a byte budget need not size each record again)."""
         records: list[Record] = []
         budget = max_bytes
         expected: int | None = None
@@ -539,13 +546,13 @@ class Segment:
                 for record in decoded:
                     size = batch_codec.record_size(record)
                     if records and (size > budget or len(records) >= max_records):
-                        return records
+                        return records, max_bytes - budget
                     records.append(record)
                     budget -= size
             offset = header.next_offset
             if len(records) >= max_records or budget <= 0:
                 break
-        return records
+        return records, max_bytes - budget
 
     def batches_reader(
         self, offset: int, end_offset: int, max_bytes: int

@@ -599,3 +599,16 @@ def test_index_files_are_created_with_their_first_entry(tmp_path):
         assert not (tmp_path / f"{stem}.index").exists()
         assert not (tmp_path / f"{stem}.timeindex").exists()
         assert raw(all_records(log)) == records(1)
+
+
+def test_a_segment_read_counts_the_bytes_of_what_it_returns(tmp_path):
+    with PartitionLog.open(tmp_path, LogConfig(tail_cache_bytes_max=0)) as log:
+        for i in range(10):
+            log.append(records(5, i * 5, body_bytes=i * 7))
+        segment = log._segments[0]
+        for offset in (0, 3, 5, 27):
+            for max_records, max_bytes in ((1, 1), (7, 100), (50, 400), (50, 1 << 20)):
+                got, got_bytes = segment.read_counted(offset, max_records, max_bytes)
+                assert got == segment.read(offset, max_records, max_bytes)
+                assert got_bytes == sum(map(batch_codec.record_size, got))
+                assert [r.offset for r in got] == list(range(offset, offset + len(got)))
