@@ -96,9 +96,8 @@ class BrokerConfig:
     their own, as in RabbitMQ: the memory alarm blocks a transaction's publisher at the
     content header once memory runs short (tests/test_floods.py)."""
     queue_batch_records_max: int = 128
-    """Records appended to one queue in one write. Kept small because the log's tail cache
-    trims its list of evicted batches only once more than 1024 have gone, so it holds up to
-    1024 batches whatever its byte bound: 128-record batches keep that under ~35 MB."""
+    """Records appended to one queue in one write: one batch of its log. The tail cache keeps
+    and drops whole batches, so small ones keep what it holds close to its byte bound."""
     segment_bytes_max: int = 64 << 20
     tail_cache_bytes_max: int = 128 << 20
     """The newest messages of every queue and stream together, up to this many bytes of

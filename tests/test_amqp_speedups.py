@@ -310,3 +310,39 @@ def test_publishes_parsed_at_once_are_what_the_frame_by_frame_path_makes(reads):
     with mock.patch.object(connection, "_publish_frames", None):
         reference = run_connection(reads)
     assert compiled == reference
+
+
+@pytest.mark.parametrize(
+    ("body_bytes", "compiled"),
+    [
+        (0, True),
+        (MESSAGE_BYTES_MAX, True),
+        (MESSAGE_BYTES_MAX + 1, False),  # past the message bound: 406 from the reference
+        (FRAME_MAX - 8, False),  # within the frame bound, past the message bound
+        (FRAME_MAX + 1, False),  # a body frame past the frame bound: 501 from the reference
+    ],
+)
+def test_publishes_at_and_past_the_bounds_parse_as_frame_by_frame(body_bytes, compiled):
+    payload = struct.pack(">HHH", 60, 40, 0) + _shortstr("") + _shortstr("q" * 255) + b"\x00"
+    body = b"b" * body_bytes
+    data = (
+        frame(frames.FRAME_METHOD, 1, payload)
+        + frame(frames.FRAME_HEADER, 1, struct.pack(">HHQ", 60, 0, body_bytes) + b"\x10\x00\x02")
+        + (frame(frames.FRAME_BODY, 1, body) if body else b"")
+    )
+    parsed = []
+    real = connection._publish_frames
+
+    def counting(*args):
+        found = real(*args)
+        parsed.append(found is not None)
+        return found
+
+    with mock.patch.object(connection, "_publish_frames", counting):
+        with_compiled = run_connection([data])
+    with mock.patch.object(connection, "_publish_frames", None):
+        reference = run_connection([data])
+    assert with_compiled == reference
+    assert parsed[-1] is compiled  # the last method frame tried: the publish
+    events = [event for seen, _ in reference[0] for event in seen]
+    assert any(type(event).__name__ == "MessagePublished" for event in events) is compiled

@@ -2,6 +2,7 @@
 goes first whichever log holds it, and reads stay what was appended."""
 
 import dataclasses
+import errno
 import os
 
 import pytest
@@ -183,3 +184,51 @@ def test_shared_caches_stay_within_the_budget_and_reads_match_what_was_appended(
     finally:
         for log in logs:
             log.close()
+
+
+def test_a_failed_append_charges_nothing_and_leaves_the_other_logs_cached(tmp_path, monkeypatch):
+    budget = TailCacheBudget(1 << 20)
+    with (
+        PartitionLog.open(tmp_path / "full", shared(budget)) as full,
+        PartitionLog.open(tmp_path / "other", shared(budget)) as other,
+    ):
+        full.append(batch(3))
+        other.append(batch(3))
+        before = (budget.cached_bytes, budget.cached_batches, cached_bytes(full, other))
+
+        def disk_full(fd, buffers):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "writev", disk_full)
+        with pytest.raises(OSError):
+            full.append(batch(5, 3))
+        monkeypatch.undo()
+        assert (budget.cached_bytes, budget.cached_batches, cached_bytes(full, other)) == before
+        assert raw(other.read(0, max_records=10)) == batch(3)
+        full.append(batch(5, 3))
+        assert raw(full.read(0, max_records=10)) == batch(8)
+        assert budget.cached_bytes == cached_bytes(full, other)
+
+
+def test_a_thousand_logs_share_a_budget_of_a_few_batches(tmp_path):
+    """Thousands of queues: each append drops another log's oldest batch, the bound holds,
+    and every log reads back what it was given, the dropped part from its files."""
+    one = charged(batch(2))
+    budget = TailCacheBudget(50 * one)
+    logs = [PartitionLog.open(tmp_path / str(i), shared(budget)) for i in range(1000)]
+    try:
+        for round_ in range(2):
+            for log in logs:
+                log.append(batch(2, 2 * round_))
+                assert budget.cached_bytes <= budget.bytes_max
+        assert budget.cached_batches == 50
+        # The 50 batches cached last, the last 50 logs' second ones.
+        assert [bool(log._cache_bytes) for log in logs] == [False] * 950 + [True] * 50
+        assert budget.cached_bytes == cached_bytes(*logs)
+        for log in logs[::97]:
+            assert raw(log.read(0, max_records=10)) == batch(4)
+        assert len(budget._logs) <= 2 * 50 + tail_cache._STALE_ENTRIES_SWEPT_PAST + 1
+    finally:
+        for log in logs:
+            log.close()
+    assert (budget.cached_bytes, budget.cached_batches) == (0, 0)
